@@ -1,0 +1,37 @@
+# One entry point for setup, quickstart, tests, lint and benchmarks.
+# `make quickstart` and `make test` create .venv on first use; later calls reuse it.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CUDA machine keeps/gets PyPI's CUDA build; elsewhere pin the CPU-friendly 2.13.0.
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4,<2.15" || echo "torch==2.13.0")
+PYTEST_ARGS ?=
+
+.PHONY: setup quickstart test lint format bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+quickstart: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(VENV)/bin/framer-ds train configs/quickstart.yaml --overwrite
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: setup
+	$(PY) benchmarks/step_overhead.py --write docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""`framer-ds` command line: parse, call, print. No training logic lives here."""

@@ -1,0 +1,103 @@
+"""`framer-ds` subcommands. Config problems print as a list and exit 1; crashes still exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from framer_ds.config.errors import ConfigError
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="training YAML (see configs/)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.max_steps=20"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="framer-ds",
+        description="Fine-tune video-diffusion LoRAs, ViTs and TTS LMs with Accelerate + DeepSpeed.",
+        epilog="Distributed: accelerate launch --config_file configs/accelerate_4gpu.yaml "
+        "-m framer_ds train CONFIG",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train a task from a YAML config")
+    _add_config_args(train)
+    train.add_argument(
+        "--overwrite", action="store_true", help="start over in an output_dir that already holds a run"
+    )
+
+    validate = sub.add_parser(
+        "validate", help="check a training YAML (and launch configs) without loading weights or data"
+    )
+    _add_config_args(validate)
+    validate.add_argument("--accelerate-config", type=Path, help="accelerate YAML to cross-check")
+    validate.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON to cross-check")
+
+    sub.add_parser("tasks", help="list registered tasks")
+    return parser
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from framer_ds.config.loader import load_run_config
+    from framer_ds.train.loop import run_training
+
+    overrides = list(args.overrides) + (["overwrite_output_dir=true"] if args.overwrite else [])
+    config = load_run_config(args.config, overrides)
+    result = run_training(config)
+    if int(os.environ.get("RANK", "0")) == 0:
+        summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
+        print(f"done: {result.global_step} steps, {summary or 'no eval set'}; outputs in {result.output_dir}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from framer_ds.config.launch_check import check_launch_configs
+    from framer_ds.config.loader import load_run_config
+    from framer_ds.tasks.registry import get_task_class
+
+    config = load_run_config(args.config, args.overrides)
+    task = get_task_class(config.task)(config)
+    problems = task.check() + check_launch_configs(
+        config.train,
+        accelerate_config=args.accelerate_config,
+        deepspeed_config=args.deepspeed_config,
+        model_has_hidden_size=task.model_has_hidden_size,
+    )
+    if problems:
+        raise ConfigError(problems, str(args.config))
+    checked = [str(p) for p in (args.config, args.accelerate_config, args.deepspeed_config) if p is not None]
+    print(f"OK: {', '.join(checked)} valid (task {config.task}, output_dir {config.output_dir})")
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from framer_ds.tasks.registry import available_tasks
+
+    tasks = available_tasks()
+    width = max(map(len, tasks), default=0)
+    for name, summary in tasks.items():
+        print(f"{name:<{width}}  {summary}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "validate": cmd_validate, "tasks": cmd_tasks}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

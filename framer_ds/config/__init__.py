@@ -1,0 +1,1 @@
+"""Typed, validated configs: schema, YAML loading with overrides, launch-config cross-checks."""

@@ -1,0 +1,171 @@
+"""YAML + dotted `key=value` overrides -> a validated, task-specific run config.
+
+Every problem (YAML syntax, malformed override, unknown task, unknown key, wrong type) is collected
+and raised together as one `ConfigError`, each naming the key path and the fix.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
+from framer_ds.config.schema import RunConfigBase
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; errors name the file and the parser's position."""
+    if not path.is_file():
+        raise ConfigError([ConfigProblem(str(path), "file not found; check the path")], str(path))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigProblem(str(path), f"invalid YAML: {exc}")], str(path)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [ConfigProblem(str(path), f"top level must be a mapping of keys, got {type(data).__name__}")],
+            str(path),
+        )
+    return data
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[ConfigProblem]:
+    """Apply `a.b.c=value` overrides in place (values parsed as YAML: 20, 1e-4, null, [1, 2], true)."""
+    problems = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(
+                ConfigProblem(item, "override must look like key.path=value, e.g. train.max_steps=20")
+            )
+            continue
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            problems.append(ConfigProblem(key, f"cannot parse override value {text!r}: {exc}"))
+            continue
+        node = raw
+        parts = key.strip().split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                problems.append(ConfigProblem(key, f"'{where}' is a value, not a section; cannot set {key}"))
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+    return problems
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `WandbConfig | None`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _section_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _model_at(root: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """Walk the schema along an error location to the model that owns its last key."""
+    model: type[BaseModel] | None = root
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        model = _section_model(model.model_fields[part].annotation)
+    return model
+
+
+def describe_validation_error(exc: ValidationError, schema: type[BaseModel]) -> list[ConfigProblem]:
+    """Turn pydantic errors into problems that name the key path and the fix."""
+    problems = []
+    for err in exc.errors():
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "union")))]
+        # pydantic puts the member type of `X | None` into the location; keep only real keys.
+        loc = [p for p in loc if not (isinstance(p, str) and p[:1].isupper())]
+        where = ".".join(str(p) for p in loc) or "config"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            owner = _model_at(schema, loc[:-1])
+            valid = sorted(owner.model_fields) if owner else []
+            hint = did_you_mean(str(loc[-1]), valid)
+            listing = f" Valid keys here: {', '.join(valid)}." if valid else ""
+            message = f"unknown key.{hint} Remove it or fix the spelling.{listing}"
+        elif kind == "missing":
+            owner = _model_at(schema, loc[:-1])
+            field = owner.model_fields.get(str(loc[-1])) if owner else None
+            about = f" ({field.description})" if field is not None and field.description else ""
+            message = f"required key is missing; add it{about}."
+        else:
+            message = f"got {err.get('input')!r}: {err['msg']}."
+        problems.append(ConfigProblem(where, message))
+    return problems
+
+
+def validate_run_config(raw: dict[str, Any], source: str = "config") -> RunConfigBase:
+    """Validate a raw mapping against the schema of the task it names; raise all problems at once."""
+    from framer_ds.tasks.registry import available_tasks, get_task_class
+
+    task_name = raw.get("task")
+    problems: list[ConfigProblem] = []
+    schema: type[BaseModel] = RunConfigBase
+    if task_name is None:
+        problems.append(
+            ConfigProblem(
+                "task", f"required key is missing; set it to one of: {', '.join(available_tasks())}."
+            )
+        )
+    elif not isinstance(task_name, str) or task_name not in available_tasks():
+        hint = did_you_mean(str(task_name), available_tasks())
+        problems.append(
+            ConfigProblem(
+                "task",
+                f"unknown task {task_name!r}.{hint} Registered tasks: {', '.join(available_tasks())}"
+                " (`framer-ds tasks` describes them).",
+            )
+        )
+    else:
+        schema = get_task_class(task_name).config_class()
+    candidate = (
+        raw if schema is not RunConfigBase else {k: v for k, v in raw.items() if k not in ("model", "data")}
+    )
+    try:
+        config = schema.model_validate(candidate)
+    except ValidationError as exc:
+        problems += describe_validation_error(exc, schema)
+    if problems:
+        raise ConfigError(problems, source)
+    return config
+
+
+def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfigBase:
+    """The one way a YAML becomes a config: read, override, validate (all problems at once)."""
+    path = Path(path)
+    raw = read_yaml_mapping(path)
+    problems = apply_overrides(raw, overrides)
+    try:
+        config = validate_run_config(raw, str(path))
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems, str(path)) from None
+    if problems:
+        raise ConfigError(problems, str(path))
+    return config
+
+
+def dump_run_config(config: BaseModel) -> str:
+    """The resolved config as YAML (what `output_dir/config.yaml` holds; loadable by load_run_config)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

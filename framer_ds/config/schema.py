@@ -1,0 +1,106 @@
+"""The run config schema shared by every task.
+
+Every model forbids unknown keys: a misspelled `gradient_acumulation_steps` must fail before a job
+queues, not be ignored for three hours. Task-specific `model:` and `data:` sections are supplied by
+the task (see `framer_ds.tasks.registry`) and combined with this base by `run_config_class`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+
+class StrictModel(BaseModel):
+    """Base for every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class TrainConfig(StrictModel):
+    """Optimisation, schedule, precision and checkpointing. The single source of truth for batch
+    size, accumulation, clipping and precision: DeepSpeed JSONs keep those fields "auto"."""
+
+    seed: int = Field(42, description="Seeds python, numpy, torch and the data order.")
+    max_steps: int | None = Field(
+        None, ge=1, description="Optimizer steps to run; when set it wins over `epochs`."
+    )
+    epochs: int = Field(1, ge=1, description="Passes over the training set (used when max_steps is null).")
+    micro_batch_size: int = Field(8, ge=1, description="Samples per process per forward pass.")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    learning_rate: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    adam_epsilon: float = Field(1e-8, gt=0)
+    lr_scheduler: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="Decay after warmup (transformers' schedulers)."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup in optimizer steps.")
+    max_grad_norm: float = Field(
+        1.0, ge=0, description="Gradient clipping norm; 0 disables. Filled into DeepSpeed's 'auto'."
+    )
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no", description="Autocast dtype (DDP) or the DeepSpeed engine's dtype."
+    )
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    eval_every: int | None = Field(
+        None, ge=1, description="Evaluate every N optimizer steps (and always at the end); null = end only."
+    )
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="Write a resumable checkpoint every N optimizer steps; null = never."
+    )
+    keep_last_checkpoints: int = Field(2, ge=1, description="Older checkpoints are deleted.")
+    resume: str | None = Field(
+        None, description="null, 'latest' (newest complete checkpoint in output_dir) or a checkpoint path."
+    )
+    log_every: int = Field(1, ge=1, description="Write a metrics line every N optimizer steps.")
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
+    max_eval_batches: int | None = Field(None, ge=1, description="Cap eval cost on huge val sets.")
+
+
+class WandbConfig(StrictModel):
+    """Weights & Biases through accelerate's tracker; offline mode needs no account."""
+
+    project: str = Field("framer_ds", description="W&B project name.")
+    entity: str | None = None
+    run_name: str | None = None
+    offline: bool = Field(False, description="Write runs under output_dir/wandb; `wandb sync` later.")
+
+
+class LogConfig(StrictModel):
+    wandb: WandbConfig | None = Field(None, description="null disables W&B.")
+    tensorboard: bool = Field(False, description="Write TensorBoard events under output_dir/tensorboard.")
+
+
+class RunConfigBase(StrictModel):
+    """Fields every run has; `model` and `data` are added per task by `run_config_class`."""
+
+    task: str = Field(description="Registered task name; `framer-ds tasks` lists them.")
+    output_dir: Path = Field(description="Run directory: config.yaml, metrics.jsonl, checkpoints/, final/.")
+    overwrite_output_dir: bool = Field(
+        False, description="Allow starting a fresh run in a directory that already holds one."
+    )
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _resume_and_overwrite_exclusive(self) -> RunConfigBase:
+        if self.overwrite_output_dir and self.train.resume is not None:
+            raise ValueError(
+                "overwrite_output_dir=true and train.resume are contradictory: "
+                "drop one (resume continues the run, overwrite starts it again)"
+            )
+        return self
+
+
+def run_config_class(task_name: str, model_cls: type[BaseModel], data_cls: type[BaseModel]) -> type:
+    """The full schema for one task: the shared base plus the task's `model:` and `data:` sections."""
+    return create_model(
+        f"RunConfig_{task_name}",
+        __base__=RunConfigBase,
+        model=(model_cls, Field(default_factory=model_cls, description="Task-specific model options.")),
+        data=(data_cls, Field(description="Task-specific data options.")),
+    )

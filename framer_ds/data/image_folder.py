@@ -1,0 +1,314 @@
+"""ImageFolder data for `vit_classification`: `ROOT/train/CLASS/*.png` and `ROOT/val/CLASS/*.png`.
+
+This replaces torchvision's ImageFolder + transforms (torchvision is deliberately not a dependency:
+its wheels are pinned to one exact torch build and would fight the CPU/CUDA torch the user has).
+
+Why a scan step that collects problems instead of failing on first use: a misnamed class directory
+or a corrupt JPEG should be reported before a multi-GPU job queues, all at once, not one per restart
+three hours in. The scan only lists directories (os.scandir, no image decoding) so it stays fast on
+ImageNet-sized trees; decoding every file is opt-in (`verify_images=True`, used by the data check).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
+
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
+)
+"""Lower-case suffixes counted as images; matching is case-insensitive (`IMG_001.JPG` counts)."""
+
+SPLITS: tuple[str, str] = ("train", "val")
+LAYOUT_HINT = "the expected layout is ROOT/train/CLASS/*.png and ROOT/val/CLASS/*.png"
+
+
+@dataclass
+class ImageFolderIndex:
+    """The result of a scan: class names (sorted, so labels are stable across machines and runs)
+    and (path, label) pairs per split, sorted by path so every rank sees the same order."""
+
+    root: Path
+    classes: list[str]
+    train: list[tuple[Path, int]] = field(default_factory=list)
+    val: list[tuple[Path, int]] = field(default_factory=list)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def is_image_file(name: str) -> bool:
+    """True for a visible file name with an image suffix; hidden files (`.DS_Store`, `._x.png` from
+    macOS archives) are skipped because they are never real images."""
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def _list_class_dirs(split_dir: Path) -> list[str]:
+    """Sorted names of the visible sub-directories of `split_dir` (symlinked directories count)."""
+    with os.scandir(split_dir) as entries:
+        return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+
+
+def _list_images(class_dir: Path) -> list[Path]:
+    """Image files directly inside `class_dir`, sorted by name. Not recursive: the layout is flat."""
+    with os.scandir(class_dir) as entries:
+        names = sorted(e.name for e in entries if is_image_file(e.name) and e.is_file())
+    return [class_dir / n for n in names]
+
+
+def verify_image(path: Path) -> str | None:
+    """None when PIL can open and verify `path`, otherwise the reason it cannot."""
+    try:
+        with Image.open(path) as img:
+            img.verify()
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ...
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _missing_class_problems(
+    classes_here: list[str], classes_there: list[str], here: str, there: str, root: Path
+) -> list[ConfigProblem]:
+    """One problem per class that has a `here/` directory but no `there/` directory."""
+    problems = []
+    for name in sorted(set(classes_here) - set(classes_there)):
+        close = difflib.get_close_matches(name, sorted(set(classes_there) - set(classes_here)), n=1)
+        hint = (
+            f" {there}/ has '{close[0]}': if that is the same class, rename one of the two directories "
+            "so the names match."
+            if close
+            else ""
+        )
+        problems.append(
+            ConfigProblem(
+                str(root / there / name),
+                f"class '{name}' has a {here}/ directory but no {there}/ directory, so its labels would "
+                f"not line up between splits.{hint} Create {root / there / name}/ with {there} images "
+                f"for it, or remove {root / here / name}/ if the class is not wanted.",
+            )
+        )
+    return problems
+
+
+def scan_image_folder(root: Path, verify_images: bool = False) -> ImageFolderIndex:
+    """Index `root` (train/ and val/ splits of class directories) and raise one `ConfigError`
+    listing every layout problem found; with `verify_images`, also every file PIL cannot read."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "data.root",
+                    f"{root} {what}; {LAYOUT_HINT}. Point data.root at the directory that holds "
+                    "train/ and val/.",
+                )
+            ],
+            source=str(root),
+        )
+
+    problems: list[ConfigProblem] = []
+    classes_by_split: dict[str, list[str]] = {}
+    for split in SPLITS:
+        split_dir = root / split
+        if not split_dir.is_dir():
+            present = sorted(p.name for p in root.iterdir() if p.is_dir())
+            hint = did_you_mean(split, present)
+            problems.append(
+                ConfigProblem(
+                    str(split_dir),
+                    f"the {split}/ directory is missing (found: {present or 'nothing'}).{hint} "
+                    f"Create it; {LAYOUT_HINT}.",
+                )
+            )
+            continue
+        class_names = _list_class_dirs(split_dir)
+        if not class_names:
+            loose = _list_images(split_dir)
+            extra = (
+                f" It holds {len(loose)} image(s) directly; move each into a per-class sub-directory."
+                if loose
+                else ""
+            )
+            problems.append(
+                ConfigProblem(
+                    str(split_dir),
+                    f"{split}/ has no class directories.{extra} Add one sub-directory per class; "
+                    f"{LAYOUT_HINT}.",
+                )
+            )
+        classes_by_split[split] = class_names
+
+    train_classes = classes_by_split.get("train", [])
+    val_classes = classes_by_split.get("val", [])
+    if "train" in classes_by_split and "val" in classes_by_split and train_classes and val_classes:
+        problems += _missing_class_problems(train_classes, val_classes, "train", "val", root)
+        problems += _missing_class_problems(val_classes, train_classes, "val", "train", root)
+
+    # The union, so labels exist even while a train/val mismatch is being reported above.
+    classes = sorted(set(train_classes) | set(val_classes))
+    label_of = {name: i for i, name in enumerate(classes)}
+    items: dict[str, list[tuple[Path, int]]] = {split: [] for split in SPLITS}
+    for split, class_names in classes_by_split.items():
+        for name in class_names:
+            images = _list_images(root / split / name)
+            if not images:
+                problems.append(
+                    ConfigProblem(
+                        str(root / split / name),
+                        f"class directory has no images (looked for {', '.join(sorted(IMAGE_EXTENSIONS))}, "
+                        "directly inside it, not in sub-directories). Add images or delete the directory.",
+                    )
+                )
+            items[split] += [(path, label_of[name]) for path in images]
+
+    if verify_images:
+        for split in SPLITS:
+            for path, _ in items[split]:
+                reason = verify_image(path)
+                if reason is not None:
+                    problems.append(
+                        ConfigProblem(
+                            str(path),
+                            f"PIL cannot read this image ({reason}). Delete the file or replace it "
+                            "with a valid image.",
+                        )
+                    )
+
+    if problems:
+        raise ConfigError(problems, source=str(root))
+    return ImageFolderIndex(root=root, classes=classes, train=items["train"], val=items["val"])
+
+
+class ImageTransform:
+    """PIL image -> normalised float32 CHW tensor, with optional train-time pad+crop and flip.
+
+    All randomness comes from torch's global RNG: the checkpoint saves and restores torch's RNG
+    state, and DataLoader workers are seeded from it, so a resumed run replays the same augmentations.
+    Python's `random` and numpy are not used for that reason.
+    """
+
+    def __init__(
+        self,
+        image_size: int,
+        num_channels: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        train: bool,
+        random_crop_padding: int = 0,
+        hflip: bool = False,
+        padding_mode: Literal["constant", "edge"] = "constant",
+    ) -> None:
+        if image_size < 1:
+            raise ValueError(f"image_size must be >= 1, got {image_size}; set it to the model's input size.")
+        if num_channels not in (1, 3):
+            raise ValueError(
+                f"num_channels must be 1 (grayscale) or 3 (RGB), got {num_channels}; set it to the "
+                "model's number of input channels."
+            )
+        if len(mean) != num_channels or len(std) != num_channels:
+            raise ValueError(
+                f"mean and std need one value per channel ({num_channels}), got {len(mean)} and "
+                f"{len(std)}; e.g. mean=[0.5]*{num_channels}, std=[0.5]*{num_channels}."
+            )
+        if any(s <= 0 for s in std):
+            raise ValueError(f"every std must be > 0, got {list(std)}; a zero std divides by zero.")
+        if random_crop_padding < 0:
+            raise ValueError(
+                f"random_crop_padding must be >= 0, got {random_crop_padding}; use 0 to disable."
+            )
+        if padding_mode not in ("constant", "edge"):
+            raise ValueError(f"padding_mode must be 'constant' or 'edge', got {padding_mode!r}.")
+        self.image_size = image_size
+        self.num_channels = num_channels
+        self.mode = "L" if num_channels == 1 else "RGB"
+        self.mean = torch.tensor(list(mean), dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(list(std), dtype=torch.float32).view(-1, 1, 1)
+        self.train = train
+        self.random_crop_padding = random_crop_padding
+        self.hflip = hflip
+        self.padding_mode = padding_mode
+
+    def __repr__(self) -> str:
+        return (
+            f"ImageTransform(image_size={self.image_size}, num_channels={self.num_channels}, "
+            f"train={self.train}, random_crop_padding={self.random_crop_padding}, hflip={self.hflip})"
+        )
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        if image.mode != self.mode:
+            image = image.convert(self.mode)
+        size = (self.image_size, self.image_size)
+        if image.size != size:
+            # Pillow's bicubic resize is antialiased when shrinking (its filter support widens).
+            image = image.resize(size, Image.Resampling.BICUBIC)
+        array = np.array(image, dtype=np.uint8)  # a copy: torch.from_numpy warns on read-only arrays
+        pixels = torch.from_numpy(array)
+        pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
+        pixels = pixels.to(torch.float32).div_(255.0)
+        if self.train:
+            pixels = self._augment(pixels)
+        return (pixels - self.mean) / self.std
+
+    def _augment(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pad-then-random-crop (torchvision RandomCrop(padding)) and a p=0.5 horizontal flip, done
+        before normalisation so a zero fill is black, as with torchvision on PIL images."""
+        pad = self.random_crop_padding
+        if pad > 0:
+            mode = "constant" if self.padding_mode == "constant" else "replicate"
+            padded = torch.nn.functional.pad(pixels.unsqueeze(0), (pad, pad, pad, pad), mode=mode)[0]
+            top = int(torch.randint(0, 2 * pad + 1, (1,)).item())
+            left = int(torch.randint(0, 2 * pad + 1, (1,)).item())
+            pixels = padded[:, top : top + self.image_size, left : left + self.image_size].contiguous()
+        if self.hflip and torch.rand(1).item() < 0.5:
+            pixels = pixels.flip(-1)
+        return pixels
+
+
+class ImageFolderDataset(Dataset):
+    """(path, label) pairs -> {"pixel_values": float32 [C,H,W], "labels": int64 scalar}.
+
+    Images are decoded lazily in `__getitem__` so DataLoader workers share the decoding cost and
+    the dataset object stays small enough to pickle into every worker.
+    """
+
+    def __init__(
+        self, items: list[tuple[Path, int]], transform: Callable[[Image.Image], torch.Tensor]
+    ) -> None:
+        self.items = items
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        path, label = self.items[index]
+        image: Image.Image | None = None
+        try:
+            image = Image.open(path)
+            image.load()  # decode now, inside the try, so truncated files fail here with a clear error
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            if image is not None:
+                image.close()
+            raise RuntimeError(
+                f"cannot decode image {path} ({type(exc).__name__}: {exc}). Delete or replace the file; "
+                "to list every unreadable file before training, run the data check, i.e. "
+                "framer_ds.data.image_folder.scan_image_folder(root, verify_images=True)."
+            ) from exc
+        try:  # outside the decode try: a transform bug must not be blamed on the file
+            pixel_values = self.transform(image)
+        finally:
+            image.close()
+        return {"pixel_values": pixel_values, "labels": torch.tensor(label, dtype=torch.int64)}

@@ -1,0 +1,1 @@
+"""Accelerator construction, checkpoints and metric logging."""

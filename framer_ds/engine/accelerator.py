@@ -1,0 +1,77 @@
+"""Build the one Accelerator from the launch environment, with the CPU fallbacks DeepSpeed needs.
+
+Facts this encodes (DESIGN.md section 3):
+- `accelerate launch` with a DeepSpeed config sets ACCELERATE_USE_DEEPSPEED; the plugin is built from
+  the environment. Without a GPU, DeepSpeed runs on its CPU accelerator but accelerate reports one
+  process on every rank unless the process group is created with gloo explicitly.
+- DDP without a GPU needs `cpu=True` (MULTI_CPU over gloo). `cpu=True` with DeepSpeed would silently
+  drop DeepSpeed, so it is only set when DeepSpeed is not requested.
+- The training YAML is the single source of truth: precision and accumulation are passed explicitly,
+  and DeepSpeed's "auto" gradient clipping is filled from `train.max_grad_norm` (accelerate would
+  otherwise fill 1.0).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
+from accelerate.utils import ProjectConfiguration
+
+from framer_ds.config.schema import RunConfigBase
+
+
+def deepspeed_requested() -> bool:
+    """True when launched by `accelerate launch` with a DeepSpeed config."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def tracker_names(config: RunConfigBase) -> list[str]:
+    names = []
+    if config.log.wandb is not None:
+        names.append("wandb")
+    if config.log.tensorboard:
+        names.append("tensorboard")
+    return names
+
+
+def build_accelerator(config: RunConfigBase, collective_timeout_s: int = 1800) -> Accelerator:
+    """The Accelerator for this process; call once per run, before building models."""
+    has_gpu = torch.cuda.is_available()
+    use_deepspeed = deepspeed_requested()
+    handlers = []
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # A dead rank must take the job down within the timeout rather than hang a collective forever.
+        group_kwargs: dict = {"timeout": timedelta(seconds=collective_timeout_s)}
+        if not has_gpu:
+            group_kwargs["backend"] = "gloo"
+        handlers.append(InitProcessGroupKwargs(**group_kwargs))
+    accelerator = Accelerator(
+        cpu=not has_gpu and not use_deepspeed,
+        mixed_precision=config.train.mixed_precision,
+        gradient_accumulation_steps=config.train.gradient_accumulation_steps,
+        # The scheduler is stepped once per optimizer step by the loop (and by the DeepSpeed engine),
+        # never num_processes times, so DDP and ZeRO follow the same LR curve.
+        step_scheduler_with_optimizer=False,
+        log_with=tracker_names(config) or None,
+        project_config=ProjectConfiguration(
+            project_dir=str(config.output_dir), logging_dir=str(config.output_dir / "tensorboard")
+        ),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.train.seed),
+        kwargs_handlers=handlers,
+    )
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None and plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
+        plugin.deepspeed_config["gradient_clipping"] = config.train.max_grad_norm
+    return accelerator
+
+
+def uses_deepspeed(accelerator: Accelerator) -> bool:
+    return accelerator.state.deepspeed_plugin is not None
+
+
+def compute_dtype(accelerator: Accelerator) -> torch.dtype:
+    """The dtype the trained module computes in (DeepSpeed casts the module; DDP autocasts)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)

@@ -1,0 +1,111 @@
+"""Resumable checkpoints: atomic writes, keep-last-K, and finding the newest COMPLETE one.
+
+`accelerator.save_state` / `load_state` are collectives (DeepSpeed writes one shard per rank), so they
+run on every rank. A checkpoint is first written to `checkpoints/.tmp_step_N` and renamed to
+`checkpoints/step_N` only after every rank finished and `trainer_state.json` is in it: a job killed
+mid-save leaves the previous checkpoint untouched and the half-written one invisible to resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from accelerate import Accelerator
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+
+STATE_FILE = "trainer_state.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """Loop position: enough to continue with the same data order, LR and RNG."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
+    samples_seen: int = 0
+
+
+def checkpoints_root(output_dir: Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (incomplete `.tmp_*` directories are ignored)."""
+    root = checkpoints_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and (entry / STATE_FILE).is_file():
+            found.append((int(match.group(1)), entry))
+    return [path for _, path in sorted(found)]
+
+
+def resolve_resume(output_dir: Path, resume: str | None) -> Path | None:
+    """`null` -> None, `latest` -> newest complete checkpoint (None if there is none), else a path."""
+    if resume is None:
+        return None
+    if resume == "latest":
+        found = complete_checkpoints(output_dir)
+        return found[-1] if found else None
+    path = Path(resume)
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "train.resume",
+                    f"{path} is not a complete framer_ds checkpoint (no {STATE_FILE}); point it at "
+                    f"output_dir/checkpoints/step_N or use train.resume=latest",
+                )
+            ]
+        )
+    return path
+
+
+def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainerState, keep_last: int) -> Path:
+    """Write a checkpoint atomically on all ranks; prune to the newest `keep_last`. Call on EVERY rank."""
+    root = checkpoints_root(output_dir)
+    final = root / f"step_{state.global_step}"
+    tmp = root / f".tmp_step_{state.global_step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        for old in complete_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in root.glob(".tmp_step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainerState:
+    """Restore model, optimizer, scheduler and RNG states (collective) and return the loop position."""
+    accelerator.load_state(str(path))
+    return TrainerState(**json.loads((Path(path) / STATE_FILE).read_text()))
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the rename durable before older checkpoints are deleted."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

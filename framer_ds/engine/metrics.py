@@ -1,0 +1,85 @@
+"""metrics.jsonl (the run-directory contract) plus accelerate's trackers (W&B, TensorBoard).
+
+Only the main process writes; every line is flushed so a killed job keeps what it logged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from accelerate import Accelerator
+
+from framer_ds.config.schema import RunConfigBase
+
+
+class MetricsLogger:
+    """Append-only JSON lines on rank 0, mirrored to accelerate's trackers."""
+
+    def __init__(self, accelerator: Accelerator, config: RunConfigBase):
+        self.accelerator = accelerator
+        self.path = Path(config.output_dir) / "metrics.jsonl"
+        self._file = None
+        if accelerator.is_main_process:
+            self._file = self.path.open("a", buffering=1)
+        if accelerator.log_with:
+            init_kwargs: dict[str, Any] = {}
+            if config.log.wandb is not None:
+                wandb = config.log.wandb
+                init_kwargs["wandb"] = {
+                    "dir": str(config.output_dir),
+                    "mode": "offline" if wandb.offline else "online",
+                    "name": wandb.run_name,
+                    "entity": wandb.entity,
+                }
+            project = config.log.wandb.project if config.log.wandb else Path(config.output_dir).name
+            accelerator.init_trackers(
+                project, config=_flatten(config.model_dump(mode="json")), init_kwargs=init_kwargs
+            )
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        if self._file is not None:
+            line = {"step": step, **{k: _finite_or_str(v) for k, v in values.items()}}
+            self._file.write(json.dumps(line) + "\n")
+        if self.accelerator.log_with:
+            self.accelerator.log(values, step=step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.accelerator.log_with:
+            self.accelerator.end_training()
+
+
+def memory_stats() -> dict[str, float]:
+    """GPU max allocated/reserved (GiB) on GPU; process RSS (GiB) on CPU."""
+    if torch.cuda.is_available():
+        return {
+            "memory/max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+            "memory/max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30,
+        }
+    return {"memory/rss_gb": psutil.Process(os.getpid()).memory_info().rss / 2**30}
+
+
+def _finite_or_str(value: float) -> float | str:
+    """JSON has no NaN/inf: write them as strings so the line stays parseable."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+    return flat

@@ -1,0 +1,45 @@
+"""`@register_task` and lookup with "did you mean" suggestions."""
+
+from __future__ import annotations
+
+import importlib
+
+from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
+from framer_ds.tasks.base import Task
+
+_TASKS: dict[str, type[Task]] = {}
+
+# Modules that register the built-in tasks; imported lazily so `framer_ds.config` stays light.
+BUILTIN_TASK_MODULES = ("framer_ds.tasks.vit_classification",)
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: make a Task available under `cls.name`."""
+    existing = _TASKS.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(
+            f"task name {cls.name!r} is registered twice ({existing.__module__}, {cls.__module__})"
+        )
+    _TASKS[cls.name] = cls
+    return cls
+
+
+def _load_builtin_tasks() -> None:
+    for module in BUILTIN_TASK_MODULES:
+        importlib.import_module(module)
+
+
+def available_tasks() -> dict[str, str]:
+    """Registered task names -> one-line summaries."""
+    _load_builtin_tasks()
+    return {name: _TASKS[name].summary for name in sorted(_TASKS)}
+
+
+def get_task_class(name: str) -> type[Task]:
+    names = available_tasks()
+    if name not in names:
+        hint = did_you_mean(name, names)
+        raise ConfigError(
+            [ConfigProblem("task", f"unknown task {name!r}.{hint} Registered: {', '.join(names)}.")], "config"
+        )
+    return _TASKS[name]

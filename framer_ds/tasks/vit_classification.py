@@ -1,0 +1,211 @@
+"""`vit_classification`: fine-tune (or train from a config) an HF ViTForImageClassification on an
+ImageFolder (`train/CLASS/*.png`, `val/CLASS/*.png`, as ImageNet / Food-101 are laid out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from transformers import ViTConfig, ViTForImageClassification
+
+from framer_ds.config.errors import ConfigProblem, did_you_mean
+from framer_ds.config.schema import StrictModel
+from framer_ds.data.digits import DIGITS_DIRNAME, default_cache_dir, ensure_digits_imagefolder
+from framer_ds.data.image_folder import (
+    ImageFolderDataset,
+    ImageFolderIndex,
+    ImageTransform,
+    scan_image_folder,
+)
+from framer_ds.engine.export import save_pretrained_gathered
+from framer_ds.tasks.base import Task
+from framer_ds.tasks.registry import register_task
+
+
+class VitModelConfig(StrictModel):
+    pretrained_model_name_or_path: Path | None = Field(
+        None, description="Local directory saved with save_pretrained (e.g. google/vit-large-patch16-224)."
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="ViTConfig fields for a freshly initialised model (when no pretrained path).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VitModelConfig:
+        if self.pretrained_model_name_or_path is not None and self.config:
+            raise ValueError("set model.pretrained_model_name_or_path OR model.config, not both")
+        return self
+
+
+class VitDataConfig(StrictModel):
+    root: Path | None = Field(None, description="ImageFolder root holding train/ and val/.")
+    builtin: Literal["digits"] | None = Field(
+        None, description="'digits': scikit-learn's 1,797 8x8 digits rendered as an ImageFolder in the cache."
+    )
+    image_size: int | None = Field(None, ge=1, description="Defaults to the model's image_size.")
+    mean: list[float] | None = Field(None, description="Per-channel normalisation; default 0.5 each.")
+    std: list[float] | None = Field(None, description="Per-channel normalisation; default 0.5 each.")
+    random_crop_padding: int = Field(0, ge=0, description="Train augmentation: pad then random crop.")
+    hflip: bool = Field(False, description="Train augmentation: random horizontal flip.")
+    verify_images: bool = Field(False, description="Open every image at start and report corrupt files.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VitDataConfig:
+        if (self.root is None) == (self.builtin is None):
+            raise ValueError("set exactly one of data.root (an ImageFolder) or data.builtin (e.g. 'digits')")
+        return self
+
+
+@register_task
+class VitClassificationTask(Task):
+    name = "vit_classification"
+    summary = "Image classification with a HF ViT (pretrained dir or fresh config) on an ImageFolder."
+    ModelConfig = VitModelConfig
+    DataConfig = VitDataConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.index: ImageFolderIndex | None = None
+
+    @property
+    def model_has_hidden_size(self) -> bool:
+        return True
+
+    def data_root(self) -> Path:
+        data = self.config.data
+        if data.builtin == "digits":
+            return default_cache_dir() / DIGITS_DIRNAME
+        return Path(data.root)
+
+    def vit_config(self) -> ViTConfig:
+        """The architecture, read from the pretrained dir's config.json (no weights) or built fresh."""
+        model = self.config.model
+        if model.pretrained_model_name_or_path is not None:
+            return ViTConfig.from_pretrained(model.pretrained_model_name_or_path)
+        return ViTConfig(**model.config)
+
+    def check(self) -> list[ConfigProblem]:
+        problems = []
+        model, data = self.config.model, self.config.data
+        pretrained = model.pretrained_model_name_or_path
+        if pretrained is not None and not (Path(pretrained) / "config.json").is_file():
+            problems.append(
+                ConfigProblem(
+                    "model.pretrained_model_name_or_path",
+                    f"{pretrained} is not a saved model directory (no config.json). Download the model "
+                    "once (e.g. `huggingface-cli download google/vit-large-patch16-224 --local-dir DIR`) "
+                    "and point this key at DIR.",
+                )
+            )
+            return problems
+        known = set(ViTConfig().to_dict())
+        for key in model.config:
+            if key not in known:
+                problems.append(
+                    ConfigProblem(f"model.config.{key}", f"not a ViTConfig field.{did_you_mean(key, known)}")
+                )
+        if problems:
+            return problems
+        arch = self.vit_config()
+        if data.image_size is not None and data.image_size != arch.image_size:
+            problems.append(
+                ConfigProblem(
+                    "data.image_size",
+                    f"{data.image_size} differs from the model's image_size {arch.image_size}; "
+                    "drop data.image_size or make them equal",
+                )
+            )
+        for key in ("mean", "std"):
+            values = getattr(data, key)
+            if values is not None and len(values) != arch.num_channels:
+                problems.append(
+                    ConfigProblem(f"data.{key}", f"needs {arch.num_channels} values (one per channel)")
+                )
+        if data.root is not None and not Path(data.root).is_dir():
+            problems.append(
+                ConfigProblem(
+                    "data.root",
+                    f"{data.root} does not exist; expected an ImageFolder: ROOT/train/CLASS/*.png "
+                    "and ROOT/val/CLASS/*.png",
+                )
+            )
+        return problems
+
+    def prepare_data(self) -> None:
+        if self.config.data.builtin == "digits":
+            ensure_digits_imagefolder(default_cache_dir())
+
+    def _scan(self) -> ImageFolderIndex:
+        if self.index is None:
+            self.index = scan_image_folder(self.data_root(), verify_images=self.config.data.verify_images)
+        return self.index
+
+    def build_datasets(self):
+        index = self._scan()
+        arch = self.vit_config()
+        data = self.config.data
+        mean = data.mean or [0.5] * arch.num_channels
+        std = data.std or [0.5] * arch.num_channels
+
+        def transform(train: bool) -> ImageTransform:
+            return ImageTransform(
+                image_size=arch.image_size,
+                num_channels=arch.num_channels,
+                mean=mean,
+                std=std,
+                train=train,
+                random_crop_padding=data.random_crop_padding,
+                hflip=data.hflip,
+            )
+
+        return ImageFolderDataset(index.train, transform(True)), ImageFolderDataset(
+            index.val, transform(False)
+        )
+
+    def build_model(self) -> torch.nn.Module:
+        index = self._scan()
+        labels = {
+            "num_labels": index.num_classes,
+            "id2label": dict(enumerate(index.classes)),
+            "label2id": {name: i for i, name in enumerate(index.classes)},
+        }
+        pretrained = self.config.model.pretrained_model_name_or_path
+        if pretrained is not None:
+            # A new classifier head when the label count differs (ImageNet-1k -> Food-101).
+            model = ViTForImageClassification.from_pretrained(
+                pretrained, ignore_mismatched_sizes=True, **labels
+            )
+        else:
+            model = ViTForImageClassification(ViTConfig(**{**self.config.model.config, **labels}))
+        if self.config.train.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        return model
+
+    def training_loss(self, model, batch) -> torch.Tensor:
+        return model(pixel_values=batch["pixel_values"], labels=batch["labels"]).loss
+
+    def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
+        logits = model(pixel_values=batch["pixel_values"]).logits.float()
+        return {
+            "loss": F.cross_entropy(logits, batch["labels"], reduction="none"),
+            "accuracy": (logits.argmax(-1) == batch["labels"]).float(),
+        }
+
+    def export(self, accelerator, model, out_dir: Path) -> None:
+        save_pretrained_gathered(accelerator, model, out_dir)
+        if accelerator.is_main_process:
+            try:  # transformers >= 5 names the torchvision-free processor explicitly
+                from transformers import ViTImageProcessorPil as ViTImageProcessor
+            except ImportError:
+                from transformers import ViTImageProcessor
+            arch = self.vit_config()
+            data = self.config.data
+            ViTImageProcessor(
+                size={"height": arch.image_size, "width": arch.image_size},
+                image_mean=data.mean or [0.5] * arch.num_channels,
+                image_std=data.std or [0.5] * arch.num_channels,
+            ).save_pretrained(out_dir)

@@ -1,0 +1,115 @@
+"""Config loading: overrides, every error case with its message, all errors at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from framer_ds.config.errors import ConfigError
+from framer_ds.config.loader import apply_overrides, dump_run_config, load_run_config
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def problems_of(path: Path, overrides: list[str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path, overrides or [])
+    return [str(p) for p in info.value.problems]
+
+
+def test_quickstart_loads_with_overrides():
+    config = load_run_config(
+        QUICKSTART, ["train.max_steps=20", "train.learning_rate=1e-4", "log.tensorboard=true"]
+    )
+    assert config.train.max_steps == 20
+    assert config.train.learning_rate == pytest.approx(1e-4)
+    assert config.log.tensorboard is True
+    assert config.task == "vit_classification"
+
+
+def test_override_values_are_parsed_as_yaml():
+    raw: dict = {"train": {"resume": "latest"}}
+    assert apply_overrides(raw, ["train.resume=null", "log.wandb.offline=true", "a.b.c=[1, 2]"]) == []
+    assert raw == {"train": {"resume": None}, "log": {"wandb": {"offline": True}}, "a": {"b": {"c": [1, 2]}}}
+
+
+def test_malformed_override_is_reported():
+    assert "key.path=value" in problems_of(QUICKSTART, ["train.max_steps"])[0]
+
+
+def test_override_into_a_value_is_reported():
+    found = problems_of(QUICKSTART, ["output_dir.x=1"])
+    assert any("'output_dir' is a value, not a section" in p for p in found)
+
+
+def test_misspelled_key_suggests_the_right_one():
+    found = problems_of(QUICKSTART, ["train.gradient_acumulation_steps=4"])
+    assert len(found) == 1
+    assert found[0].startswith("train.gradient_acumulation_steps: unknown key.")
+    assert "Did you mean 'gradient_accumulation_steps'?" in found[0]
+
+
+def test_all_errors_reported_at_once():
+    found = problems_of(
+        QUICKSTART,
+        ["train.max_step=3", "train.mixed_precision=bf61", "train.micro_batch_size=zero", "taks=x"],
+    )
+    joined = "\n".join(found)
+    assert len(found) == 4, joined
+    assert "train.max_step: unknown key. Did you mean 'max_steps'" in joined
+    assert "train.mixed_precision: got 'bf61'" in joined and "'no', 'bf16' or 'fp16'" in joined
+    assert "train.micro_batch_size: got 'zero'" in joined
+    assert "taks: unknown key. Did you mean 'task'?" in joined
+
+
+def test_wrong_type_names_key_path(tmp_path):
+    found = problems_of(QUICKSTART, ["train.epochs=-1"])
+    assert found == ["train.epochs: got -1: Input should be greater than or equal to 1."]
+
+
+def test_unknown_task_suggests_registered(tmp_path):
+    found = problems_of(write(tmp_path, "task: vit_clasification\noutput_dir: x\n"))
+    assert "unknown task 'vit_clasification'. Did you mean 'vit_classification'?" in found[0]
+
+
+def test_missing_task_and_output_dir(tmp_path):
+    found = problems_of(write(tmp_path, "train: {epochs: 2}\n"))
+    joined = "\n".join(found)
+    assert "task: required key is missing" in joined
+    assert "output_dir: required key is missing" in joined
+
+
+def test_task_sections_are_strict(tmp_path):
+    found = problems_of(QUICKSTART, ["data.rot=/x", "model.pretrained=/y"])
+    joined = "\n".join(found)
+    assert "data.rot: unknown key. Did you mean 'root'?" in joined
+    assert "model.pretrained: unknown key. Did you mean 'pretrained_model_name_or_path'?" in joined
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    assert "invalid YAML" in problems_of(write(tmp_path, "task: [unclosed\n"))[0]
+    assert "file not found" in problems_of(tmp_path / "nope.yaml")[0]
+    assert "top level must be a mapping" in problems_of(write(tmp_path, "- a\n- b\n"))[0]
+
+
+def test_resume_and_overwrite_conflict():
+    found = problems_of(QUICKSTART, ["train.resume=latest", "overwrite_output_dir=true"])
+    assert "contradictory" in found[0]
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = load_run_config(QUICKSTART, ["train.max_steps=7"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_run_config(config))
+    again = load_run_config(path)
+    assert again == config
+    assert yaml.safe_load(path.read_text())["train"]["max_steps"] == 7

@@ -1,0 +1,133 @@
+"""The shared loop on the quickstart task (in-process, 1 CPU process): run-dir contract, learning,
+exact resume, pretrained loading."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read_metrics
+from safetensors.torch import load_file
+from transformers import ViTConfig, ViTForImageClassification
+
+from framer_ds.config.loader import load_run_config
+from framer_ds.engine.checkpoint import STATE_FILE
+from framer_ds.train.loop import run_training
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+
+
+def train(overrides: list[str]):
+    return run_training(load_run_config(QUICKSTART, overrides))
+
+
+def test_run_directory_contract(quickstart_overrides, tmp_path):
+    result = train(
+        [*quickstart_overrides, "train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=3"]
+    )
+    run = tmp_path / "run"
+    assert result.global_step == 6
+    assert load_run_config(run / "config.yaml").train.max_steps == 6  # resolved config reloads
+    train_lines, eval_lines = read_metrics(run)
+    assert [x["step"] for x in train_lines] == [1, 2, 3, 4, 5, 6]
+    for line in train_lines:
+        assert {"step", "loss", "lr", "samples_per_s", "memory/rss_gb"} <= set(line)
+    assert [x["step"] for x in eval_lines] == [3, 6]
+    assert {"eval/loss", "eval/accuracy"} <= set(eval_lines[-1])
+    # keep_last_checkpoints=2 (quickstart) keeps the newest two; no temp dirs remain.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_4", "step_6"]
+    assert json.loads((run / "checkpoints" / "step_6" / STATE_FILE).read_text())["global_step"] == 6
+    # final/ is loadable the way a user loads it, and equals the trained weights.
+    model = ViTForImageClassification.from_pretrained(run / "final")
+    assert model.config.num_labels == 10 and model.config.id2label[3] == "3"
+    weights = load_file(run / "final" / "model.safetensors")
+    assert all(w.numel() > 0 for w in weights.values())
+    assert not (run / ".tmp_final").exists()
+
+
+def test_loss_decreases_on_fixed_seed(quickstart_overrides, tmp_path):
+    train([*quickstart_overrides, "train.max_steps=60", "train.learning_rate=3e-3"])
+    losses = [x["loss"] for x in read_metrics(tmp_path / "run")[0]]
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.75 * first, (first, last)
+
+
+def test_resume_continues_with_identical_losses(quickstart_overrides, tmp_path):
+    """Kill after the step-4 checkpoint (simulated by deleting everything later) and resume: steps 5..10
+    must repeat the uninterrupted run's losses exactly (data order mid-epoch, LR, dropout RNG)."""
+    common = [
+        *quickstart_overrides,
+        "train.max_steps=10",
+        "train.gradient_accumulation_steps=2",
+        "train.checkpoint_every=4",
+        "train.keep_last_checkpoints=5",
+    ]
+    train(common)
+    full = read_metrics(tmp_path / "run")[0]
+
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run", resumed_dir)
+    for name in ("step_8", "step_10"):
+        shutil.rmtree(resumed_dir / "checkpoints" / name)
+    shutil.rmtree(resumed_dir / "final")
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    result = train([*common, f"output_dir={resumed_dir}", "train.resume=latest"])
+    assert result.global_step == 10
+    resumed = read_metrics(resumed_dir)[0]
+    assert [x["step"] for x in resumed] == list(range(1, 11))  # no duplicated lines after truncation
+    for a, b in zip(full[4:], resumed[4:], strict=True):
+        assert a["step"] == b["step"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7)
+        assert b["lr"] == pytest.approx(a["lr"], rel=1e-9)
+
+
+def test_refuses_to_overwrite_an_existing_run(quickstart_overrides, tmp_path):
+    from framer_ds.config.errors import ConfigError
+
+    train([*quickstart_overrides, "train.max_steps=1"])
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train([*quickstart_overrides, "train.max_steps=1"])
+
+
+def test_pretrained_directory_with_adapted_label_count(quickstart_overrides, tmp_path):
+    """A model saved with save_pretrained (5 labels) fine-tunes on 10 classes: the head is re-made."""
+    pretrained = tmp_path / "pretrained_vit"
+    config = ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=5,
+    )
+    torch.manual_seed(0)
+    source = ViTForImageClassification(config)
+    source.save_pretrained(pretrained)
+    overrides = [
+        *quickstart_overrides,
+        "train.max_steps=2",
+        "model.config={}",
+        f"model.pretrained_model_name_or_path={pretrained}",
+    ]
+    train(overrides)
+    tuned = ViTForImageClassification.from_pretrained(tmp_path / "run" / "final")
+    assert tuned.classifier.out_features == 10
+    # the backbone started from the saved weights, not a fresh init (2 small steps move it only a little)
+    delta = (
+        (
+            tuned.vit.embeddings.patch_embeddings.projection.weight
+            - source.vit.embeddings.patch_embeddings.projection.weight
+        )
+        .abs()
+        .max()
+    )
+    assert delta < 0.05
