@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_metrics
 from safetensors.torch import load_file
 from transformers import ViTConfig, ViTForImageClassification
 
+from conftest import read_metrics
 from framer_ds.config.loader import load_run_config
 from framer_ds.engine.checkpoint import STATE_FILE
 from framer_ds.train.loop import run_training

@@ -91,7 +91,15 @@ COMMANDS = {"train": cmd_train, "validate": cmd_validate, "tasks": cmd_tasks}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Options may sit between overrides (`train CFG a=1 --overwrite b=2`); argparse's nargs="*" stops
+    # at the first option, so the remaining key=value items arrive as "unknown" and are taken here.
+    args, extra = parser.parse_known_args(argv)
+    stray = [item for item in extra if item.startswith("-") or "=" not in item]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
