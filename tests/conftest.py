@@ -86,3 +86,63 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
 
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [x for x in lines if "loss" in x], [x for x in lines if any(k.startswith("eval/") for k in x)]
+
+
+def write_deepspeed_json(base: str, path: Path, **zero_overrides) -> Path:
+    """A shipped DeepSpeed JSON with test tweaks (e.g. stage3_param_persistence_threshold=0 so tiny
+    tensors are partitioned too and ZeRO-3 bugs cannot hide behind persistence)."""
+    import json
+
+    config = json.loads((REPO / "configs" / "deepspeed" / base).read_text())
+    config["zero_optimization"].update(zero_overrides)
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def mlp_config(path: Path, run_dir: Path, **sections) -> Path:
+    """A YAML for the test-only MLP task (tests/framer_test_tasks.py)."""
+    import yaml
+
+    config = {
+        "imports": ["framer_test_tasks"],
+        "task": "test_mlp_regression",
+        "output_dir": str(run_dir),
+        "model": {},
+        "data": {},
+        "train": {
+            "seed": 7,
+            "max_steps": 16,
+            "micro_batch_size": 8,
+            "gradient_accumulation_steps": 2,
+            "learning_rate": 1e-3,
+            "warmup_steps": 2,
+            "max_grad_norm": 1.0,
+        },
+    }
+    for key, values in sections.items():
+        config[key].update(values)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def launch_env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
+    return env
+
+
+def strategy_launch_args(strategy: str, json_dir: Path) -> list[str]:
+    """accelerate launch flags for a strategy on 2 CPU processes."""
+    if strategy == "ddp":
+        return ["--multi_gpu", "--num_processes", "2"]
+    if strategy == "single":
+        return ["--num_processes", "1"]
+    base = {
+        "zero2": "zero2.json",
+        "zero2_offload": "zero2_offload.json",
+        "zero3": "zero3.json",
+        "zero3_offload": "zero3_offload.json",
+    }[strategy]
+    extra = {"stage3_param_persistence_threshold": 0} if base.startswith("zero3") else {}
+    path = write_deepspeed_json(base, json_dir / f"{strategy}.json", **extra)
+    return ["--config_file", "configs/accelerate_cpu_2proc.yaml", "--deepspeed_config_file", str(path)]

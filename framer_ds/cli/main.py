@@ -46,11 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from framer_ds.config.loader import load_run_config
+    from framer_ds.train.faults import EXIT_PREEMPTED, NonFiniteLossError, Preempted
     from framer_ds.train.loop import run_training
 
     overrides = list(args.overrides) + (["overwrite_output_dir=true"] if args.overwrite else [])
     config = load_run_config(args.config, overrides)
-    result = run_training(config)
+    try:
+        result = run_training(config)
+    except Preempted as stop:
+        print(f"{stop}; resume with train.resume=latest (exit {EXIT_PREEMPTED})", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except NonFiniteLossError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if int(os.environ.get("RANK", "0")) == 0:
         summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
         print(f"done: {result.global_step} steps, {summary or 'no eval set'}; outputs in {result.output_dir}")

@@ -6,6 +6,7 @@ and raised together as one `ConfigError`, each naming the key path and the fix.
 
 from __future__ import annotations
 
+import importlib
 import types
 import typing
 from collections.abc import Sequence
@@ -116,12 +117,29 @@ def describe_validation_error(exc: ValidationError, schema: type[BaseModel]) -> 
     return problems
 
 
+def import_task_modules(modules: Sequence[str]) -> list[ConfigProblem]:
+    """Import user modules named in `imports:` (they register tasks as a side effect)."""
+    problems = []
+    for index, module in enumerate(modules):
+        try:
+            importlib.import_module(str(module))
+        except Exception as exc:  # any import failure is a config problem the user must fix
+            problems.append(
+                ConfigProblem(
+                    f"imports.{index}",
+                    f"cannot import {module!r} ({type(exc).__name__}: {exc}); check the module name "
+                    "and that its directory is on PYTHONPATH",
+                )
+            )
+    return problems
+
+
 def validate_run_config(raw: dict[str, Any], source: str = "config") -> RunConfigBase:
     """Validate a raw mapping against the schema of the task it names; raise all problems at once."""
     from framer_ds.tasks.registry import available_tasks, get_task_class
 
+    problems = import_task_modules(raw.get("imports") or [])
     task_name = raw.get("task")
-    problems: list[ConfigProblem] = []
     schema: type[BaseModel] = RunConfigBase
     if task_name is None:
         problems.append(

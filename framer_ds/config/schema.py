@@ -56,6 +56,16 @@ class TrainConfig(StrictModel):
     resume: str | None = Field(
         None, description="null, 'latest' (newest complete checkpoint in output_dir) or a checkpoint path."
     )
+    nonfinite_loss: Literal["skip", "abort"] = Field(
+        "skip",
+        description="A NaN/inf loss: 'skip' drops that optimizer step (counted and logged), 'abort' stops.",
+    )
+    max_consecutive_nonfinite: int = Field(
+        5, ge=1, description="Abort after this many skipped optimizer steps in a row (divergence)."
+    )
+    collective_timeout_s: int = Field(
+        1800, ge=10, description="A rank that stops answering fails the job after this long, not never."
+    )
     log_every: int = Field(1, ge=1, description="Write a metrics line every N optimizer steps.")
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
     max_eval_batches: int | None = Field(None, ge=1, description="Cap eval cost on huge val sets.")
@@ -79,6 +89,11 @@ class RunConfigBase(StrictModel):
     """Fields every run has; `model` and `data` are added per task by `run_config_class`."""
 
     task: str = Field(description="Registered task name; `framer-ds tasks` lists them.")
+    imports: list[str] = Field(
+        default_factory=list,
+        description="Python modules imported before the task lookup, so your own @register_task "
+        "classes (e.g. my_project.tasks) are available without editing framer_ds.",
+    )
     output_dir: Path = Field(description="Run directory: config.yaml, metrics.jsonl, checkpoints/, final/.")
     overwrite_output_dir: bool = Field(
         False, description="Allow starting a fresh run in a directory that already holds one."

@@ -1,4 +1,10 @@
-"""Consolidated weights for `final/`, correct under ZeRO-3 (gather on all ranks, write on rank 0)."""
+"""Consolidated weights for `final/` and checkpoints, correct under ZeRO-3.
+
+Under ZeRO-3 each rank holds a shard of every parameter; a plain `state_dict()` or peft's
+`get_peft_model_state_dict` returns (0,)-shaped placeholders and silently writes an EMPTY adapter.
+Everything here gathers on all ranks (a collective: call on EVERY rank) and writes on rank 0, and
+refuses to write a tensor with zero elements.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,80 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from safetensors.torch import save_file
+
+
+class EmptyExportError(RuntimeError):
+    """Raised instead of writing weights that hold no data (the ZeRO-3 empty-adapter bug)."""
+
+
+def _zero3(accelerator: Accelerator) -> bool:
+    plugin = accelerator.state.deepspeed_plugin
+    return (
+        accelerator.distributed_type == DistributedType.DEEPSPEED
+        and plugin is not None
+        and plugin.zero_stage == 3
+    )
+
+
+def gathered_trainable_state_dict(
+    accelerator: Accelerator, model: torch.nn.Module
+) -> dict[str, torch.Tensor]:
+    """Full copies (on CPU) of the trainable parameters, by their names in the unwrapped model.
+
+    Gathers only the trainable tensors (a LoRA adapter, a new input conv), never the frozen base, so
+    it stays cheap for a LoRA on a multi-GB UNet. Every rank gets the dict; rank 0 writes it.
+    """
+    unwrapped = accelerator.unwrap_model(model)
+    named = [(name, p) for name, p in unwrapped.named_parameters() if p.requires_grad]
+    if _zero3(accelerator):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
+            state = {name: p.detach().cpu().clone() for name, p in named}
+    else:
+        state = {name: p.detach().cpu().clone() for name, p in named}
+    check_not_empty(state, "trainable parameters")
+    return state
+
+
+def check_not_empty(state: dict[str, torch.Tensor], what: str) -> None:
+    empty = [name for name, tensor in state.items() if tensor.numel() == 0]
+    if not state or empty:
+        raise EmptyExportError(
+            f"refusing to save {what}: {len(empty)} of {len(state)} tensors have no elements "
+            f"(e.g. {empty[:3]}). Under ZeRO-3 parameters must be gathered first; please report this."
+        )
 
 
 def save_pretrained_gathered(accelerator: Accelerator, model: torch.nn.Module, out_dir: Path) -> None:
-    """`save_pretrained` of the full model in safetensors. Call on EVERY rank (gathering is collective)."""
+    """`save_pretrained` of the whole model in safetensors (HF models). Call on EVERY rank.
+
+    Uses accelerate's consolidation, which gathers parameter by parameter onto rank 0 only (under
+    ZeRO-3 it needs `stage3_gather_16bit_weights_on_model_save: true`, as the shipped JSONs set).
+    """
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
+        check_not_empty(state_dict, "the model")
+        accelerator.unwrap_model(model).save_pretrained(
+            out_dir, state_dict=state_dict, safe_serialization=True
+        )
+    accelerator.wait_for_everyone()
+
+
+def save_module_gathered(accelerator: Accelerator, model: torch.nn.Module, path: Path) -> None:
+    """A plain (non-HF) module's full state dict as one safetensors file. Call on EVERY rank."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        check_not_empty(state_dict, "the model")
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path))
+    accelerator.wait_for_everyone()
+
+
+def save_peft_adapter_gathered(accelerator: Accelerator, model: torch.nn.Module, out_dir: Path) -> None:
+    """A peft adapter (adapter_model.safetensors + adapter_config.json), never empty. Every rank."""
+    state = gathered_trainable_state_dict(accelerator, model)
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(out_dir, state_dict=state, safe_serialization=True)
     accelerator.wait_for_everyone()

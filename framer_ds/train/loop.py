@@ -21,7 +21,7 @@ from transformers import get_scheduler
 from framer_ds.config.errors import ConfigError
 from framer_ds.config.launch_check import check_runtime_environment
 from framer_ds.config.schema import RunConfigBase
-from framer_ds.engine.accelerator import build_accelerator
+from framer_ds.engine.accelerator import build_accelerator, uses_deepspeed
 from framer_ds.engine.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
 from framer_ds.engine.run_dir import check_run_dir, prepare_run_dir
@@ -29,6 +29,14 @@ from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.train.batch import to_compute_dtype
 from framer_ds.train.evaluate import evaluate
+from framer_ds.train.faults import (
+    NonFiniteLossError,
+    NonFiniteTracker,
+    Preempted,
+    StopRequest,
+    exchange_flags,
+    write_preempted_marker,
+)
 from framer_ds.train.schedule import StepPlan, plan_steps
 
 
@@ -60,7 +68,7 @@ def run_training(config: RunConfigBase) -> TrainResult:
     if problems:
         raise ConfigError(problems, "pre-flight checks")
     check_run_dir(config)
-    accelerator = build_accelerator(config)
+    accelerator = build_accelerator(config, collective_timeout_s=config.train.collective_timeout_s)
     resume_path = resolve_resume(config.output_dir, config.train.resume)
     resume_state = TrainerState()
     if resume_path is not None:
@@ -143,7 +151,32 @@ def _build(accelerator: Accelerator, task: Task, config: RunConfigBase) -> _Run:
     return _Run(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, plan)
 
 
+class _Window:
+    """Losses of the micro-batches in the current optimizer step (accumulation window)."""
+
+    def __init__(self, device: torch.device):
+        self.loss_sum = torch.zeros((), device=device)
+        self.batches = 0
+        self.poisoned = False
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.batches = 0
+        self.poisoned = False
+
+
 def _train(run: _Run, config: RunConfigBase, state: TrainerState, logger: MetricsLogger) -> dict[str, float]:
+    stop = StopRequest()
+    stop.install()
+    try:
+        return _train_until_done(run, config, state, logger, stop)
+    finally:
+        stop.uninstall()
+
+
+def _train_until_done(
+    run: _Run, config: RunConfigBase, state: TrainerState, logger: MetricsLogger, stop: StopRequest
+) -> dict[str, float]:
     accelerator, model, train_cfg, plan = run.accelerator, run.model, config.train, run.plan
     progress = tqdm(
         total=plan.total_steps,
@@ -151,14 +184,16 @@ def _train(run: _Run, config: RunConfigBase, state: TrainerState, logger: Metric
         desc="train",
         disable=not accelerator.is_local_main_process,
         dynamic_ncols=True,
+        mininterval=0.5,
     )
-    eval_metrics: dict[str, float] = {}
-    window = torch.zeros((), device=accelerator.device)  # sum of micro-batch losses since last step
-    window_batches = 0
-    logged = torch.zeros((), device=accelerator.device)  # sum of step losses since last log line
+    nonfinite = NonFiniteTracker(train_cfg.nonfinite_loss, train_cfg.max_consecutive_nonfinite)
+    window = _Window(accelerator.device)
+    logged = torch.zeros((), device=accelerator.device)  # sum of step losses since the last log line
     logged_steps = 0
     tick = time.perf_counter()
     grad_norm: float | None = None
+    eval_metrics: dict[str, float] = {}
+    last_finite_batch = None
     model.train()
     while state.global_step < plan.total_steps:
         run.train_loader.set_epoch(state.epoch)
@@ -168,28 +203,45 @@ def _train(run: _Run, config: RunConfigBase, state: TrainerState, logger: Metric
         consumed_any = False
         for batch in loader:
             consumed_any = True
+            batch = to_compute_dtype(accelerator, batch)
             with accelerator.accumulate(model):
-                loss = run.task.training_loss(model, to_compute_dtype(accelerator, batch))
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and train_cfg.max_grad_norm > 0:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), train_cfg.max_grad_norm)
-                run.optimizer.step()
+                loss = run.task.training_loss(model, batch)
+                bad, stop_requested = exchange_flags(
+                    accelerator, not bool(torch.isfinite(loss.detach()).all()), stop.requested
+                )
+                if bad:
+                    window.poisoned = True
+                else:
+                    last_finite_batch = batch
+                    window.loss_sum += loss.detach().float()
+                    window.batches += 1
+                if not window.poisoned:
+                    accelerator.backward(loss)
+                elif accelerator.sync_gradients and uses_deepspeed(accelerator):
+                    _close_poisoned_deepspeed_window(run, last_finite_batch, state.global_step)
+                if accelerator.sync_gradients and not window.poisoned:
+                    if train_cfg.max_grad_norm > 0:
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), train_cfg.max_grad_norm)
+                    run.optimizer.step()
                 run.optimizer.zero_grad(set_to_none=True)
-            window += loss.detach().float()
-            window_batches += 1
             state.batches_in_epoch += 1
             if state.batches_in_epoch == plan.batches_per_epoch:
                 state.epoch, state.batches_in_epoch = state.epoch + 1, 0
             if not accelerator.sync_gradients:
                 continue
+            nonfinite.record_window(window.poisoned, state.global_step)
+            if window.poisoned:
+                accelerator.print(f"non-finite loss: optimizer step {state.global_step + 1} skipped")
+                logger.log({"nonfinite_skipped_steps": float(nonfinite.skipped_total)}, state.global_step)
+                window.reset()
+                continue
             run.scheduler.step()
             state.global_step += 1
-            state.samples_seen += window_batches * train_cfg.micro_batch_size * accelerator.num_processes
-            logged += window / window_batches
+            samples = plan.global_batch // train_cfg.gradient_accumulation_steps * window.batches
+            state.samples_seen += samples
+            logged += window.loss_sum / window.batches
             logged_steps += 1
-            samples = window_batches * train_cfg.micro_batch_size * accelerator.num_processes
-            window.zero_()
-            window_batches = 0
+            window.reset()
             progress.update(1)
             done = state.global_step >= plan.total_steps
             if state.global_step % train_cfg.log_every == 0 or done:
@@ -199,16 +251,16 @@ def _train(run: _Run, config: RunConfigBase, state: TrainerState, logger: Metric
                     "loss": loss_value,
                     "lr": run.scheduler.get_last_lr()[0],
                     "epoch": state.epoch + state.batches_in_epoch / plan.batches_per_epoch,
+                    "samples": float(state.samples_seen),
                     "samples_per_s": samples * logged_steps / max(now - tick, 1e-9),
                     **memory_stats(),
                 }
                 if grad_norm is not None:
                     line["grad_norm"] = float(grad_norm)
                 logger.log(line, state.global_step)
-                progress.set_postfix(loss=f"{loss_value:.4f}")
+                progress.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
                 logged.zero_()
                 logged_steps = 0
-                tick = time.perf_counter()
             if run.eval_loader is not None and (
                 done or (train_cfg.eval_every and state.global_step % train_cfg.eval_every == 0)
             ):
@@ -217,16 +269,48 @@ def _train(run: _Run, config: RunConfigBase, state: TrainerState, logger: Metric
                 )
                 logger.log(eval_metrics, state.global_step)
                 accelerator.print(_format_metrics(state.global_step, eval_metrics))
-                tick = time.perf_counter()
-            if train_cfg.checkpoint_every and (done or state.global_step % train_cfg.checkpoint_every == 0):
-                save_checkpoint(accelerator, config.output_dir, state, train_cfg.keep_last_checkpoints)
-                tick = time.perf_counter()
+            checkpoint_due = train_cfg.checkpoint_every and (
+                done or state.global_step % train_cfg.checkpoint_every == 0
+            )
+            if checkpoint_due or stop_requested:
+                path = save_checkpoint(accelerator, config.output_dir, state, train_cfg.keep_last_checkpoints)
+                if stop_requested:
+                    signal_name = stop.signal_name or "a stop signal on another rank"
+                    if accelerator.is_main_process:
+                        write_preempted_marker(config.output_dir, state.global_step, signal_name, path)
+                    progress.close()
+                    raise Preempted(state.global_step, signal_name)
+            tick = time.perf_counter()
             if done:
                 break
         if not consumed_any:
             raise RuntimeError(f"epoch {state.epoch} yielded no batches; the training set looks empty")
     progress.close()
     return eval_metrics
+
+
+def _close_poisoned_deepspeed_window(run: _Run, finite_batch, step: int) -> None:
+    """DeepSpeed steps inside the boundary `backward`, so a poisoned window cannot simply skip it.
+
+    Close the window with a zero-gradient backward on the last finite batch while every param
+    group's LR is 0 (weights unchanged), then undo the scheduler tick the engine made.
+    """
+    if finite_batch is None:
+        raise NonFiniteLossError(
+            f"non-finite loss in the first optimizer step ({step + 1}) before any finite batch; "
+            "check the data and the model initialisation"
+        )
+    optimizer = run.optimizer
+    saved = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    zero_loss = run.task.training_loss(run.model, finite_batch) * 0.0
+    run.accelerator.backward(zero_loss)
+    inner = getattr(run.scheduler, "scheduler", run.scheduler)
+    inner.last_epoch -= 1
+    for group, lr in zip(optimizer.param_groups, saved, strict=True):
+        group["lr"] = lr
+    inner._last_lr = saved
 
 
 def _export(run: _Run, output_dir: Path) -> None:

@@ -1,0 +1,116 @@
+"""A small task for distributed tests, registered via the config's `imports: [framer_test_tasks]`.
+
+An MLP regression big enough that ZeRO-3 partitions it (with stage3_param_persistence_threshold 0),
+optionally wrapped in a peft LoRA, whose dataset records which sample ids each rank trained on and
+can poison chosen samples with NaN. Launched subprocesses import it through PYTHONPATH=tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch.utils.data import Dataset
+
+from framer_ds.config.schema import StrictModel
+from framer_ds.engine.export import save_module_gathered, save_peft_adapter_gathered
+from framer_ds.tasks.base import Task
+from framer_ds.tasks.registry import register_task
+
+
+class MlpModelConfig(StrictModel):
+    width: int = 256
+    depth: int = 4
+    lora_rank: int = Field(0, description="0 = train the full MLP; >0 = peft LoRA on the linears.")
+
+
+class MlpDataConfig(StrictModel):
+    num_samples: int = 512
+    eval_samples: int = 64
+    dim: int = 32
+    poison_ids: list[int] = Field(default_factory=list, description="Samples whose input is NaN.")
+    record_dir: Path | None = Field(None, description="Each rank appends the sample ids it trained on.")
+    sleep_per_batch_s: float = 0.0
+
+
+class RegressionSet(Dataset):
+    def __init__(self, n: int, dim: int, seed: int, poison: set[int]):
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, dim, generator=gen)
+        self.w = torch.randn(dim, 1, generator=torch.Generator().manual_seed(1234))
+        self.y = torch.tanh(self.x @ self.w) + 0.1 * torch.randn(n, 1, generator=gen)
+        self.poison = poison
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x = torch.full_like(self.x[i], float("nan")) if i in self.poison else self.x[i]
+        return {"x": x, "y": self.y[i], "id": torch.tensor(i)}
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, dim: int, width: int, depth: int):
+        super().__init__()
+        layers: list[torch.nn.Module] = [torch.nn.Linear(dim, width), torch.nn.GELU()]
+        for _ in range(depth - 1):
+            layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+        layers.append(torch.nn.Linear(width, 1))
+        self.net = torch.nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@register_task
+class MlpRegressionTask(Task):
+    name = "test_mlp_regression"
+    summary = "Test-only MLP regression (distributed equivalence, faults, LoRA under ZeRO-3)."
+    ModelConfig = MlpModelConfig
+    DataConfig = MlpDataConfig
+
+    def build_datasets(self):
+        data = self.config.data
+        train = RegressionSet(data.num_samples, data.dim, seed=0, poison=set(data.poison_ids))
+        return train, RegressionSet(data.eval_samples, data.dim, seed=1, poison=set())
+
+    def build_model(self) -> torch.nn.Module:
+        torch.manual_seed(self.config.train.seed)
+        model = Mlp(self.config.data.dim, self.config.model.width, self.config.model.depth)
+        if self.config.model.lora_rank:
+            from peft import LoraConfig, get_peft_model
+
+            targets = [str(i) for i, m in enumerate(model.net) if isinstance(m, torch.nn.Linear)]
+            lora = LoraConfig(
+                r=self.config.model.lora_rank,
+                lora_alpha=8,
+                target_modules=targets,
+                init_lora_weights="gaussian",
+            )
+            model = get_peft_model(model, lora)
+        return model
+
+    def training_loss(self, model, batch) -> torch.Tensor:
+        data = self.config.data
+        if data.record_dir is not None:
+            rank = int(os.environ.get("RANK", "0"))
+            with open(Path(data.record_dir) / f"rank{rank}.jsonl", "a") as f:
+                f.write(json.dumps(batch["id"].tolist()) + "\n")
+        if data.sleep_per_batch_s:
+            time.sleep(data.sleep_per_batch_s)
+        return F.mse_loss(model(batch["x"]).float(), batch["y"].float())
+
+    def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
+        pred = model(batch["x"]).float()
+        return {"loss": ((pred - batch["y"].float()) ** 2).mean(dim=1)}
+
+    def export(self, accelerator, model, out_dir: Path) -> None:
+        if self.config.model.lora_rank:
+            save_peft_adapter_gathered(accelerator, model, out_dir)
+        else:
+            save_module_gathered(accelerator, model, out_dir / "model.safetensors")

@@ -1,0 +1,134 @@
+"""Swapping the strategy changes memory and speed, never the result: DDP = ZeRO-2 = ZeRO-2+offload =
+ZeRO-3 = ZeRO-3+offload on 2 CPU processes, fp32, same seed, 16 optimizer steps with accumulation 2.
+
+Tolerance: fp32 on CPU; the strategies differ only in the order of floating-point reductions
+(gloo all-reduce vs reduce-scatter, bucketed vs per-tensor) and, with offload, DeepSpeed's C++
+Adam instead of torch's AdamW. Each step is ~1e-7 relative noise compounded over 16 steps, so
+1e-5 relative on the loss is tight enough to catch any real drift (a wrong LR step, a lost
+micro-batch, unscaled accumulation all move the loss by >1e-3 within a few steps).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO, accelerate_launch_cmd, launch_env, mlp_config, read_metrics, strategy_launch_args
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+STRATEGIES = ["ddp", "zero2", "zero2_offload", "zero3", "zero3_offload"]
+REL_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Each strategy trains one full epoch (512 samples = 16 steps x 8 x 2 accumulation x 2 ranks)."""
+    root = tmp_path_factory.mktemp("equivalence")
+    results = {}
+    for strategy in STRATEGIES:
+        run_dir = root / strategy
+        record = root / f"{strategy}_ids"
+        record.mkdir()
+        config = mlp_config(
+            root / f"{strategy}.yaml",
+            run_dir,
+            data={"record_dir": str(record)},
+            train={"checkpoint_every": 16, "eval_every": 16},
+        )
+        cmd = accelerate_launch_cmd(
+            *strategy_launch_args(strategy, root), "-m", "framer_ds", "train", str(config)
+        )
+        proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{strategy} failed:\n{proc.stderr[-5000:]}"
+        results[strategy] = run_dir
+    return results
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [line["loss"] for line in read_metrics(run_dir)[0]]
+
+
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "ddp"])
+def test_losses_match_ddp(runs, strategy):
+    reference, other = losses(runs["ddp"]), losses(runs[strategy])
+    assert len(reference) == len(other) == 16
+    assert reference[-1] < reference[0]  # it learns, so equality is not trivial
+    for step, (a, b) in enumerate(zip(reference, other, strict=True), start=1):
+        assert b == pytest.approx(a, rel=REL_TOL), f"{strategy} drifts from DDP at step {step}: {a} vs {b}"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_data_is_sharded_and_covers_the_epoch_once(runs, strategy):
+    record = runs[strategy].parent / f"{strategy}_ids"
+    per_rank = [
+        [i for line in (record / f"rank{r}.jsonl").read_text().splitlines() for i in json.loads(line)]
+        for r in (0, 1)
+    ]
+    assert len(per_rank[0]) == len(per_rank[1]) == 256
+    assert not set(per_rank[0]) & set(per_rank[1]), "ranks trained on the same samples"
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(512)), "one epoch must cover the data exactly once"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_rank0_logs_and_global_batch(runs, strategy):
+    train_lines, eval_lines = read_metrics(runs[strategy])
+    assert [x["step"] for x in train_lines] == list(range(1, 17))
+    # micro-batch 8 x accumulation 2 x 2 ranks = 32 samples per optimizer step
+    assert [x["samples"] for x in train_lines] == [32.0 * s for s in range(1, 17)]
+    assert len(eval_lines) == 1
+    assert sorted(p.name for p in runs[strategy].iterdir()) == [
+        "checkpoints",
+        "config.yaml",
+        "final",
+        "metrics.jsonl",
+    ]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_exported_weights_reproduce_the_trained_model(runs, strategy):
+    """final/model.safetensors loaded into the plain model gives the logged eval loss; all strategies
+    export the same weights."""
+    from framer_test_tasks import Mlp, RegressionSet
+
+    weights = load_file(runs[strategy] / "final" / "model.safetensors")
+    model = Mlp(32, 256, 4)
+    model.load_state_dict(weights)
+    data = RegressionSet(64, 32, seed=1, poison=set())
+    with torch.no_grad():
+        eval_loss = ((model(data.x) - data.y) ** 2).mean().item()
+    logged = read_metrics(runs[strategy])[1][-1]["eval/loss"]
+    assert eval_loss == pytest.approx(logged, rel=1e-5)
+    reference = load_file(runs["ddp"] / "final" / "model.safetensors")
+    for name, tensor in reference.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_deepspeed_zero_to_fp32_reads_our_checkpoints(runs, strategy, tmp_path):
+    checkpoint = runs[strategy] / "checkpoints" / "step_16"
+    out = tmp_path / "fp32"
+    proc = subprocess.run(
+        [
+            *accelerate_launch_cmd()[:1],
+            str(checkpoint / "zero_to_fp32.py"),
+            str(checkpoint),
+            str(out),
+            "--safe_serialization",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    consolidated = load_file(next(out.glob("*.safetensors")))
+    final = load_file(runs[strategy] / "final" / "model.safetensors")
+    assert set(consolidated) == set(final)
+    for name in final:
+        torch.testing.assert_close(consolidated[name], final[name])
