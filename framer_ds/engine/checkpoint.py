@@ -31,6 +31,7 @@ class TrainerState:
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     samples_seen: int = 0
+    world_size: int = 1  # processes that wrote the checkpoint (a ZeRO checkpoint is sharded by it)
 
 
 def checkpoints_root(output_dir: Path) -> Path:
@@ -83,6 +84,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainerSt
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        state.world_size = accelerator.num_processes
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
         if final.exists():
             shutil.rmtree(final)
