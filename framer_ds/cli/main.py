@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from framer_ds.config.errors import ConfigError
+from framer_ds.config.errors import ConfigError, InputDataError
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
+        return 1
+    except InputDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
 
 

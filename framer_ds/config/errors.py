@@ -32,6 +32,11 @@ class ConfigError(Exception):
         return "\n".join(lines)
 
 
+class InputDataError(RuntimeError):
+    """A data file that cannot be used (corrupt, unreadable) found during training: the message names
+    the file and the fix; the CLI prints it and exits 1 instead of a bare traceback."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """A ' Did you mean ...?' suffix for a misspelled key or name, or '' when nothing is close."""
     choices = list(choices)

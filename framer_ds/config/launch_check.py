@@ -1,7 +1,7 @@
 """Pre-flight cross-checks: training YAML x accelerate YAML x DeepSpeed JSON (DESIGN.md section 3).
 
 Each rule is one small function returning every problem it finds, so a user fixes all of them in one
-edit. Nothing heavy is imported (no torch, no accelerate, no model): `framer-ds check` runs in a
+edit. Nothing heavy is imported (no torch, no accelerate, no model): `framer-ds validate` runs in a
 second, and the JSON rules run again at training start from what `accelerate launch` put in the
 environment. The facts encoded here were read from the accelerate 1.15 / deepspeed 0.19.8 sources.
 """

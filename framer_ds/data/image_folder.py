@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
+from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, did_you_mean
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
@@ -302,7 +302,7 @@ class ImageFolderDataset(Dataset):
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             if image is not None:
                 image.close()
-            raise RuntimeError(
+            raise InputDataError(
                 f"cannot decode image {path} ({type(exc).__name__}: {exc}). Delete or replace the file; "
                 "to list every unreadable file before training, run the data check, i.e. "
                 "framer_ds.data.image_folder.scan_image_folder(root, verify_images=True)."

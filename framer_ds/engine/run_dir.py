@@ -10,6 +10,7 @@ from accelerate import Accelerator
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.loader import dump_run_config
 from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.checkpoint import complete_checkpoints
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
 
@@ -21,6 +22,21 @@ def holds_run(output_dir: Path) -> bool:
 def check_run_dir(config: RunConfigBase) -> None:
     """Fail before any work when a fresh run would overwrite an existing one. Runs on every rank,
     before any rank writes, so no rank sees another's files."""
+    if (
+        config.train.resume == "latest"
+        and holds_run(config.output_dir)
+        and not complete_checkpoints(config.output_dir)
+    ):
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "train.resume",
+                    f"{config.output_dir} holds a run but no complete checkpoint under checkpoints/, so "
+                    "there is nothing to resume. Set train.checkpoint_every for future runs; to start "
+                    "this one again use --overwrite (overwrite_output_dir=true) without train.resume.",
+                )
+            ]
+        )
     if config.train.resume is None and not config.overwrite_output_dir and holds_run(config.output_dir):
         raise ConfigError(
             [

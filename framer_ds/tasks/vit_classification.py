@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from transformers import ViTConfig, ViTForImageClassification
 
-from framer_ds.config.errors import ConfigProblem, did_you_mean
+from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.schema import StrictModel
 from framer_ds.data.digits import DIGITS_DIRNAME, default_cache_dir, ensure_digits_imagefolder
 from framer_ds.data.image_folder import (
@@ -125,14 +125,13 @@ class VitClassificationTask(Task):
                 problems.append(
                     ConfigProblem(f"data.{key}", f"needs {arch.num_channels} values (one per channel)")
                 )
-        if data.root is not None and not Path(data.root).is_dir():
-            problems.append(
-                ConfigProblem(
-                    "data.root",
-                    f"{data.root} does not exist; expected an ImageFolder: ROOT/train/CLASS/*.png "
-                    "and ROOT/val/CLASS/*.png",
-                )
-            )
+        if data.root is not None:
+            # Scanning needs no images opened (unless verify_images): cheap enough for a pre-flight,
+            # and a layout error then fails before the run directory is touched.
+            try:
+                self._scan()
+            except ConfigError as exc:
+                problems += exc.problems
         return problems
 
     def prepare_data(self) -> None:
@@ -182,7 +181,10 @@ class VitClassificationTask(Task):
         else:
             model = ViTForImageClassification(ViTConfig(**{**self.config.model.config, **labels}))
         if self.config.train.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            enable = (
+                getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            )
+            enable()
         return model
 
     def training_loss(self, model, batch) -> torch.Tensor:

@@ -25,6 +25,7 @@ from framer_ds.engine.accelerator import build_accelerator, uses_deepspeed
 from framer_ds.engine.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
 from framer_ds.engine.run_dir import check_run_dir, prepare_run_dir
+from framer_ds.engine.universal import adapt_to_world_size, prepare_resume
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.train.batch import to_compute_dtype
@@ -71,16 +72,19 @@ def run_training(config: RunConfigBase) -> TrainResult:
     accelerator = build_accelerator(config, collective_timeout_s=config.train.collective_timeout_s)
     resume_path = resolve_resume(config.output_dir, config.train.resume)
     resume_state = TrainerState()
+    load_path = resume_path  # a ZeRO checkpoint resumed at another world size loads from its conversion
     if resume_path is not None:
         resume_state = TrainerState(**_read_state(resume_path))
+        load_path = prepare_resume(accelerator, resume_path)  # before prepare: may set load_universal
     prepare_run_dir(accelerator, config, resume_state.global_step if resume_path else None)
 
     set_seed(config.train.seed)
     with accelerator.local_main_process_first():
         task.prepare_data()
     run = _build(accelerator, task, config)
-    state = load_checkpoint(accelerator, resume_path) if resume_path is not None else TrainerState()
-    if resume_path is not None:
+    state = load_checkpoint(accelerator, load_path) if load_path is not None else TrainerState()
+    if load_path is not None:
+        state = adapt_to_world_size(accelerator, state, load_path, config.train, run.plan.batches_per_epoch)
         accelerator.print(f"resumed from {resume_path} at step {state.global_step}")
     logger = MetricsLogger(accelerator, config)
     try:
