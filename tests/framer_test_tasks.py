@@ -114,3 +114,27 @@ class MlpRegressionTask(Task):
             save_peft_adapter_gathered(accelerator, model, out_dir)
         else:
             save_module_gathered(accelerator, model, out_dir / "model.safetensors")
+
+
+def _install_kill_during_save() -> None:
+    """FRAMER_TEST_KILL_DURING_SAVE=N: rank 0 SIGKILLs itself right after writing its part of the step-N
+    checkpoint, before the rename that publishes it: a job killed in the middle of a save."""
+    step = os.environ.get("FRAMER_TEST_KILL_DURING_SAVE")
+    if not step:
+        return
+    import signal
+
+    from accelerate import Accelerator
+
+    original = Accelerator.save_state
+
+    def save_state_then_die(self, output_dir=None, **kwargs):
+        result = original(self, output_dir, **kwargs)
+        if Path(str(output_dir)).name == f".tmp_step_{step}" and self.is_main_process:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    Accelerator.save_state = save_state_then_die
+
+
+_install_kill_during_save()

@@ -132,3 +132,35 @@ def test_deepspeed_zero_to_fp32_reads_our_checkpoints(runs, strategy, tmp_path):
     assert set(consolidated) == set(final)
     for name in final:
         torch.testing.assert_close(consolidated[name], final[name])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sigkill_mid_save_then_resume_repeats_the_uninterrupted_losses(runs, strategy, tmp_path):
+    """Rank 0 is SIGKILLed while writing the step-8 checkpoint: step_4 stays intact, the half-written
+    one is never picked, and `resume: latest` reproduces the uninterrupted run from step 5 on."""
+    run_dir = tmp_path / "run"
+    config = mlp_config(
+        tmp_path / "c.yaml", run_dir, train={"checkpoint_every": 4, "keep_last_checkpoints": 3}
+    )
+    cmd = accelerate_launch_cmd(
+        *strategy_launch_args(strategy, tmp_path), "-m", "framer_ds", "train", str(config)
+    )
+    env = {**launch_env(), "FRAMER_TEST_KILL_DURING_SAVE": "8"}
+    killed = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode != 0
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "step_4" / "trainer_state.json").is_file()
+    assert (checkpoints / ".tmp_step_8").is_dir() and not (checkpoints / "step_8").exists()
+
+    resumed = subprocess.run(
+        [*cmd, "train.resume=latest"], cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-5000:]
+    assert "resumed from" in resumed.stdout and "step_4" in resumed.stdout
+    got, want = losses(run_dir), losses(runs[strategy])
+    assert [x["step"] for x in read_metrics(run_dir)[0]] == list(range(1, 17))
+    for step in range(4, 16):
+        assert got[step] == pytest.approx(want[step], rel=REL_TOL), (
+            f"step {step + 1}: {want[step]} vs {got[step]}"
+        )
+    assert not (checkpoints / ".tmp_step_8").exists()  # cleaned by the next successful save

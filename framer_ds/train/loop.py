@@ -84,6 +84,7 @@ def run_training(config: RunConfigBase) -> TrainResult:
     run = _build(accelerator, task, config)
     state = load_checkpoint(accelerator, load_path) if load_path is not None else TrainerState()
     if load_path is not None:
+        _rebind_scheduler_to_live_optimizer(run)
         state = adapt_to_world_size(accelerator, state, load_path, config.train, run.plan.batches_per_epoch)
         accelerator.print(f"resumed from {resume_path} at step {state.global_step}")
     logger = MetricsLogger(accelerator, config)
@@ -93,6 +94,21 @@ def run_training(config: RunConfigBase) -> TrainResult:
     finally:
         logger.close()
     return TrainResult(Path(config.output_dir), state.global_step, eval_metrics)
+
+
+def _rebind_scheduler_to_live_optimizer(run: _Run) -> None:
+    """Point the LR scheduler at the optimizer that really steps, after `load_state`.
+
+    With DeepSpeed optimizer offload accelerate replaces our torch AdamW by DeepSpeedCPUAdam; the
+    scheduler keeps the discarded AdamW, which shares its param-group dicts with the new optimizer
+    only until `load_state_dict` swaps them for new ones. Without this, a resumed offload run logs a
+    decaying LR while really training at the LR of the checkpoint step forever.
+    """
+    inner = getattr(run.scheduler, "scheduler", run.scheduler)
+    live = getattr(run.optimizer, "optimizer", run.optimizer)
+    inner.optimizer = live
+    for group, lr in zip(live.param_groups, inner.get_last_lr(), strict=True):
+        group["lr"] = lr
 
 
 def _read_state(path: Path) -> dict:

@@ -1,0 +1,226 @@
+"""Preemption signals, non-finite losses and a dying rank: the job stops cleanly, loses nothing and
+never hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO, accelerate_launch_cmd, launch_env, mlp_config, read_metrics, strategy_launch_args
+from framer_ds.cli.main import main as cli_main
+from framer_ds.train.faults import EXIT_PREEMPTED, PREEMPTED_MARKER
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    """In its own process group, as Slurm runs a job step, so the test can signal all of it."""
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() and any(
+            json.loads(line).get("step", 0) >= step
+            for line in metrics.read_text().splitlines()
+            if line.strip()
+        ):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early:\n{proc.communicate()[1][-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def workers(launcher: subprocess.Popen) -> list[psutil.Process]:
+    """The training processes (python children running framer_ds), rank order by start time."""
+    found = [
+        p
+        for p in psutil.Process(launcher.pid).children(recursive=True)
+        if any("framer_ds" in part for part in p.cmdline())
+    ]
+    return sorted(found, key=lambda p: p.create_time())
+
+
+def slow_config(tmp_path: Path, **train) -> tuple[Path, Path]:
+    run_dir = tmp_path / "run"
+    config = mlp_config(
+        tmp_path / "c.yaml",
+        run_dir,
+        data={"sleep_per_batch_s": 0.15},
+        train={"keep_last_checkpoints": 5, **train},
+    )
+    return config, run_dir
+
+
+@pytest.fixture(scope="module")
+def reference_losses(tmp_path_factory) -> list[float]:
+    """The uninterrupted 2-process DDP run (sleeping changes nothing numerically)."""
+    root = tmp_path_factory.mktemp("reference")
+    config = mlp_config(root / "c.yaml", root / "run")
+    cmd = accelerate_launch_cmd(
+        "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config)
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [x["loss"] for x in read_metrics(root / "run")[0]]
+
+
+def assert_preempted_then_resumes(
+    run_dir: Path, config: Path, strategy_args: list[str], reference: list[float]
+):
+    marker = json.loads((run_dir / PREEMPTED_MARKER).read_text())
+    step = marker["step"]
+    assert 3 <= step < 16
+    assert (run_dir / "checkpoints" / f"step_{step}" / "trainer_state.json").is_file()
+    assert read_metrics(run_dir)[0][-1]["step"] == step  # the step in flight finished and was logged
+    cmd = accelerate_launch_cmd(
+        *strategy_args, "-m", "framer_ds", "train", str(config), "train.resume=latest"
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    losses = [x["loss"] for x in read_metrics(run_dir)[0]]
+    assert len(losses) == 16
+    assert losses == pytest.approx(reference, rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_sigterm_to_the_job_checkpoints_and_resumes_exactly(tmp_path, reference_losses):
+    """Slurm's time limit: SIGTERM to every process of the job step (launcher and ranks)."""
+    config, run_dir = slow_config(tmp_path)
+    args = ["--multi_gpu", "--num_processes", "2"]
+    proc = start(accelerate_launch_cmd(*args, "-m", "framer_ds", "train", str(config)))
+    wait_for_step(run_dir, 3, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "stopped by SIGTERM" in err
+    assert_preempted_then_resumes(run_dir, config, args, reference_losses)
+
+
+@pytest.mark.distributed
+def test_sigusr1_to_one_rank_stops_every_rank(tmp_path, reference_losses):
+    """`--signal=USR1@90` may reach one task only: all ranks must still agree to stop together."""
+    config, run_dir = slow_config(tmp_path)
+    args = strategy_launch_args("zero2", tmp_path)
+    proc = start(accelerate_launch_cmd(*args, "-m", "framer_ds", "train", str(config)))
+    wait_for_step(run_dir, 3, proc)
+    ranks = workers(proc)
+    assert len(ranks) == 2
+    ranks[1].send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    assert "stopped by SIGUSR1" in err or "stopped by a stop signal on another rank" in err
+    assert_preempted_then_resumes(run_dir, config, args, reference_losses)
+
+
+def test_single_process_exits_with_the_requeue_status(tmp_path):
+    config, run_dir = slow_config(tmp_path)
+    proc = start([sys.executable, "-m", "framer_ds", "train", str(config)])
+    wait_for_step(run_dir, 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+    assert "resume with train.resume=latest" in err
+    assert (run_dir / PREEMPTED_MARKER).is_file()
+
+
+# --- non-finite losses -------------------------------------------------------------------------------
+
+
+def test_nan_loss_skips_the_step_and_training_continues(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    # single process, micro-batch 8 x accumulation 2: sample 3 poisons exactly one of the 32 windows of
+    # epoch 0, so 31 counted steps consume the whole epoch and meet it exactly once.
+    config = mlp_config(tmp_path / "c.yaml", run_dir, data={"poison_ids": [3]}, train={"max_steps": 31})
+    assert cli_main(["train", str(config)]) == 0
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    skipped = [x for x in lines if "nonfinite_skipped_steps" in x]
+    assert len(skipped) == 1 and skipped[0]["nonfinite_skipped_steps"] == 1
+    losses = [x for x in lines if "loss" in x]
+    assert [x["step"] for x in losses] == list(range(1, 32))  # the skipped step is not counted
+    assert all(isinstance(x["loss"], float) for x in losses)
+    weights = load_file(run_dir / "final" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert "non-finite loss: optimizer step" in capsys.readouterr().out
+
+
+def test_repeated_nan_aborts_without_writing_poisoned_weights(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    poison = list(range(0, 512, 2))  # every micro-batch holds a NaN sample
+    config = mlp_config(
+        tmp_path / "c.yaml",
+        run_dir,
+        data={"poison_ids": poison},
+        train={"checkpoint_every": 1, "max_consecutive_nonfinite": 3},
+    )
+    assert cli_main(["train", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "non-finite loss (NaN/inf)" in err and "3 steps in a row" in err and "train.learning_rate" in err
+    assert not (run_dir / "final").exists()
+    assert not list((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").exists() else True
+
+
+def test_abort_policy_stops_at_the_first_nan(tmp_path, capsys):
+    config = mlp_config(
+        tmp_path / "c.yaml",
+        tmp_path / "run",
+        data={"poison_ids": [3]},
+        train={"nonfinite_loss": "abort", "max_steps": 32},
+    )
+    assert cli_main(["train", str(config)]) == 1
+    assert "non-finite loss (NaN/inf) at optimizer step" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_nan_on_one_rank_is_skipped_by_all_ranks(tmp_path, strategy):
+    run_dir = tmp_path / "run"
+    config = mlp_config(tmp_path / "c.yaml", run_dir, data={"poison_ids": [3]})
+    cmd = accelerate_launch_cmd(
+        *strategy_launch_args(strategy, tmp_path), "-m", "framer_ds", "train", str(config)
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["nonfinite_skipped_steps"] for x in lines if "nonfinite_skipped_steps" in x] == [1]
+    assert [x["step"] for x in lines if "loss" in x] == list(range(1, 17))
+    weights = load_file(run_dir / "final" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+# --- a rank that dies --------------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+def test_a_killed_rank_fails_the_job_naming_the_rank(tmp_path):
+    config, run_dir = slow_config(tmp_path, collective_timeout_s=60)
+    proc = start(
+        accelerate_launch_cmd("--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config))
+    )
+    wait_for_step(run_dir, 2, proc)
+    killed_at = time.monotonic()
+    workers(proc)[1].kill()
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode != 0
+    assert time.monotonic() - killed_at < 120, "the job should fail fast, not wait on a dead rank"
+    assert "rank      : 1" in err or "local_rank: 1" in err, err[-3000:]
