@@ -143,6 +143,17 @@ def strategy_launch_args(strategy: str, json_dir: Path) -> list[str]:
         "zero3": "zero3.json",
         "zero3_offload": "zero3_offload.json",
     }[strategy]
-    extra = {"stage3_param_persistence_threshold": 0} if base.startswith("zero3") else {}
+    # ZeRO-3 test settings that keep bugs visible: partition even tiny tensors, and release every
+    # parameter right after use (the shipped 1e9 live/reuse budgets keep them gathered after a
+    # forward, which hides e.g. an ungathered adapter save).
+    extra = (
+        {
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_live_parameters": 0,
+            "stage3_max_reuse_distance": 0,
+        }
+        if base.startswith("zero3")
+        else {}
+    )
     path = write_deepspeed_json(base, json_dir / f"{strategy}.json", **extra)
     return ["--config_file", "configs/accelerate_cpu_2proc.yaml", "--deepspeed_config_file", str(path)]

@@ -174,9 +174,10 @@ def convert_to_universal(checkpoint: Path) -> Path:
             f"{proc.stderr[-3000:]}"
         )
     # Everything accelerate reads besides the engine's files, plus trainer_state.json / latest, so the
-    # converted directory is itself a complete checkpoint (`train.resume` may point at it).
+    # converted directory is itself a complete checkpoint (`train.resume` may point at it). DeepSpeed's
+    # zero_to_fp32.py / zero_to_torch.py read sharded files only: they stay with the original.
     for entry in checkpoint.iterdir():
-        if entry.name in (DS_TAG, UNIVERSAL_DIR, _TMP_UNIVERSAL_DIR):
+        if entry.name in (DS_TAG, UNIVERSAL_DIR, _TMP_UNIVERSAL_DIR) or entry.name.startswith("zero_to_"):
             continue
         if entry.is_dir():
             shutil.copytree(entry, tmp / entry.name)
@@ -206,8 +207,8 @@ def rescale_data_position(
     skip, leftover = divmod(samples, per_round)
     if leftover:
         warnings.warn(
-            f"resuming at {new_world} processes from a checkpoint of {state.world_size}: {samples} samples of "
-            f"epoch {state.epoch} were consumed, not a multiple of micro_batch_size x processes "
+            f"resuming at {new_world} processes from a checkpoint of {state.world_size}: {samples} samples "
+            f"of epoch {state.epoch} were consumed, not a multiple of micro_batch_size x processes "
             f"({per_round}); skipping {skip * per_round}, so {leftover} samples are trained on twice",
             stacklevel=2,
         )
