@@ -25,7 +25,9 @@ def test_lora_adapter_from_zero3_is_complete_and_loads_with_peft(tmp_path, strat
     config = mlp_config(
         tmp_path / "c.yaml", run_dir, model={"lora_rank": 4}, train={"max_steps": 6, "learning_rate": 1e-2}
     )
-    cmd = accelerate_launch_cmd(*strategy_launch_args(strategy, tmp_path), "-m", "framer_ds", "train", str(config))
+    cmd = accelerate_launch_cmd(
+        *strategy_launch_args(strategy, tmp_path), "-m", "framer_ds", "train", str(config)
+    )
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-5000:]
 
