@@ -98,10 +98,15 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainerSt
     return final
 
 
+def read_trainer_state(path: Path) -> TrainerState:
+    """The loop position stored in a checkpoint (no tensors loaded)."""
+    return TrainerState(**json.loads((Path(path) / STATE_FILE).read_text()))
+
+
 def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainerState:
     """Restore model, optimizer, scheduler and RNG states (collective) and return the loop position."""
     accelerator.load_state(str(path))
-    return TrainerState(**json.loads((Path(path) / STATE_FILE).read_text()))
+    return read_trainer_state(path)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -22,7 +22,13 @@ from framer_ds.config.errors import ConfigError
 from framer_ds.config.launch_check import check_runtime_environment
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.accelerator import build_accelerator, uses_deepspeed
-from framer_ds.engine.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
+from framer_ds.engine.checkpoint import (
+    TrainerState,
+    load_checkpoint,
+    read_trainer_state,
+    resolve_resume,
+    save_checkpoint,
+)
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
 from framer_ds.engine.run_dir import check_run_dir, prepare_run_dir
 from framer_ds.engine.universal import adapt_to_world_size, prepare_resume
@@ -71,12 +77,10 @@ def run_training(config: RunConfigBase) -> TrainResult:
     check_run_dir(config)
     accelerator = build_accelerator(config, collective_timeout_s=config.train.collective_timeout_s)
     resume_path = resolve_resume(config.output_dir, config.train.resume)
-    resume_state = TrainerState()
     load_path = resume_path  # a ZeRO checkpoint resumed at another world size loads from its conversion
     if resume_path is not None:
-        resume_state = TrainerState(**_read_state(resume_path))
         load_path = prepare_resume(accelerator, resume_path)  # before prepare: may set load_universal
-    prepare_run_dir(accelerator, config, resume_state.global_step if resume_path else None)
+    prepare_run_dir(accelerator, config, read_trainer_state(resume_path).global_step if resume_path else None)
 
     set_seed(config.train.seed)
     with accelerator.local_main_process_first():
@@ -109,14 +113,6 @@ def _rebind_scheduler_to_live_optimizer(run: _Run) -> None:
     inner.optimizer = live
     for group, lr in zip(live.param_groups, inner.get_last_lr(), strict=True):
         group["lr"] = lr
-
-
-def _read_state(path: Path) -> dict:
-    import json
-
-    from framer_ds.engine.checkpoint import STATE_FILE
-
-    return json.loads((path / STATE_FILE).read_text())
 
 
 def _build(accelerator: Accelerator, task: Task, config: RunConfigBase) -> _Run:
