@@ -1,0 +1,24 @@
+"""GPU-only checks (skipped without CUDA): bf16 training and the GPU memory metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, read_metrics
+from framer_ds.config.loader import load_run_config
+from framer_ds.train.loop import run_training
+
+pytestmark = pytest.mark.gpu
+
+
+def test_quickstart_bf16_on_gpu_logs_gpu_memory(quickstart_overrides, tmp_path):
+    config = load_run_config(
+        REPO / "configs" / "quickstart.yaml",
+        [*quickstart_overrides, "train.max_steps=20", "train.mixed_precision=bf16", "train.eval_every=20"],
+    )
+    run_training(config)
+    train_lines, eval_lines = read_metrics(tmp_path / "run")
+    assert train_lines[-1]["memory/max_allocated_gb"] > 0
+    assert train_lines[-1]["memory/max_reserved_gb"] >= train_lines[-1]["memory/max_allocated_gb"]
+    assert train_lines[-1]["loss"] < train_lines[0]["loss"]
+    assert 0.0 <= eval_lines[-1]["eval/accuracy"] <= 1.0
