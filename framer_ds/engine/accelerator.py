@@ -13,7 +13,9 @@ Facts this encodes (DESIGN.md section 3):
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
@@ -66,6 +68,33 @@ def build_accelerator(config: RunConfigBase, collective_timeout_s: int = 1800) -
     if plugin is not None and plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
         plugin.deepspeed_config["gradient_clipping"] = config.train.max_grad_norm
     return accelerator
+
+
+@contextlib.contextmanager
+def frozen_model_init(accelerator: Accelerator) -> Iterator[None]:
+    """Build frozen helpers (VAE, image encoder) as whole modules, never as ZeRO-3 shards.
+
+    Under ZeRO-3 accelerate registers its DeepSpeed config with transformers, whose `from_pretrained`
+    then builds every model inside `deepspeed.zero.Init` and partitions it, even with
+    zero3_init_flag false and after `prepare`; a module that never goes through `prepare` is then left
+    with empty weights. accelerate's `zero3_init_context_manager(enable=False)` does not undo that
+    registration when the flag is already false, so it is lifted here too for the duration.
+    """
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    registered = hf_deepspeed._hf_deepspeed_config_weak_ref
+    config = registered() if registered is not None else None
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        with plugin.zero3_init_context_manager(enable=False):
+            yield
+    finally:
+        if config is not None:
+            hf_deepspeed.set_hf_deepspeed_config(config)
 
 
 def uses_deepspeed(accelerator: Accelerator) -> bool:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from transformers import ViTConfig, ViTForImageClassification
 
+from framer_ds.compat import image_processor_class
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.schema import StrictModel
 from framer_ds.data.digits import DIGITS_DIRNAME, default_cache_dir, ensure_digits_imagefolder
@@ -200,10 +201,7 @@ class VitClassificationTask(Task):
     def export(self, accelerator, model, out_dir: Path) -> None:
         save_pretrained_gathered(accelerator, model, out_dir)
         if accelerator.is_main_process:
-            try:  # transformers >= 5 names the torchvision-free processor explicitly
-                from transformers import ViTImageProcessorPil as ViTImageProcessor
-            except ImportError:
-                from transformers import ViTImageProcessor
+            ViTImageProcessor = image_processor_class("ViTImageProcessor")
             arch = self.vit_config()
             data = self.config.data
             ViTImageProcessor(

@@ -21,7 +21,7 @@ from transformers import get_scheduler
 from framer_ds.config.errors import ConfigError
 from framer_ds.config.launch_check import check_runtime_environment
 from framer_ds.config.schema import RunConfigBase
-from framer_ds.engine.accelerator import build_accelerator, uses_deepspeed
+from framer_ds.engine.accelerator import build_accelerator, frozen_model_init, uses_deepspeed
 from framer_ds.engine.checkpoint import (
     TrainerState,
     load_checkpoint,
@@ -83,7 +83,9 @@ def run_training(config: RunConfigBase) -> TrainResult:
     prepare_run_dir(accelerator, config, read_trainer_state(resume_path).global_step if resume_path else None)
 
     set_seed(config.train.seed)
-    with accelerator.local_main_process_first():
+    # Runs on the local main process while the others wait: building a model here under ZeRO-3 init
+    # would start collectives the waiting ranks never join (a deadlock), hence frozen_model_init.
+    with accelerator.local_main_process_first(), frozen_model_init(accelerator):
         task.prepare_data()
     run = _build(accelerator, task, config)
     state = load_checkpoint(accelerator, load_path) if load_path is not None else TrainerState()

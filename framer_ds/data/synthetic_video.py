@@ -1,0 +1,63 @@
+"""Small real mp4 clips of moving shapes, written with PyAV: data for the tiny video demo and tests.
+
+A fresh checkout can run `framer-ds train configs/tasks/video_lora/tiny.yaml` with no download: the clips
+are encoded once into the cache (atomically, so two ranks racing end up with one complete folder).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import av
+import numpy as np
+
+MARKER = ".complete"
+
+
+def write_moving_shape_clip(path: Path, frames: int, width: int, height: int, fps: int, seed: int) -> None:
+    """A coloured square crossing a gradient background: motion a video model can learn quickly."""
+    rng = np.random.default_rng(seed)
+    color = rng.integers(64, 256, size=3, dtype=np.uint8)
+    size = max(8, min(width, height) // 4)
+    x0, y0 = rng.integers(0, width - size), rng.integers(0, height - size)
+    vx, vy = rng.choice([-3, -2, 2, 3]), rng.choice([-2, -1, 1, 2])
+    ramp = np.linspace(0, 96, width, dtype=np.float32)[None, :, None]
+    background = np.broadcast_to(ramp, (height, width, 3)).astype(np.uint8)
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for t in range(frames):
+            image = background.copy()
+            x = int((x0 + vx * t) % (width - size))
+            y = int((y0 + vy * t) % (height - size))
+            image[y : y + size, x : x + size] = color
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def ensure_synthetic_clips(
+    target: Path, count: int = 8, frames: int = 24, width: int = 96, height: int = 80, fps: int = 12
+) -> Path:
+    """`count` clips in `target` (idempotent: a marker file says the folder is complete)."""
+    target = Path(target)
+    if (target / MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for i in range(count):
+            write_moving_shape_clip(tmp / f"clip_{i:03d}.mp4", frames, width, height, fps, seed=i)
+        (tmp / MARKER).write_text(str(count))
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / MARKER).is_file():  # lost a race to a half-written folder: not ours to fix
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,363 @@
+"""Video clips for Stable Video Diffusion: seek-and-decode only the frames a clip needs, resize, crop.
+
+Why seeking: the seed decoded every frame of every video per sample, so a 14-frame clip from a
+10-second video paid for ~240 decodes and RGB conversions. `read_clip` seeks to the keyframe before
+the first wanted frame (PyAV/FFmpeg do the seeking and decoding) and stops after the last one, and
+only the wanted frames are converted to RGB.
+
+Why all randomness comes from torch's global RNG: the checkpoint saves and restores it and DataLoader
+workers are seeded from it, so a resumed run replays the same clips, strides, crops and flips.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Literal
+
+import av
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import Dataset
+
+from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
+from framer_ds.data.video_index import VideoIndex, VideoRecord
+
+logger = logging.getLogger(__name__)
+
+SEEK_BACKOFF_S: tuple[float | None, ...] = (0.0, 1.0, 4.0, None)
+"""Seek this many seconds before the first wanted frame, retrying earlier when the decoder's first
+frame is already past it (a B-frame GOP whose keyframe is shown late); None = from the start."""
+
+
+class VideoReadError(RuntimeError):
+    """A clip could not be read from a file the index accepted (deleted, truncated, replaced)."""
+
+
+def clip_indices(start: int, num_frames: int, stride: int) -> list[int]:
+    return [start + i * stride for i in range(num_frames)]
+
+
+def _collect(frames: Iterable[av.VideoFrame], wanted: list[int], index_of) -> list | None:
+    """The decoded frames at `wanted` positions, or None when the first frame is already too late.
+    A position with no frame of its own (variable frame rate, a dropped frame) gets the frame shown
+    at that time, the previous one; for constant-rate video every position has its own frame."""
+    out: list[av.VideoFrame] = []
+    prev = None
+    for frame in frames:
+        if frame.pts is None:
+            raise VideoReadError("a decoded frame has no timestamp; re-encode the video")
+        idx = index_of(frame)
+        if prev is None and idx > wanted[0]:
+            return None
+        while len(out) < len(wanted) and wanted[len(out)] < idx:
+            out.append(prev)
+        if len(out) < len(wanted) and wanted[len(out)] == idx:
+            out.append(frame)
+        if len(out) == len(wanted):
+            return out
+        prev = frame
+    last = index_of(prev) if prev is not None else -1
+    raise VideoReadError(f"the video ends at frame {last}, the clip needs frame {wanted[-1]}")
+
+
+def _decode(container: av.container.InputContainer, stream: av.VideoStream, wanted_pts: int) -> Iterator:
+    """Decode from the current position; frames whose packets lie before `wanted_pts` and that no
+    other frame references (most B-frames) are skipped by the decoder, not decoded and dropped."""
+    ctx = stream.codec_context
+    for packet in container.demux(stream):
+        before = packet.pts is not None and packet.pts < wanted_pts
+        ctx.skip_frame = "NONREF" if before else "DEFAULT"
+        yield from ctx.decode(packet)
+
+
+def read_clip(
+    path: Path, start: int, num_frames: int, stride: int, first_pts: int | None = None
+) -> np.ndarray:
+    """uint8 [T,H,W,3] RGB frames `start, start+stride, ...`, numbered by timestamp from the first
+    frame (as `video_index` counts them): the same frames a full decode returns at those indices.
+    `first_pts` (the index's `VideoRecord.first_pts`) saves decoding frame 0 to learn its timestamp;
+    `stream.start_time` is not used for that because some files (AVI with B-frames) misstate it."""
+    if start < 0 or num_frames < 1 or stride < 1:
+        raise ValueError(
+            f"need start >= 0, num_frames >= 1, stride >= 1; got {start}, {num_frames}, {stride}"
+        )
+    wanted = clip_indices(start, num_frames, stride)
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise VideoReadError("no video stream")
+            stream = container.streams.video[0]
+            rate, tb = stream.average_rate or stream.guessed_rate, stream.time_base
+            if not rate or tb is None:
+                raise VideoReadError("frame rate or time base unknown")
+            if first_pts is None:
+                first = next(container.decode(stream), None)
+                if first is None or first.pts is None:
+                    raise VideoReadError("no decodable, timestamped first frame")
+                first_pts = first.pts
+            origin = first_pts
+            # Never seek before the stream start: some demuxers (AVI) refuse negative timestamps.
+            floor = origin if stream.start_time is None else min(origin, stream.start_time)
+
+            def index_of(frame: av.VideoFrame) -> int:
+                return round((frame.pts - origin) * tb * rate)
+
+            target = origin + int(start / rate / tb)  # Fractions: exact pts of frame `start`
+            # Frames before this (1.5 frames before `start`, so rounding never reaches `start` or the
+            # frame before it, which fills a gap at `start`) need not be decoded unless referenced.
+            skip_before = origin + int((start - Fraction(3, 2)) / rate / tb)
+            for back in SEEK_BACKOFF_S:
+                seek_pts = floor if back is None else max(floor, target - int(back / tb))
+                container.seek(seek_pts, stream=stream, backward=True, any_frame=False)
+                frames = _collect(_decode(container, stream, skip_before), wanted, index_of)
+                if frames is not None:
+                    return np.stack([f.to_ndarray(format="rgb24") for f in frames])
+            raise VideoReadError(f"no frame at or before frame {start} after seeking to the start")
+    except VideoReadError as exc:
+        raise VideoReadError(f"cannot read frames {wanted[0]}..{wanted[-1]} of {path}: {exc}") from exc
+    except (av.error.FFmpegError, OSError) as exc:
+        raise VideoReadError(f"cannot read {path} ({type(exc).__name__}: {exc})") from exc
+
+
+@dataclass(frozen=True)
+class ClipSampler:
+    """Where a clip starts and its stride. `stride` is fixed, or `stride_range=(lo, hi)` draws one per
+    clip; mode "random" (train) draws the start, "center"/"first" (eval) use no randomness."""
+
+    num_frames: int
+    stride: int | None = None
+    stride_range: tuple[int, int] | None = None
+    mode: Literal["random", "center", "first"] = "random"
+
+    def __post_init__(self) -> None:
+        if self.num_frames < 1:
+            raise ValueError(f"num_frames must be >= 1, got {self.num_frames}.")
+        if self.stride is not None and self.stride_range is not None:
+            raise ValueError("give stride or stride_range, not both; stride_range=(k, k) is a fixed stride.")
+        lo, hi = self.strides
+        if not 1 <= lo <= hi:
+            raise ValueError(f"stride_range must be (min, max) with 1 <= min <= max, got {(lo, hi)}.")
+        if self.mode not in ("random", "center", "first"):
+            raise ValueError(f"mode must be 'random', 'center' or 'first', got {self.mode!r}.")
+
+    @property
+    def strides(self) -> tuple[int, int]:
+        if self.stride_range is not None:
+            return int(self.stride_range[0]), int(self.stride_range[1])
+        stride = 1 if self.stride is None else self.stride
+        return stride, stride
+
+    @property
+    def min_frames(self) -> int:
+        """Frames a video needs for a clip at the largest stride: pass it to `build_video_index`."""
+        return (self.num_frames - 1) * self.strides[1] + 1
+
+    def sample(self, record: VideoRecord) -> tuple[int, int]:
+        """(start frame, stride); a stride too large for this record is capped to the largest that fits."""
+        lo, hi = self.strides
+        avail = record.usable_frames
+        if self.num_frames > 1:
+            hi = min(hi, (avail - 1) // (self.num_frames - 1))
+        if hi < 1 or avail < self.num_frames:
+            raise VideoReadError(f"{record.path} has {avail} usable frames, a clip needs {self.min_frames}")
+        lo = min(lo, hi)
+        random = self.mode == "random"
+        stride = int(torch.randint(lo, hi + 1, (1,)).item()) if random and hi > lo else (lo + hi) // 2
+        slack = avail - ((self.num_frames - 1) * stride + 1)
+        if random:
+            offset = int(torch.randint(0, slack + 1, (1,)).item()) if slack else 0
+        else:
+            offset = slack // 2 if self.mode == "center" else 0
+        return record.first_frame + offset, stride
+
+
+def resize_and_crop(
+    frames: np.ndarray | torch.Tensor, height: int, width: int, random_crop: bool
+) -> torch.Tensor:
+    """uint8 [T,H,W,3] -> float32 [T,3,height,width] in [0,1]: scale (antialiased bilinear) so the
+    frame covers height x width, keeping the aspect ratio, then crop the rest (centre or random).
+
+    Resize and crop run on uint8 (torch's antialiased uint8 kernel is ~10x faster than float32 on
+    CPU) and only the cropped frames are converted to float: at 1024x576 -> 576x576 that is most of
+    the per-clip cost after decoding."""
+    pixels = torch.as_tensor(frames).permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels_last
+    src_h, src_w = pixels.shape[-2:]
+    scale = max(height / src_h, width / src_w)
+    new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
+    if (new_h, new_w) != (src_h, src_w):
+        pixels = F.interpolate(pixels, size=(new_h, new_w), mode="bilinear", antialias=True)
+    if random_crop:
+        top = int(torch.randint(0, new_h - height + 1, (1,)).item())
+        left = int(torch.randint(0, new_w - width + 1, (1,)).item())
+    else:
+        top, left = (new_h - height) // 2, (new_w - width) // 2
+    pixels = pixels[:, :, top : top + height, left : left + width].contiguous()
+    return pixels.to(torch.float32).div_(255.0)
+
+
+def validate_svd_size(height: int, width: int, where: str = "data") -> list[ConfigProblem]:
+    """SVD's VAE downsamples by 8 and its UNet by 8 more, so both sides must be multiples of 64."""
+    problems = []
+    for name, value in (("height", height), ("width", width)):
+        if value < 64 or value % 64:
+            nearest = max(64, round(value / 64) * 64)
+            problems.append(
+                ConfigProblem(
+                    f"{where}.{name}",
+                    f"{value} is not a multiple of 64 (>= 64), which Stable Video Diffusion needs "
+                    f"(VAE /8, UNet /8); use {nearest}, e.g. 576x1024 as SVD was trained.",
+                )
+            )
+    return problems
+
+
+def _coprime_step(n: int) -> int:
+    """A step near n/golden-ratio sharing no factor with n: retries visit every record once and land
+    far from the failed one (bad files tend to sit together, e.g. one broken sub-directory)."""
+    step = max(1, int(n * 0.618))
+    while math.gcd(step, n) != 1:
+        step += 1
+    return step
+
+
+class VideoClipDataset(Dataset):
+    """Index -> {"pixel_values": float32 [T,3,H,W] in [-1,1], "video_id": str, "fps": float}, where
+    fps = source fps / stride (the rate SVD's fps conditioning should see). Augmentations (random
+    start/stride/crop, flip) apply only when `train`; eval clips are centred and use no randomness.
+
+    A file that fails at read time (deleted or corrupted after indexing) is logged once, remembered,
+    and replaced by another record (deterministic order, at most `max_retries` reads), so hour 3 of a
+    run is not lost to one file. Each DataLoader worker keeps its own list; when more than
+    `max_failed_fraction` of the records (at least one file is always tolerated) have failed in one
+    process, InputDataError lists them: the data changed under the run and needs a look.
+    """
+
+    def __init__(
+        self,
+        index: VideoIndex,
+        num_frames: int,
+        height: int,
+        width: int,
+        stride: int | None = None,
+        stride_range: tuple[int, int] | None = None,
+        hflip: bool = False,
+        random_crop: bool = False,
+        train: bool = True,
+        max_retries: int = 8,
+        max_failed_fraction: float = 0.05,
+    ) -> None:
+        problems = validate_svd_size(height, width)
+        if problems:
+            raise ConfigError(problems, source="VideoClipDataset")
+        if not index.records:
+            raise ValueError("the index has no usable videos; call require_usable(index, ...) first.")
+        self.records = list(index.records)
+        mode = "random" if train else "center"
+        self.sampler = ClipSampler(num_frames, stride, stride_range, mode)
+        self.height, self.width = height, width
+        self.hflip, self.random_crop, self.train = hflip, random_crop, train
+        self.max_retries, self.max_failed_fraction = max_retries, max_failed_fraction
+        self.failed: dict[str, str] = {}  # path -> reason, for this process
+        self.failures = 0  # failed reads, counting repeats
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _candidates(self, index: int) -> Iterator[VideoRecord]:
+        n, step = len(self.records), _coprime_step(len(self.records))
+        for k in range(n):
+            record = self.records[(index + k * step) % n]
+            if str(record.path) not in self.failed:
+                yield record
+
+    def __getitem__(self, index: int) -> dict:
+        tries = 0
+        for record in self._candidates(index):
+            if tries > self.max_retries:
+                break
+            tries += 1
+            try:
+                return self._load(record)
+            except VideoReadError as exc:
+                self._record_failure(record, str(exc))
+        raise InputDataError(self._failure_message(f"no readable clip for item {index} after {tries} tries"))
+
+    def _load(self, record: VideoRecord) -> dict:
+        start, stride = self.sampler.sample(record)
+        frames = read_clip(record.path, start, self.sampler.num_frames, stride, record.first_pts)
+        pixels = resize_and_crop(frames, self.height, self.width, self.random_crop and self.train)
+        if self.train and self.hflip and torch.rand(1).item() < 0.5:
+            pixels = pixels.flip(-1)
+        return {
+            "pixel_values": pixels.mul_(2).sub_(1),
+            "video_id": record.video_id,
+            "fps": record.source_fps / stride,
+        }
+
+    def _record_failure(self, record: VideoRecord, reason: str) -> None:
+        self.failures += 1
+        self.failed[str(record.path)] = reason
+        logger.warning("skipping %s for the rest of this run: %s", record.path, reason)
+        allowed = max(1, int(self.max_failed_fraction * len(self.records)))
+        if len(self.failed) > allowed:
+            raise InputDataError(
+                self._failure_message(
+                    f"{len(self.failed)} of {len(self.records)} videos failed (limit {allowed})"
+                )
+            )
+
+    def _failure_message(self, what: str) -> str:
+        listing = "\n".join(f"  - {path}: {reason}" for path, reason in self.failed.items())
+        return (
+            f"{what}; the files changed after indexing:\n{listing}\nRestore or re-encode them, or delete "
+            "them and rebuild the index (build_video_index lists every unreadable file) before resuming."
+        )
+
+
+class ImagePairDataset(Dataset):
+    """`scan_image_pairs` output -> {"pixel_values": float32 [2,3,H,W] (start, end) in [-1,1],
+    "video_id": id, "num_frames": T}. Only the two real frames are returned: the interpolation task
+    builds the T - 2 placeholder frames between them, so it alone decides what they hold."""
+
+    def __init__(
+        self,
+        pairs: Sequence[tuple[str, Path, Path]],
+        height: int,
+        width: int,
+        num_frames: int,
+        hflip: bool = False,
+    ) -> None:
+        problems = validate_svd_size(height, width)
+        if num_frames < 2:
+            problems.append(ConfigProblem("data.num_frames", f"{num_frames} < 2: a pair is two frames."))
+        if problems:
+            raise ConfigError(problems, source="ImagePairDataset")
+        self.pairs, self.height, self.width = list(pairs), height, width
+        self.num_frames, self.hflip = num_frames, hflip
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def _load(self, path: Path) -> torch.Tensor:
+        try:
+            with Image.open(path) as image:
+                array = np.array(image.convert("RGB"), dtype=np.uint8)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise InputDataError(
+                f"cannot decode image {path} ({type(exc).__name__}: {exc}). Delete or replace the pair."
+            ) from exc
+        return resize_and_crop(array[None], self.height, self.width, random_crop=False)[0]
+
+    def __getitem__(self, index: int) -> dict:
+        pair_id, start, end = self.pairs[index]
+        pixels = torch.stack([self._load(start), self._load(end)])
+        if self.hflip and torch.rand(1).item() < 0.5:
+            pixels = pixels.flip(-1)
+        return {"pixel_values": pixels.mul_(2).sub_(1), "video_id": pair_id, "num_frames": self.num_frames}

@@ -1,0 +1,1 @@
+"""Stable Video Diffusion training pieces: EDM objective, pipeline-exact conditioning, tiny test model."""

@@ -1,0 +1,173 @@
+"""A tiny random Stable Video Diffusion checkpoint, saved in the stable-video-diffusion-img2vid layout.
+
+Tests (and CPU smoke runs) need the real classes, configs and `from_pretrained` paths without downloading
+~10 GB: `create_tiny_svd` builds every component small and random and saves it through
+`StableVideoDiffusionPipeline.save_pretrained`, so the folder (`unet/ vae/ image_encoder/
+feature_extractor/ scheduler/ model_index.json`) loads exactly like the Hub repo does.
+
+Shapes follow the real model where it matters: UNet in_channels 8 (4 noisy + 4 conditioning latents),
+3 added-time ids, VAE downsampling 8x (4 encoder blocks) with 4 latent channels, CLIP input 224 px
+(the pipeline hard-codes `_resize_with_antialiasing(image, (224, 224))`), image-embedding width ==
+UNet cross_attention_dim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+from diffusers import (
+    AutoencoderKLTemporalDecoder,
+    EulerDiscreteScheduler,
+    StableVideoDiffusionPipeline,
+    UNetSpatioTemporalConditionModel,
+)
+from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+from framer_ds.compat import image_processor_class
+
+MARKER = ".framer_tiny_svd_complete"
+EMBED_DIM = 32  # CLIP projection_dim == UNet cross_attention_dim (1024 in the real model)
+
+# SVD's scheduler: the values of the stabilityai/stable-video-diffusion-img2vid(-xt) scheduler_config.json
+# as diffusers' own SVD fast test reproduces them (tests/pipelines/stable_video_diffusion/
+# test_stable_video_diffusion.py, get_dummy_components); sigma_min/sigma_max 0.002/700 are also the EDM
+# discretisation of Stability's generative-models scripts/sampling (VERSION2SPECS["svd"]).
+SVD_SCHEDULER_CONFIG: dict[str, object] = {
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "interpolation_type": "linear",
+    "num_train_timesteps": 1000,
+    "prediction_type": "v_prediction",
+    "sigma_max": 700.0,
+    "sigma_min": 0.002,
+    "steps_offset": 1,
+    "timestep_spacing": "leading",
+    "timestep_type": "continuous",
+    "trained_betas": None,
+    "use_karras_sigmas": True,
+}
+
+
+def _build_pipeline(seed: int) -> StableVideoDiffusionPipeline:
+    torch.manual_seed(seed)
+    unet = UNetSpatioTemporalConditionModel(
+        sample_size=8,
+        in_channels=8,
+        out_channels=4,
+        down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+        up_block_types=("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"),
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        cross_attention_dim=EMBED_DIM,
+        num_attention_heads=(2, 4),
+        addition_time_embed_dim=32,
+        projection_class_embeddings_input_dim=3 * 32,
+        num_frames=4,
+    )
+    vae = AutoencoderKLTemporalDecoder(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        block_out_channels=(32, 32, 32, 32),  # GroupNorm(32) in the decoder needs multiples of 32
+        layers_per_block=1,
+        latent_channels=4,
+        sample_size=64,
+    )
+    image_encoder = CLIPVisionModelWithProjection(
+        CLIPVisionConfig(
+            image_size=224,
+            patch_size=32,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            projection_dim=EMBED_DIM,
+        )
+    )
+    # Default CLIPImageProcessor == SVD's feature_extractor config (224 px, OpenAI CLIP mean/std).
+    feature_extractor = image_processor_class("CLIPImageProcessor")()
+    scheduler = EulerDiscreteScheduler(**SVD_SCHEDULER_CONFIG)
+    return StableVideoDiffusionPipeline(
+        vae=vae,
+        image_encoder=image_encoder,
+        unet=unet,
+        scheduler=scheduler,
+        feature_extractor=feature_extractor,
+    )
+
+
+def _fix_processor_class(folder: Path) -> None:
+    # Without torchvision, transformers hands back `CLIPImageProcessorPil`; the real repo names
+    # `CLIPImageProcessor`, which resolves to whichever backend the loading machine has.
+    index_path = folder / "model_index.json"
+    index = json.loads(index_path.read_text())
+    index["feature_extractor"] = ["transformers", "CLIPImageProcessor"]
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def create_tiny_svd(path: Path, seed: int = 0) -> Path:
+    """Build (once) a tiny random SVD checkpoint at `path` and return `path`.
+
+    Idempotent: a finished folder carries a marker file and is returned as is. Atomic: everything is
+    written into a sibling temp folder that is renamed into place, so a crash or a concurrent creator
+    (e.g. several test workers) never leaves a half-written checkpoint behind.
+    """
+    path = Path(path)
+    if (path / MARKER).is_file():
+        return path
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(f"{path} exists but is not a finished tiny SVD checkpoint; remove it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        _build_pipeline(seed).save_pretrained(tmp)
+        _fix_processor_class(tmp)
+        (tmp / MARKER).write_text(json.dumps({"seed": seed}) + "\n")
+        if path.exists():
+            path.rmdir()  # empty (checked above)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not (path / MARKER).is_file():  # lost a race to a finished copy: fine; else re-raise
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_svd_components(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    variant: str | None = None,
+) -> tuple[
+    UNetSpatioTemporalConditionModel,
+    AutoencoderKLTemporalDecoder,
+    CLIPVisionModelWithProjection,
+    object,
+]:
+    """(unet, vae, image_encoder, feature_extractor) loaded per subfolder, as users load the Hub weights.
+
+    Works for a local folder or a Hub id (`stabilityai/stable-video-diffusion-img2vid-xt`, `variant="fp16"`).
+    Everything is loaded in `dtype`; for fp16 training keep the VAE in fp32 yourself (the pipeline upcasts it
+    when `vae.config.force_upcast`, because the SVD VAE overflows in fp16).
+    """
+    path = str(path)
+    unet = UNetSpatioTemporalConditionModel.from_pretrained(
+        path, subfolder="unet", torch_dtype=dtype, variant=variant
+    )
+    vae = AutoencoderKLTemporalDecoder.from_pretrained(
+        path, subfolder="vae", torch_dtype=dtype, variant=variant
+    )
+    image_encoder = CLIPVisionModelWithProjection.from_pretrained(
+        path, subfolder="image_encoder", dtype=dtype, variant=variant
+    )
+    feature_extractor = image_processor_class("CLIPImageProcessor").from_pretrained(
+        path, subfolder="feature_extractor"
+    )
+    return unet, vae, image_encoder, feature_extractor

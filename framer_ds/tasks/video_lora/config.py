@@ -1,0 +1,99 @@
+"""The `model:` and `data:` sections of a video_lora run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from framer_ds.config.schema import StrictModel
+from framer_ds.diffusion.edm import COND_NOISE_MEAN, COND_NOISE_STD, P_MEAN, P_STD
+
+ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+FEED_FORWARD_TARGETS = ["ff.net.0.proj", "ff.net.2"]
+PROJECTION_TARGETS = ["proj_in", "proj_out"]
+
+
+class LoraOptions(StrictModel):
+    rank: int = Field(16, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(ATTENTION_TARGETS),
+        description="Module name suffixes (attention by default).",
+    )
+    include_feed_forward: bool = Field(False, description="Also adapt the transformer feed-forward layers.")
+    include_projections: bool = Field(False, description="Also adapt proj_in / proj_out.")
+    init: Literal["gaussian", "default", "pissa", "olora"] = Field(
+        "gaussian", description="peft init_lora_weights."
+    )
+
+    def targets(self) -> list[str]:
+        found = list(self.target_modules)
+        found += FEED_FORWARD_TARGETS if self.include_feed_forward else []
+        found += PROJECTION_TARGETS if self.include_projections else []
+        return found
+
+
+class EdmOptions(StrictModel):
+    """SVD's training distribution (DESIGN.md section 4); fine-tuners use P_mean 0.7, P_std 1.6."""
+
+    p_mean: float = P_MEAN
+    p_std: float = Field(P_STD, gt=0)
+    cond_noise_mean: float = Field(COND_NOISE_MEAN, description="log sigma of the conditioning-frame noise.")
+    cond_noise_std: float = Field(COND_NOISE_STD, ge=0)
+    eval_sigmas: int = Field(5, ge=1, description="Fixed sigma quantiles for the deterministic eval loss.")
+
+
+class VideoLoraModelConfig(StrictModel):
+    pretrained_model_name_or_path: Path | None = Field(
+        None, description="Local diffusers SVD directory (stable-video-diffusion-img2vid(-xt) layout)."
+    )
+    builtin: Literal["tiny_svd"] | None = Field(
+        None, description="'tiny_svd': tiny random SVD components created in the cache (demo, tests)."
+    )
+    mode: Literal["image_to_video", "interpolation"] = "image_to_video"
+    lora: LoraOptions = Field(default_factory=LoraOptions)
+    edm: EdmOptions = Field(default_factory=EdmOptions)
+    fps: float | None = Field(None, gt=0, description="fps conditioning; null = each clip's effective fps.")
+    motion_bucket_id: int = Field(127, ge=0, le=255)
+    dropout_image: float = Field(0.1, ge=0, le=1, description="P(zero image embedding), for CFG.")
+    dropout_latents: float = Field(0.1, ge=0, le=1, description="P(zero conditioning latents), for CFG.")
+    vae_chunk_size: int = Field(8, ge=1, description="Frames per VAE encode call (memory).")
+    vae_slicing: bool = Field(False, description="Encode one sample at a time (memory).")
+    vae_tiling: bool = Field(False, description="Tile large frames in the VAE (memory).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VideoLoraModelConfig:
+        if (self.pretrained_model_name_or_path is None) == (self.builtin is None):
+            raise ValueError("set exactly one of model.pretrained_model_name_or_path or model.builtin")
+        return self
+
+
+class VideoLoraDataConfig(StrictModel):
+    root: Path | None = Field(None, description="Directory of videos (recursive).")
+    builtin: Literal["synthetic_clips"] | None = Field(
+        None, description="'synthetic_clips': small moving-shape mp4s generated in the cache."
+    )
+    manifest: Path | None = Field(None, description="CSV/JSONL with path and optional start/end frame, fps.")
+    num_frames: int = Field(14, ge=2)
+    stride: int | None = Field(1, ge=1, description="Frame step; null when stride_range is used.")
+    stride_range: tuple[int, int] | None = Field(None, description="Random stride per clip, inclusive.")
+    height: int = Field(320, ge=64)
+    width: int = Field(512, ge=64)
+    hflip: bool = False
+    random_crop: bool = False
+    val_fraction: float = Field(0.1, ge=0, lt=1, description="Videos held out for the eval loss.")
+
+    @model_validator(mode="after")
+    def _checks(self) -> VideoLoraDataConfig:
+        if (self.root is None) == (self.builtin is None):
+            raise ValueError("set exactly one of data.root or data.builtin")
+        if (self.stride is None) == (self.stride_range is None):
+            raise ValueError("set exactly one of data.stride or data.stride_range")
+        return self
+
+    @property
+    def max_stride(self) -> int:
+        return self.stride_range[1] if self.stride_range else self.stride

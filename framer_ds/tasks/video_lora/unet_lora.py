@@ -1,0 +1,51 @@
+"""LoRA on the SVD UNet with peft, and the extra mask channel for first/last-frame interpolation."""
+
+from __future__ import annotations
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from framer_ds.tasks.video_lora.config import LoraOptions
+
+MASK_CHANNELS = 1
+
+
+def widen_conv_in(unet: torch.nn.Module, extra_channels: int = MASK_CHANNELS) -> torch.nn.Module:
+    """Give `conv_in` extra input channels (the interpolation mask) with ZERO weights.
+
+    Zero weights make the widened UNet compute exactly what the pretrained one did at step 0, so
+    fine-tuning starts from SVD's behaviour; the new weights are trained with the LoRA (peft
+    `modules_to_save`) and saved in the adapter. A plain diffusers script calls this same function
+    before loading the adapter.
+    """
+    old = unet.conv_in
+    new = torch.nn.Conv2d(
+        old.in_channels + extra_channels,
+        old.out_channels,
+        kernel_size=old.kernel_size,
+        stride=old.stride,
+        padding=old.padding,
+        dtype=old.weight.dtype,
+        device=old.weight.device,
+    )
+    with torch.no_grad():
+        new.weight.zero_()
+        new.weight[:, : old.in_channels] = old.weight
+        new.bias.copy_(old.bias)
+    unet.conv_in = new
+    unet.register_to_config(in_channels=new.in_channels)
+    return unet
+
+
+def apply_lora(unet: torch.nn.Module, options: LoraOptions, train_conv_in: bool) -> PeftModel:
+    """Freeze the UNet and add LoRA adapters (peft); only LoRA (and conv_in when widened) train."""
+    unet.requires_grad_(False)
+    config = LoraConfig(
+        r=options.rank,
+        lora_alpha=options.alpha,
+        lora_dropout=options.dropout,
+        target_modules=options.targets(),
+        init_lora_weights=True if options.init == "default" else options.init,
+        modules_to_save=["conv_in"] if train_conv_in else None,
+    )
+    return get_peft_model(unet, config)
