@@ -139,3 +139,29 @@ def test_zero3_two_process_run_saves_a_complete_adapter(tmp_path):
     adapter = load_file(tmp_path / "run" / "final" / "adapter_model.safetensors")
     empty = [name for name, t in adapter.items() if t.numel() == 0]
     assert adapter and not empty, empty
+
+
+def test_data_check_prints_the_report_and_fails_on_unusable_data(tmp_path, capsys):
+    from framer_ds.cli.main import main
+
+    root = tmp_path / "videos"
+    shutil.copytree(ensure_synthetic_clips(tmp_path / "clips_src", count=3), root)
+    (root / "broken.mp4").write_bytes(b"garbage" * 100)
+    args = [
+        "data",
+        "check",
+        str(TINY),
+        f"output_dir={tmp_path / 'run'}",
+        "data.builtin=null",
+        f"data.root={root}",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "usable: 3, rejected: 1" in out and "broken.mp4" in out and "96x80" in out
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "only_broken.mp4").write_bytes(b"garbage" * 100)
+    assert main([*args[:-1], f"data.root={empty}"]) == 1
+    err = capsys.readouterr().err
+    assert "only_broken.mp4" in err and "data.root: none of the" in err

@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--accelerate-config", type=Path, help="accelerate YAML to cross-check")
     validate.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON to cross-check")
 
+    data = sub.add_parser("data", help="dataset tools")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+    check = data_sub.add_parser("check", help="validate a config's dataset before launch and print a report")
+    _add_config_args(check)
+
     sub.add_parser("tasks", help="list registered tasks")
     return parser
 
@@ -85,6 +90,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from framer_ds.config.loader import load_run_config
+    from framer_ds.tasks.registry import get_task_class
+
+    config = load_run_config(args.config, args.overrides)
+    task = get_task_class(config.task)(config)
+    problems = task.check()
+    if problems:
+        raise ConfigError(problems, str(args.config))
+    task.prepare_data()
+    print(task.data_report())
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     from framer_ds.tasks.registry import available_tasks
 
@@ -95,7 +114,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "validate": cmd_validate, "tasks": cmd_tasks}
+COMMANDS = {"train": cmd_train, "validate": cmd_validate, "data": cmd_data, "tasks": cmd_tasks}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,6 +48,14 @@ class Task(ABC):
         """Create cached data the task needs (runs on the local main process before the others read)."""
         return None
 
+    def data_report(self) -> str:
+        """What `framer-ds data check` prints: counts and anything rejected. Raises ConfigError when
+        the data is unusable. Tasks override it with a richer report."""
+        train, evaluation = self.build_datasets()
+        return (
+            f"train: {len(train)} samples; eval: {len(evaluation) if evaluation is not None else 0} samples"
+        )
+
     @property
     def model_has_hidden_size(self) -> bool:
         """Whether DeepSpeed's "auto" bucket sizes could be derived from the model config."""

@@ -135,6 +135,17 @@ class VitClassificationTask(Task):
                 problems += exc.problems
         return problems
 
+    def data_report(self) -> str:
+        """Every image is opened (verify_images), so corrupt files are listed before a job queues."""
+        index = scan_image_folder(self.data_root(), verify_images=True)
+        counts = {split: len(items) for split, items in (("train", index.train), ("val", index.val))}
+        per_class = [sum(1 for _, label in index.train if label == i) for i in range(index.num_classes)]
+        return (
+            f"{self.data_root()}: {index.num_classes} classes; train {counts['train']} images, "
+            f"val {counts['val']} images; train images per class min {min(per_class)}, max {max(per_class)}; "
+            "all images decode"
+        )
+
     def prepare_data(self) -> None:
         if self.config.data.builtin == "digits":
             ensure_digits_imagefolder(default_cache_dir())

@@ -17,7 +17,7 @@ from framer_ds.config.errors import ConfigProblem
 from framer_ds.data.digits import default_cache_dir
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.data.video_clips import VideoClipDataset, validate_svd_size
-from framer_ds.data.video_index import VideoIndex, build_video_index, require_usable
+from framer_ds.data.video_index import VideoIndex, build_video_index, format_report, require_usable
 from framer_ds.diffusion import edm
 from framer_ds.engine.accelerator import compute_dtype, frozen_model_init
 from framer_ds.engine.export import save_peft_adapter_gathered
@@ -109,6 +109,17 @@ class VideoLoraTask(Task):
         )
         require_usable(index, "data.root")
         return index
+
+    def data_report(self) -> str:
+        """Counts, durations, resolutions and every rejected file with its reason."""
+        index = build_video_index(
+            self.data_root(),
+            self.config.data.manifest,
+            self.min_frames(),
+            default_cache_dir() / "video_index",
+        )
+        require_usable(index, "data.root")
+        return format_report(index)
 
     def build_datasets(self):
         data = self.config.data
