@@ -42,6 +42,9 @@ def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path):
     # the deterministic held-out loss (fixed sigmas, fixed noise per clip) goes down
     assert eval_lines[1]["eval/loss"] < eval_lines[0]["eval/loss"]
 
+    for step in (10, 20):  # every checkpoint carries a loadable adapter too
+        saved = load_file(run / "checkpoints" / f"step_{step}" / "adapter" / "adapter_model.safetensors")
+        assert saved and all(t.numel() > 0 for t in saved.values())
     final = run / "final"
     adapter = load_file(final / "adapter_model.safetensors")
     assert adapter and all(t.numel() > 0 for t in adapter.values())
@@ -136,9 +139,10 @@ def test_zero3_two_process_run_saves_a_complete_adapter(tmp_path):
     )
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    adapter = load_file(tmp_path / "run" / "final" / "adapter_model.safetensors")
-    empty = [name for name, t in adapter.items() if t.numel() == 0]
-    assert adapter and not empty, empty
+    for adapter_dir in (tmp_path / "run" / "final", tmp_path / "run" / "checkpoints" / "step_2" / "adapter"):
+        adapter = load_file(adapter_dir / "adapter_model.safetensors")
+        empty = [name for name, t in adapter.items() if t.numel() == 0]
+        assert adapter and not empty, (adapter_dir, empty)
 
 
 def test_data_check_prints_the_report_and_fails_on_unusable_data(tmp_path, capsys):

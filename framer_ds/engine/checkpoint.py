@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -72,8 +73,17 @@ def resolve_resume(output_dir: Path, resume: str | None) -> Path | None:
     return path
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainerState, keep_last: int) -> Path:
-    """Write a checkpoint atomically on all ranks; prune to the newest `keep_last`. Call on EVERY rank."""
+def save_checkpoint(
+    accelerator: Accelerator,
+    output_dir: Path,
+    state: TrainerState,
+    keep_last: int,
+    extra_artifacts: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write a checkpoint atomically on all ranks; prune to the newest `keep_last`. Call on EVERY rank.
+
+    `extra_artifacts(tmp_dir)` runs on every rank before the rename (e.g. a task writes its LoRA adapter
+    next to the resumable state), so it is published together with the checkpoint or not at all."""
     root = checkpoints_root(output_dir)
     final = root / f"step_{state.global_step}"
     tmp = root / f".tmp_step_{state.global_step}"
@@ -82,6 +92,8 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainerSt
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    if extra_artifacts is not None:
+        extra_artifacts(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         state.world_size = accelerator.num_processes

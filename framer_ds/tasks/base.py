@@ -88,6 +88,12 @@ class Task(ABC):
         """Gathered per-sample values -> `eval/<name>` metrics (mean by default)."""
         return {f"eval/{k}": v.float().mean().item() for k, v in values.items()}
 
+    def checkpoint_artifacts(
+        self, accelerator: Accelerator, model: torch.nn.Module, checkpoint_dir: Path
+    ) -> None:
+        """Extra files in every checkpoint (e.g. a LoRA adapter usable without resuming). Every rank."""
+        return None
+
     @abstractmethod
     def export(self, accelerator: Accelerator, model: torch.nn.Module, out_dir: Path) -> None:
         """Write the final artefact (safetensors). Called on EVERY rank: gathering is a collective."""

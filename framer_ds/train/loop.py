@@ -291,7 +291,15 @@ def _train_until_done(
                 done or state.global_step % train_cfg.checkpoint_every == 0
             )
             if checkpoint_due or stop_requested:
-                path = save_checkpoint(accelerator, config.output_dir, state, train_cfg.keep_last_checkpoints)
+                path = save_checkpoint(
+                    accelerator,
+                    config.output_dir,
+                    state,
+                    train_cfg.keep_last_checkpoints,
+                    extra_artifacts=lambda directory: run.task.checkpoint_artifacts(
+                        accelerator, model, directory
+                    ),
+                )
                 if stop_requested:
                     signal_name = stop.signal_name or "a stop signal on another rank"
                     if accelerator.is_main_process:

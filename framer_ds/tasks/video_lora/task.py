@@ -257,6 +257,14 @@ class VideoLoraTask(Task):
 
     # --- export --------------------------------------------------------------------------------------
 
+    def checkpoint_artifacts(self, accelerator, model, checkpoint_dir: Path) -> None:
+        """Each checkpoint carries a loadable adapter (`step_N/adapter/`), gathered under ZeRO-3."""
+        adapter_dir = Path(checkpoint_dir) / "adapter"
+        if accelerator.is_main_process:
+            adapter_dir.mkdir(parents=True, exist_ok=True)
+        accelerator.wait_for_everyone()
+        self.export(accelerator, model, adapter_dir)
+
     def export(self, accelerator, model, out_dir: Path) -> None:
         """adapter_model.safetensors + adapter_config.json (peft; with conv_in for interpolation), and
         the conditioning settings a sampler needs."""
