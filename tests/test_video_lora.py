@@ -61,6 +61,25 @@ def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path):
     torch.testing.assert_close(conv_in.weight, adapter["base_model.model.conv_in.weight"])
     assert conv_in.weight[:, 8:].abs().sum() > 0  # the zero-initialised mask weights were trained
 
+    # `framer-ds sample`: base + adapter -> an mp4 with the trained frame count and size
+    from PIL import Image
+
+    from framer_ds.cli.main import main
+
+    for name, corner in (("first.png", 5), ("last.png", 35)):
+        pixels = torch.zeros(64, 64, 3, dtype=torch.uint8)
+        pixels[corner : corner + 20, corner : corner + 20] = 220
+        Image.fromarray(pixels.numpy()).save(tmp_path / name)
+    out = tmp_path / "sample.mp4"
+    args = ["sample", str(final), "--image", str(tmp_path / "first.png"), "--out", str(out), "--steps", "3"]
+    assert main(args) == 1  # an interpolation adapter needs the last frame too
+    assert main([*args, "--last-image", str(tmp_path / "last.png")]) == 0
+    import av
+
+    with av.open(str(out)) as container:
+        decoded = list(container.decode(video=0))
+    assert len(decoded) == 4 and (decoded[0].width, decoded[0].height) == (64, 64)
+
 
 def test_adapter_round_trip_gives_identical_unet_outputs(tmp_path):
     config = tiny_config(tmp_path)

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from framer_ds.config.errors import ConfigError, InputDataError
+from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
     check = data_sub.add_parser("check", help="validate a config's dataset before launch and print a report")
     _add_config_args(check)
+
+    sample = sub.add_parser(
+        "sample", help="write a video from a video_lora adapter and conditioning frame(s)"
+    )
+    sample.add_argument(
+        "adapter", type=Path, help="a video_lora run's final/ (or checkpoints/step_N/adapter/)"
+    )
+    sample.add_argument("--image", type=Path, required=True, help="first frame")
+    sample.add_argument("--last-image", type=Path, help="last frame (interpolation adapters)")
+    sample.add_argument("--out", type=Path, required=True, help="output .mp4")
+    sample.add_argument("--steps", type=int, default=25, help="Euler steps")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument(
+        "--fps", type=float, help="fps conditioning and output rate (default: trained value or 7)"
+    )
+    sample.add_argument("--device", default="cuda" if _has_cuda() else "cpu")
 
     sub.add_parser("tasks", help="list registered tasks")
     return parser
@@ -104,6 +120,52 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from framer_ds.data.video_write import write_video
+    from framer_ds.diffusion.sampling import sample_video
+    from framer_ds.tasks.video_lora.inference import load_frame, load_pipeline_with_adapter
+
+    dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
+    pipe, meta = load_pipeline_with_adapter(args.adapter, args.device, dtype)
+    if (meta["mode"] == "interpolation") != (args.last_image is not None):
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "--last-image",
+                    f"this is a {meta['mode']} adapter: --last-image is "
+                    + ("required" if meta["mode"] == "interpolation" else "not used"),
+                )
+            ]
+        )
+    size = (meta["height"], meta["width"])
+    first = load_frame(args.image, *size, args.device)
+    last = load_frame(args.last_image, *size, args.device) if args.last_image else None
+    fps = args.fps or meta.get("fps") or 7
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    frames = sample_video(
+        pipe,
+        first,
+        last,
+        meta["num_frames"],
+        fps,
+        meta["motion_bucket_id"],
+        num_inference_steps=args.steps,
+        generator=generator,
+    )
+    pixels = ((frames + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1).cpu().numpy()
+    write_video(args.out, pixels, fps)
+    print(f"wrote {args.out}: {len(pixels)} frames at {size[1]}x{size[0]}, {fps} fps")
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     from framer_ds.tasks.registry import available_tasks
 
@@ -114,7 +176,13 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "validate": cmd_validate, "data": cmd_data, "tasks": cmd_tasks}
+COMMANDS = {
+    "train": cmd_train,
+    "validate": cmd_validate,
+    "data": cmd_data,
+    "sample": cmd_sample,
+    "tasks": cmd_tasks,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,8 +11,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import av
 import numpy as np
+
+from framer_ds.data.video_write import write_video
 
 MARKER = ".complete"
 
@@ -26,18 +27,15 @@ def write_moving_shape_clip(path: Path, frames: int, width: int, height: int, fp
     vx, vy = rng.choice([-3, -2, 2, 3]), rng.choice([-2, -1, 1, 2])
     ramp = np.linspace(0, 96, width, dtype=np.float32)[None, :, None]
     background = np.broadcast_to(ramp, (height, width, 3)).astype(np.uint8)
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for t in range(frames):
-            image = background.copy()
-            x = int((x0 + vx * t) % (width - size))
-            y = int((y0 + vy * t) % (height - size))
-            image[y : y + size, x : x + size] = color
-            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+
+    def frame(t: int) -> np.ndarray:
+        image = background.copy()
+        x = int((x0 + vx * t) % (width - size))
+        y = int((y0 + vy * t) % (height - size))
+        image[y : y + size, x : x + size] = color
+        return image
+
+    write_video(path, (frame(t) for t in range(frames)), fps)
 
 
 def ensure_synthetic_clips(

@@ -1,0 +1,25 @@
+"""Write frames to an mp4 with PyAV (the codec every PyAV wheel carries)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import av
+import numpy as np
+
+
+def write_video(path: Path, frames: Iterable[np.ndarray], fps: float, codec: str = "mpeg4") -> None:
+    """`frames`: uint8 [H,W,3] arrays (H, W even: yuv420p)."""
+    frames = list(frames)
+    height, width = frames[0].shape[:2]
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream(codec, rate=round(fps))
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for image in frames:
+            for packet in stream.encode(
+                av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+            ):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
