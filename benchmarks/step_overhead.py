@@ -16,7 +16,6 @@ import gc
 import itertools
 import json
 import os
-import re
 import shlex
 import statistics
 import sys
@@ -30,6 +29,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import set_seed
+from report import write_section
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 from transformers import ViTConfig, ViTForImageClassification, get_scheduler
@@ -44,7 +44,6 @@ TARGET_RATIO = 1.05
 WARMUP_STEPS = 20
 NUM_LABELS = 10  # the digits dataset
 SECTION = "## step_overhead"
-DOC_HEADER = "# Benchmarks\n\nEach section is written by the script named in it.\n"
 
 
 class StepClock:
@@ -216,20 +215,6 @@ Median ratio (wall): **{ratio:.3f}**, target <= {TARGET_RATIO}: **{verdict}**
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace (or append) this script's section; other sections of the file stay as they are."""
-    text = path.read_text() if path.exists() else DOC_HEADER
-    found = re.search(rf"^{SECTION}$", text, flags=re.M)
-    if found is None:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        after = re.search(r"^## ", text[found.end() :], flags=re.M)
-        rest = text[found.end() + after.start() :] if after else ""
-        text = text[: found.start()] + section + ("\n" + rest if rest else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150, help="optimizer steps per run")
@@ -259,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     section = report(repeats, args, command, batch)
     print(section)
     if args.write is not None:
-        write_section(args.write, section)
+        write_section(args.write, SECTION, section)
     return 0  # the verdict is in the report; a slow machine must not break `make bench`
 
 

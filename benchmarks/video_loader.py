@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import re
 import shlex
 import statistics
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import av
 import numpy as np
 import torch
+from report import write_section
 from torch.utils.data import DataLoader
 
 from framer_ds.data.digits import default_cache_dir
@@ -33,7 +33,6 @@ from framer_ds.data.video_clips import VideoClipDataset, read_clip, resize_and_c
 from framer_ds.data.video_index import build_video_index
 
 SECTION = "## video_loader"
-DOC_HEADER = "# Benchmarks\n\nEach section is written by the script named in it.\n"
 TARGET_SPEEDUP = 5.0
 NUM_FRAMES, SIZE, STRIDES = 10, 576, (1, 3)
 HEADLINE_GOP = 48  # 2 s at 24 fps: the keyframe interval of typical camera and streaming encodes
@@ -206,22 +205,6 @@ memory, and on {os.cpu_count()} cores the workers share the CPU with each other 
 """
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace (or append) this script's section; other sections of the file stay as they are."""
-    text = path.read_text() if path.exists() else DOC_HEADER
-    found = re.search(rf"^{SECTION}$", text, flags=re.M)
-    if found is None:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        after = re.search(r"^## ", text[found.end() :], flags=re.M)
-        rest = text[found.end() + after.start() :] if after else ""
-        text = text[: found.start()] + section + ("\n" + rest if rest else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--videos", type=int, default=4, help="videos per keyframe interval")
@@ -250,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     section = report(results, workers, args, command.strip())
     print(section)
     if args.write is not None:
-        write_section(args.write, section)
+        write_section(args.write, SECTION, section)
     return 0
 
 
