@@ -279,6 +279,7 @@ def _train_until_done(
                 progress.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
                 logged.zero_()
                 logged_steps = 0
+                tick = time.perf_counter()
             if run.eval_loader is not None and (
                 done or (train_cfg.eval_every and state.global_step % train_cfg.eval_every == 0)
             ):
@@ -287,6 +288,7 @@ def _train_until_done(
                 )
                 logger.log(eval_metrics, state.global_step)
                 accelerator.print(_format_metrics(state.global_step, eval_metrics))
+                tick = time.perf_counter()  # eval time is not training throughput
             checkpoint_due = train_cfg.checkpoint_every and (
                 done or state.global_step % train_cfg.checkpoint_every == 0
             )
@@ -306,7 +308,7 @@ def _train_until_done(
                         write_preempted_marker(config.output_dir, state.global_step, signal_name, path)
                     progress.close()
                     raise Preempted(state.global_step, signal_name)
-            tick = time.perf_counter()
+                tick = time.perf_counter()  # nor is checkpoint time
             if done:
                 break
         if not consumed_any:

@@ -7,6 +7,7 @@ are frozen, built outside ZeRO-3 init, and kept on the device in the compute dty
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -112,14 +113,7 @@ class VideoLoraTask(Task):
 
     def data_report(self) -> str:
         """Counts, durations, resolutions and every rejected file with its reason."""
-        index = build_video_index(
-            self.data_root(),
-            self.config.data.manifest,
-            self.min_frames(),
-            default_cache_dir() / "video_index",
-        )
-        require_usable(index, "data.root")
-        return format_report(index)
+        return format_report(self._index())
 
     def build_datasets(self):
         data = self.config.data
@@ -237,9 +231,7 @@ class VideoLoraTask(Task):
         options, batch_size, device = self.config.model, video.shape[0], video.device
         seed = zlib.crc32("|".join(batch["video_id"]).encode())
         generator = torch.Generator(device=device).manual_seed(seed)
-        cond_sigma = torch.full(
-            (batch_size,), float(torch.tensor(options.edm.cond_noise_mean).exp()), device=device
-        )
+        cond_sigma = torch.full((batch_size,), math.exp(options.edm.cond_noise_mean), device=device)
         target, (cond, mask), image_emb = self._condition(video, cond_sigma, generator=generator)
         noise = torch.randn(target.shape, generator=generator, device=device, dtype=torch.float32)
         values: dict[str, torch.Tensor] = {}
