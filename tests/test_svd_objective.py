@@ -305,3 +305,40 @@ def test_tiny_svd_refuses_foreign_folder(tmp_path: Path) -> None:
     (tmp_path / "x" / "something").write_text("")
     with pytest.raises(FileExistsError):
         create_tiny_svd(tmp_path / "x")
+
+
+def test_frame_weighted_edm_loss_ignores_unweighted_frames() -> None:
+    target, sigma = torch.randn(2, 5, 4, 3, 3), torch.tensor([0.5, 2.0])
+    denoised = target + 0.1 * torch.randn_like(target)
+    weights = torch.tensor([[1.0, 0, 0, 0, 1]] * 2)
+    loss = edm_loss(denoised, target, sigma, "none", frame_weights=weights)
+    scrambled = denoised.clone()
+    scrambled[:, 1:-1] += 100.0  # frames without ground truth may hold anything
+    torch.testing.assert_close(edm_loss(scrambled, target, sigma, "none", frame_weights=weights), loss)
+    ends = torch.stack([denoised[:, 0], denoised[:, -1]], 1), torch.stack([target[:, 0], target[:, -1]], 1)
+    torch.testing.assert_close(loss, edm_loss(*ends, sigma, "none"))  # = the plain loss over the two ends
+    ones = torch.ones(2, 5)
+    torch.testing.assert_close(
+        edm_loss(denoised, target, sigma, frame_weights=ones), edm_loss(denoised, target, sigma)
+    )
+
+
+def test_pair_encoding_supervises_only_the_two_real_frames(parts) -> None:
+    from framer_ds.tasks.video_lora.encoding import encode_clips, encode_pairs
+
+    pairs = torch.rand(2, 2, 3, SIZE, SIZE) * 2 - 1
+    fps, cond_sigma = torch.full((2,), 7.0), torch.full((2,), 0.05)
+    generator = torch.Generator().manual_seed(0)
+    encoded = encode_pairs(parts.vae, parts.image_encoder, pairs, 5, fps, cond_sigma, 4, generator)
+    assert encoded.target.shape == (2, 5, 4, SIZE // 8, SIZE // 8)
+    assert torch.equal(encoded.frame_weights, torch.tensor([[1.0, 0, 0, 0, 1]] * 2))
+    ends = encode_clips(
+        parts.vae, parts.image_encoder, pairs, fps, cond_sigma, True, 4, torch.Generator().manual_seed(0)
+    )
+    torch.testing.assert_close(encoded.target[:, 0], ends.target[:, 0])
+    torch.testing.assert_close(encoded.target[:, -1], ends.target[:, 1])
+    torch.testing.assert_close(encoded.target[:, 2], (ends.target[:, 0] + ends.target[:, 1]) / 2)
+    cond, mask = encoded.unet_conditioning(5)
+    torch.testing.assert_close(cond[:, 0], ends.first)
+    torch.testing.assert_close(cond[:, -1], ends.last)
+    assert mask[:, :, 0, 0, 0].tolist() == [[1.0, 0, 0, 0, 1]] * 2

@@ -4,6 +4,7 @@ way real weights are) and small mp4 clips written with PyAV."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 
@@ -144,17 +145,22 @@ def test_corrupt_and_too_short_videos_are_skipped_and_reported(tmp_path):
 
 
 @pytest.mark.distributed
-def test_zero3_two_process_run_saves_a_complete_adapter(tmp_path):
-    """ZeRO-3 with every parameter partitioned and released after use: the adapter is still complete."""
+def test_zero3_offload_two_process_run_samples_and_saves_a_complete_adapter(tmp_path):
+    """ZeRO-3 with every parameter partitioned and released after use, and the optimizer offloaded
+    to the CPU by the DeepSpeed JSON: 3 samples over 2 ranks (one rank runs a dummy so both make the
+    same collective forwards) do not hang, and the adapter is still complete."""
     config_args = [
         f"output_dir={tmp_path / 'run'}",
         "train.max_steps=2",
         "train.eval_every=null",
         "train.checkpoint_every=2",
         "data.val_fraction=0",
+        "model.samples.every=2",
+        "model.samples.count=3",
+        "model.samples.num_inference_steps=2",
     ]
     cmd = accelerate_launch_cmd(
-        *strategy_launch_args("zero3", tmp_path), "-m", "framer_ds", "train", str(TINY), *config_args
+        *strategy_launch_args("zero3_offload", tmp_path), "-m", "framer_ds", "train", str(TINY), *config_args
     )
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -162,6 +168,8 @@ def test_zero3_two_process_run_saves_a_complete_adapter(tmp_path):
         adapter = load_file(adapter_dir / "adapter_model.safetensors")
         empty = [name for name, t in adapter.items() if t.numel() == 0]
         assert adapter and not empty, (adapter_dir, empty)
+    samples = sorted(p.name for p in (tmp_path / "run" / "samples" / "step_2").glob("*.mp4"))
+    assert [name[:3] for name in samples] == ["00_", "01_", "02_"], samples
 
 
 def test_data_check_prints_the_report_and_fails_on_unusable_data(tmp_path, capsys):
@@ -188,3 +196,117 @@ def test_data_check_prints_the_report_and_fails_on_unusable_data(tmp_path, capsy
     assert main([*args[:-1], f"data.root={empty}"]) == 1
     err = capsys.readouterr().err
     assert "only_broken.mp4" in err and "data.root: none of the" in err
+
+
+@pytest.mark.slow
+def test_validation_samples_are_written_and_logged_to_wandb_offline(tmp_path):
+    config = tiny_config(
+        tmp_path,
+        "train.max_steps=4",
+        "train.eval_every=null",
+        "train.checkpoint_every=null",
+        "model.samples.every=2",
+        "model.samples.count=2",
+        "model.samples.num_inference_steps=2",
+        "log.wandb.offline=true",
+        "log.wandb.project=framer_ds_test",
+    )
+    run_training(config)
+    run = tmp_path / "run"
+    import av
+
+    for step in (2, 4):
+        videos = sorted((run / "samples" / f"step_{step}").glob("*.mp4"))
+        assert [v.name for v in videos] == ["00_clip_000.mp4", "01_clip_004.mp4"]  # held-out clips
+        with av.open(str(videos[0])) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == 4 and frames[0].shape == (64, 128, 3)  # reference | sample
+    media = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    media = [line for line in media if "media/samples" in line]
+    assert [line["step"] for line in media] == [2, 4]
+    assert media[0]["media/samples"][0] == "samples/step_2/00_clip_000.mp4"
+    logged = list((run / "wandb").glob("offline-run-*/files/media/videos/samples_*.mp4"))
+    assert len(logged) == 4, sorted(p.name for p in (run / "wandb").rglob("*"))
+
+
+@pytest.mark.slow
+def test_latent_cache_trains_without_the_vae_once_built(tmp_path, monkeypatch):
+    cache_dir = tmp_path / "latents"
+    overrides = [
+        "train.max_steps=3",
+        "train.eval_every=3",
+        "train.checkpoint_every=null",
+        "data.cache.enabled=true",
+        f"data.cache.dir={cache_dir}",
+        "data.cache.clips_per_video=2",
+    ]
+    first = run_training(tiny_config(tmp_path / "a", *overrides))
+    caches = sorted(p.parent for p in cache_dir.glob("*/complete.json"))
+    sizes = sorted(len(list(c.glob("entry_*.safetensors"))) for c in caches)
+    assert sizes == [2, 12]  # eval: 2 held-out videos; train: 6 videos x 2 clips
+
+    from diffusers import AutoencoderKLTemporalDecoder
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the VAE was loaded although every clip is cached")
+
+    monkeypatch.setattr(AutoencoderKLTemporalDecoder, "from_pretrained", refuse)
+    second = run_training(tiny_config(tmp_path / "b", *overrides))
+    assert second.eval_metrics == first.eval_metrics  # same cached tensors, same seed: same run
+
+    # an edited source video changes the key: the cache is rebuilt, not silently reused
+    config = tiny_config(tmp_path / "c", *overrides)
+    video = sorted(VideoLoraTask(config).data_root().glob("*.mp4"))[0]
+    video.touch()
+    with pytest.raises(AssertionError, match="the VAE was loaded"):
+        run_training(config)
+
+
+def _write_pairs(root, count: int) -> None:
+    from PIL import Image
+
+    root.mkdir(parents=True)
+    for i in range(count):
+        for role, corner in (("start", 4 + i), ("end", 30 + i)):
+            pixels = torch.full((64, 64, 3), 30, dtype=torch.uint8)
+            pixels[corner : corner + 24, corner : corner + 24] = torch.tensor([200, 90 + 10 * i, 40])
+            Image.fromarray(pixels.numpy()).save(root / f"pair{i}_{role}.png")
+
+
+@pytest.mark.slow
+def test_image_pair_layout_trains_interpolation(tmp_path):
+    _write_pairs(tmp_path / "pairs", 6)
+    config = tiny_config(
+        tmp_path,
+        "data.builtin=null",
+        f"data.root={tmp_path / 'pairs'}",
+        "data.layout=image_pairs",
+        "data.num_frames=5",
+        "model.fps=7",
+        "train.max_steps=6",
+        "train.eval_every=3",
+        "train.checkpoint_every=null",
+        "model.samples.every=6",
+        "model.samples.num_inference_steps=2",
+    )
+    run_training(config)
+    train_lines, eval_lines = read_metrics(tmp_path / "run")
+    assert len(train_lines) == 6 and all(math.isfinite(x["loss"]) for x in train_lines)
+    assert len(eval_lines) == 2 and eval_lines[1]["eval/loss"] < eval_lines[0]["eval/loss"]
+    import av
+
+    with av.open(str(tmp_path / "run" / "samples" / "step_6" / "00_pair0.mp4")) as container:
+        frames = list(container.decode(video=0))
+    assert len(frames) == 5 and (frames[0].height, frames[0].width) == (64, 64)  # no reference clip
+
+
+def test_image_pair_layout_problems_are_reported_together(tmp_path):
+    _write_pairs(tmp_path / "pairs", 2)
+    config = tiny_config(
+        tmp_path, "data.builtin=null", f"data.root={tmp_path / 'pairs'}", "data.layout=image_pairs"
+    )
+    image_to_video = config.model.model_copy(update={"mode": "image_to_video"})
+    problems = {
+        p.where: p.message for p in VideoLoraTask(config.model_copy(update={"model": image_to_video})).check()
+    }
+    assert "model.mode: interpolation" in problems["data.layout"] and "model.fps" in problems

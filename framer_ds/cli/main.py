@@ -129,8 +129,8 @@ def _has_cuda() -> bool:
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from framer_ds.data.video_write import write_video
-    from framer_ds.diffusion.sampling import sample_video
+    from framer_ds.data.video_write import to_uint8_frames, write_video
+    from framer_ds.diffusion.sampling import SamplerParts, sample_video
     from framer_ds.tasks.video_lora.inference import load_frame, load_pipeline_with_adapter
 
     dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
@@ -151,7 +151,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     fps = args.fps or meta.get("fps") or 7
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     frames = sample_video(
-        pipe,
+        SamplerParts.from_pipeline(pipe),
         first,
         last,
         meta["num_frames"],
@@ -160,7 +160,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         num_inference_steps=args.steps,
         generator=generator,
     )
-    pixels = ((frames + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1).cpu().numpy()
+    pixels = to_uint8_frames(frames)
     write_video(args.out, pixels, fps)
     print(f"wrote {args.out}: {len(pixels)} frames at {size[1]}x{size[0]}, {fps} fps")
     return 0

@@ -7,6 +7,12 @@ from pathlib import Path
 
 import av
 import numpy as np
+import torch
+
+
+def to_uint8_frames(frames: torch.Tensor) -> np.ndarray:
+    """[T,3,H,W] in [-1,1] -> uint8 [T,H,W,3], what `write_video` takes."""
+    return ((frames.float() + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1).cpu().numpy()
 
 
 def write_video(path: Path, frames: Iterable[np.ndarray], fps: float, codec: str = "mpeg4") -> None:

@@ -107,14 +107,23 @@ def edm_loss(
     target: Tensor,
     sigma: Tensor | float,
     reduction: Literal["mean", "none"] = "mean",
+    frame_weights: Tensor | None = None,
 ) -> Tensor:
     """Per sample: mean over non-batch dims of w(sigma) * (D - x0)^2; "none" -> [B], "mean" -> scalar.
 
     Averaging (rather than summing) over C,T,H,W keeps the loss scale independent of resolution and frame
     count; the per-sample weight w is what EDM prescribes, so this is the paper's loss up to a constant.
+    `frame_weights` [B,T] (video tensors [B,T,C,H,W]) turns the mean over frames into a weighted one, so
+    frames without ground truth (image pairs: only the two ends are real) contribute nothing.
     """
     w = edm_loss_weight(sigma).to(denoised.device)
-    per_sample = (denoised.float() - target.float()).pow(2).flatten(1).mean(dim=1) * w
+    error = (denoised.float() - target.float()).pow(2)
+    if frame_weights is None:
+        per_sample = error.flatten(1).mean(dim=1) * w
+    else:
+        per_frame = error.flatten(2).mean(dim=2)
+        weights = frame_weights.to(per_frame)
+        per_sample = (per_frame * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1e-12) * w
     if reduction == "none":
         return per_sample
     if reduction == "mean":

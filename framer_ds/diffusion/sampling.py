@@ -7,6 +7,11 @@ with our conditioning tensors, and it reuses the pipeline's `decode_latents`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -18,9 +23,36 @@ from framer_ds.diffusion.svd_conditioning import (
 )
 
 
+@dataclass
+class SamplerParts:
+    """What sampling needs. `denoiser` is what gets called (in training: the prepared DDP/DeepSpeed
+    model, so ZeRO-3 gathers its partitions); `unet` is the bare UNet whose config and
+    `add_embedding` describe the added time ids and whose parameters give the compute dtype."""
+
+    denoiser: Callable[..., Any]
+    unet: torch.nn.Module
+    vae: torch.nn.Module
+    image_encoder: torch.nn.Module
+    scheduler: Any
+
+    @classmethod
+    def from_pipeline(cls, pipe) -> SamplerParts:
+        return cls(pipe.unet, pipe.unet, pipe.vae, pipe.image_encoder, pipe.scheduler)
+
+
+def decode_latents(vae: torch.nn.Module, latents: Tensor, num_frames: int, chunk_size: int) -> Tensor:
+    """[B,T,C,h,w] latents -> [B,C,T,H,W] float pixels, by the pipeline's own `decode_latents` (it
+    reads nothing but `self.vae`), so sampling decodes exactly as diffusers does."""
+    from diffusers import StableVideoDiffusionPipeline
+
+    return StableVideoDiffusionPipeline.decode_latents(
+        SimpleNamespace(vae=vae), latents.to(vae.dtype), num_frames, chunk_size
+    )
+
+
 @torch.no_grad()
 def sample_video(
-    pipe,
+    parts: SamplerParts,
     first: Tensor,
     last: Tensor | None,
     num_frames: int,
@@ -33,14 +65,14 @@ def sample_video(
     generator: torch.Generator | None = None,
     decode_chunk_size: int = 8,
 ) -> Tensor:
-    """first/last: [3,H,W] in [-1,1]; returns [T,3,H,W] in [-1,1]. `pipe.unet` takes 9 input channels
+    """first/last: [3,H,W] in [-1,1]; returns [T,3,H,W] in [-1,1]. The UNet takes 9 input channels
     when `last` is given (noisy + conditioning latents + mask)."""
-    unet, device = pipe.unet, first.device
-    dtype = next(unet.parameters()).dtype
-    image_emb = clip_image_embeddings(pipe.image_encoder, first[None])
-    first_lat = conditioning_latents(pipe.vae, first[None], noise_aug_strength, generator=generator)
+    device = first.device
+    dtype = next(parts.unet.parameters()).dtype
+    image_emb = clip_image_embeddings(parts.image_encoder, first[None])
+    first_lat = conditioning_latents(parts.vae, first[None], noise_aug_strength, generator=generator)
     if last is not None:
-        last_lat = conditioning_latents(pipe.vae, last[None], noise_aug_strength, generator=generator)
+        last_lat = conditioning_latents(parts.vae, last[None], noise_aug_strength, generator=generator)
         cond, mask = interpolation_conditioning(first_lat, last_lat, num_frames)
         uncond = torch.cat(
             [torch.zeros_like(cond), mask.to(cond.dtype)], dim=2
@@ -49,15 +81,15 @@ def sample_video(
     else:
         cond = first_lat[:, None].expand(-1, num_frames, -1, -1, -1)
         uncond = torch.zeros_like(cond)
-    time_ids = added_time_ids(fps, motion_bucket_id, noise_aug_strength, 1, unet, device=device)
+    time_ids = added_time_ids(fps, motion_bucket_id, noise_aug_strength, 1, parts.unet, device=device)
     guided = max_guidance_scale > 1.0
     if guided:
         image_emb = torch.cat([torch.zeros_like(image_emb), image_emb])
         cond, time_ids = torch.cat([uncond, cond]), torch.cat([time_ids, time_ids])
 
-    scheduler = pipe.scheduler
+    scheduler = parts.scheduler
     scheduler.set_timesteps(num_inference_steps, device=device)
-    shape = (1, num_frames, pipe.vae.config.latent_channels, *first_lat.shape[-2:])
+    shape = (1, num_frames, parts.vae.config.latent_channels, *first_lat.shape[-2:])
     latents = (
         torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
         * scheduler.init_noise_sigma
@@ -68,7 +100,7 @@ def sample_video(
     for t in scheduler.timesteps:
         model_in = torch.cat([latents] * 2) if guided else latents
         model_in = torch.cat([scheduler.scale_model_input(model_in, t), cond.float()], dim=2)
-        pred = unet(
+        pred = parts.denoiser(
             model_in.to(dtype),
             t,
             encoder_hidden_states=image_emb.to(dtype),
@@ -79,5 +111,5 @@ def sample_video(
             pred_uncond, pred_cond = pred.chunk(2)
             pred = pred_uncond + guidance * (pred_cond - pred_uncond)
         latents = scheduler.step(pred, t, latents).prev_sample
-    frames = pipe.decode_latents(latents.to(pipe.vae.dtype), num_frames, decode_chunk_size)  # [1,C,T,H,W]
+    frames = decode_latents(parts.vae, latents, num_frames, decode_chunk_size)  # [1,C,T,H,W]
     return frames[0].permute(1, 0, 2, 3).clamp(-1, 1)

@@ -50,12 +50,35 @@ class MetricsLogger:
         if self.accelerator.log_with:
             self.accelerator.log(values, step=step)
 
+    def log_media(self, name: str, paths: list[Path], step: int) -> None:
+        """Files written by a task (main process): listed in metrics.jsonl as paths relative to the run
+        directory, and sent to W&B as videos, audio or images by their suffix (offline mode too)."""
+        if not paths or not self.accelerator.is_main_process:
+            return
+        if self._file is not None:
+            relative = [str(Path(p).relative_to(self.path.parent)) for p in paths]
+            self._file.write(json.dumps({"step": step, f"media/{name}": relative}) + "\n")
+        if self.accelerator.log_with and any(t.name == "wandb" for t in self.accelerator.trackers):
+            import wandb
+
+            media = [_wandb_media(wandb, Path(p)) for p in paths]
+            self.accelerator.get_tracker("wandb", unwrap=True).log({name: media}, step=step)
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
         if self.accelerator.log_with:
             self.accelerator.end_training()
+
+
+def _wandb_media(wandb, path: Path):
+    suffix = path.suffix.lower()
+    if suffix in {".mp4", ".gif", ".webm", ".ogg"}:
+        return wandb.Video(str(path), caption=path.stem)
+    if suffix in {".wav", ".flac", ".mp3"}:
+        return wandb.Audio(str(path), caption=path.stem)
+    return wandb.Image(str(path), caption=path.stem)
 
 
 def memory_stats() -> dict[str, float]:

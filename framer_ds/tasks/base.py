@@ -73,8 +73,27 @@ class Task(ABC):
         return None
 
     def setup_frozen(self, accelerator: Accelerator) -> None:
-        """Move frozen helpers (VAE, encoders) to the device; they never go through `prepare`."""
+        """Move frozen helpers (VAE, encoders) to the device; they never go through `prepare`.
+        Called on every rank before `precompute` and before the trainable model is built."""
         return None
+
+    def precompute(
+        self, accelerator: Accelerator, train_set: Dataset, eval_set: Dataset | None
+    ) -> tuple[Dataset, Dataset | None]:
+        """The datasets training reads, e.g. outputs of frozen encoders cached to disk once. Every rank
+        calls it (with the raw datasets from `build_datasets`); the default reads the raw data."""
+        return train_set, eval_set
+
+    def sample_every(self) -> int:
+        """Optimizer steps between `write_samples` rounds (and one at the end); 0 = never."""
+        return 0
+
+    def write_samples(
+        self, accelerator: Accelerator, model: torch.nn.Module, step: int, out_dir: Path
+    ) -> list[Path]:
+        """Generate media (videos, audio, images) from the model being trained, under `out_dir`.
+        Called on EVERY rank; returns the written files on the main process."""
+        return []
 
     @abstractmethod
     def training_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:

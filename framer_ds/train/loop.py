@@ -120,6 +120,8 @@ def _rebind_scheduler_to_live_optimizer(run: _Run) -> None:
 def _build(accelerator: Accelerator, task: Task, config: RunConfigBase) -> _Run:
     train_cfg = config.train
     train_set, eval_set = task.build_datasets()
+    task.setup_frozen(accelerator)
+    train_set, eval_set = task.precompute(accelerator, train_set, eval_set)
     model = task.build_model()
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
@@ -165,7 +167,6 @@ def _build(accelerator: Accelerator, task: Task, config: RunConfigBase) -> _Run:
             f"internal: planned {plan.batches_per_epoch} batches per epoch, the prepared loader has "
             f"{len(train_loader)}; please report this with your launch command"
         )
-    task.setup_frozen(accelerator)
     return _Run(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, plan)
 
 
@@ -289,6 +290,13 @@ def _train_until_done(
                 logger.log(eval_metrics, state.global_step)
                 accelerator.print(_format_metrics(state.global_step, eval_metrics))
                 tick = time.perf_counter()  # eval time is not training throughput
+            sample_every = run.task.sample_every()
+            if sample_every and (done or state.global_step % sample_every == 0):
+                written = run.task.write_samples(
+                    accelerator, model, state.global_step, Path(config.output_dir) / "samples"
+                )
+                logger.log_media("samples", written, state.global_step)
+                tick = time.perf_counter()
             checkpoint_due = train_cfg.checkpoint_every and (
                 done or state.global_step % train_cfg.checkpoint_every == 0
             )

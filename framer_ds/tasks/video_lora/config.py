@@ -46,6 +46,23 @@ class EdmOptions(StrictModel):
     eval_sigmas: int = Field(5, ge=1, description="Fixed sigma quantiles for the deterministic eval loss.")
 
 
+class SampleOptions(StrictModel):
+    """Videos generated from held-out clips' first (and last) frames while training, to watch what
+    the loss cannot show. Written to output_dir/samples/step_N/ and logged to W&B as videos."""
+
+    every: int = Field(0, ge=0, description="Sample every N optimizer steps (and at the end); 0 = never.")
+    count: int = Field(2, ge=1, description="Videos per round: the first `count` held-out clips.")
+    num_inference_steps: int = Field(25, ge=1)
+    min_guidance_scale: float = Field(1.0, ge=0)
+    max_guidance_scale: float = Field(3.0, ge=0)
+    noise_aug_strength: float = Field(0.02, ge=0, description="Conditioning-frame noise (SVD default).")
+    seed: int = Field(0, description="Sample i uses seed + i: the same noise every round.")
+    decode_chunk_size: int = Field(8, ge=1)
+    with_reference: bool = Field(
+        True, description="Write the real clip beside the sample (reference | sample) in each video."
+    )
+
+
 class VideoLoraModelConfig(StrictModel):
     pretrained_model_name_or_path: Path | None = Field(
         None, description="Local diffusers SVD directory (stable-video-diffusion-img2vid(-xt) layout)."
@@ -63,6 +80,7 @@ class VideoLoraModelConfig(StrictModel):
     vae_chunk_size: int = Field(8, ge=1, description="Frames per VAE encode call (memory).")
     vae_slicing: bool = Field(False, description="Encode one sample at a time (memory).")
     vae_tiling: bool = Field(False, description="Tile large frames in the VAE (memory).")
+    samples: SampleOptions = Field(default_factory=SampleOptions)
 
     @model_validator(mode="after")
     def _one_source(self) -> VideoLoraModelConfig:
@@ -71,8 +89,25 @@ class VideoLoraModelConfig(StrictModel):
         return self
 
 
+class LatentCacheOptions(StrictModel):
+    """Encode every clip once (VAE latents, conditioning latents, CLIP embedding) and train from disk,
+    so the VAE and image encoder leave the GPU. Augmentation (start frame, stride, crop, flip) and the
+    conditioning-noise draw are fixed per cached clip: raise `clips_per_video` for more variety."""
+
+    enabled: bool = False
+    dir: Path | None = Field(
+        None, description="Where cached clips live (shared by every node); default <cache>/latent_cache."
+    )
+    clips_per_video: int = Field(1, ge=1, description="Random clips encoded per training video.")
+
+
 class VideoLoraDataConfig(StrictModel):
-    root: Path | None = Field(None, description="Directory of videos (recursive).")
+    layout: Literal["videos", "image_pairs"] = Field(
+        "videos",
+        description="'image_pairs': {id}_start.ext + {id}_end.ext under data.root (interpolation only; "
+        "the loss covers the two real frames).",
+    )
+    root: Path | None = Field(None, description="Directory of videos or image pairs (recursive).")
     builtin: Literal["synthetic_clips"] | None = Field(
         None, description="'synthetic_clips': small moving-shape mp4s generated in the cache."
     )
@@ -85,6 +120,7 @@ class VideoLoraDataConfig(StrictModel):
     hflip: bool = False
     random_crop: bool = False
     val_fraction: float = Field(0.1, ge=0, lt=1, description="Videos held out for the eval loss.")
+    cache: LatentCacheOptions = Field(default_factory=LatentCacheOptions)
 
     @model_validator(mode="after")
     def _checks(self) -> VideoLoraDataConfig:

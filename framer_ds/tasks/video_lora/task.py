@@ -6,6 +6,7 @@ are frozen, built outside ZeRO-3 init, and kept on the device in the compute dty
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import zlib
@@ -13,19 +14,30 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from accelerate.utils import send_to_device
+from torch.utils.data import Dataset, default_collate
 
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.data.digits import default_cache_dir
+from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, cache_key, fill_cache
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.data.video_clips import VideoClipDataset, validate_svd_size
-from framer_ds.data.video_index import VideoIndex, build_video_index, format_report, require_usable
+from framer_ds.data.video_clips import ImagePairDataset, VideoClipDataset, validate_svd_size
+from framer_ds.data.video_index import (
+    VideoIndex,
+    build_video_index,
+    format_report,
+    require_usable,
+    scan_image_pairs,
+)
 from framer_ds.diffusion import edm
 from framer_ds.engine.accelerator import compute_dtype, frozen_model_init
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
+from framer_ds.tasks.video_lora.encoding import EncodedClip, encode_clips, encode_pairs
 from framer_ds.tasks.video_lora.unet_lora import apply_lora, widen_conv_in
+from framer_ds.train.batch import to_compute_dtype
 
 SVD_SUBFOLDERS = ("unet", "vae", "image_encoder")
 
@@ -55,6 +67,9 @@ class VideoLoraTask(Task):
         self.vae = None
         self.image_encoder = None
         self.unet_config = None
+        self.accelerator = None
+        self._raw_eval_or_train: Dataset | None = None  # pixel clips, for sampling inputs
+        self._sample_inputs = None
 
     # --- paths and pre-flight ------------------------------------------------------------------------
 
@@ -71,6 +86,10 @@ class VideoLoraTask(Task):
     def min_frames(self) -> int:
         data = self.config.data
         return (data.num_frames - 1) * data.max_stride + 1
+
+    @property
+    def uses_pairs(self) -> bool:
+        return self.config.data.layout == "image_pairs"
 
     def check(self) -> list[ConfigProblem]:
         model, data = self.config.model, self.config.data
@@ -90,6 +109,37 @@ class VideoLoraTask(Task):
         if data.builtin is None and not self.data_root().is_dir():
             problems.append(
                 ConfigProblem("data.root", f"{data.root} does not exist; point it at a video folder.")
+            )
+        return problems + self._layout_problems()
+
+    def _layout_problems(self) -> list[ConfigProblem]:
+        model, data = self.config.model, self.config.data
+        if not self.uses_pairs:
+            return []
+        problems = []
+        if model.mode != "interpolation":
+            problems.append(
+                ConfigProblem(
+                    "data.layout",
+                    "image_pairs give a first and a last frame: set model.mode: interpolation, or use "
+                    "videos for image_to_video.",
+                )
+            )
+        if data.builtin is not None or data.manifest is not None:
+            problems.append(
+                ConfigProblem(
+                    "data.layout",
+                    "image_pairs read {id}_start/{id}_end images under data.root: set data.root and "
+                    "drop data.builtin / data.manifest.",
+                )
+            )
+        if model.fps is None:
+            problems.append(
+                ConfigProblem(
+                    "model.fps",
+                    "image pairs carry no frame rate: set model.fps to the rate the interpolated clip "
+                    "should play at (e.g. 7).",
+                )
             )
         return problems
 
@@ -113,15 +163,29 @@ class VideoLoraTask(Task):
 
     def data_report(self) -> str:
         """Counts, durations, resolutions and every rejected file with its reason."""
+        if self.uses_pairs:
+            pairs = scan_image_pairs(self.data_root())
+            return f"{self.data_root()}: {len(pairs)} image pairs ({{id}}_start + {{id}}_end)"
         return format_report(self._index())
+
+    @staticmethod
+    def _held_out(ids: list[str], fraction: float) -> set[str]:
+        """Every k-th item is held out: deterministic and spread over the whole folder."""
+        n_val = int(len(ids) * fraction)
+        return set(sorted(ids)[:: max(1, len(ids) // n_val)][:n_val]) if n_val else set()
 
     def build_datasets(self):
         data = self.config.data
+        if self.uses_pairs:
+            pairs = scan_image_pairs(self.data_root())
+            val_ids = self._held_out([pid for pid, _, _ in pairs], data.val_fraction)
+            size = {"height": data.height, "width": data.width, "num_frames": data.num_frames}
+            train = ImagePairDataset([p for p in pairs if p[0] not in val_ids], hflip=data.hflip, **size)
+            val = ImagePairDataset([p for p in pairs if p[0] in val_ids], **size) if val_ids else None
+            return train, val
         index = self._index()
         records = sorted(index.records, key=lambda r: r.video_id)
-        n_val = int(len(records) * data.val_fraction)
-        # Every k-th video is held out: deterministic and spread over the whole folder.
-        val_ids = {r.video_id for r in records[:: max(1, len(records) // n_val)][:n_val]} if n_val else set()
+        val_ids = self._held_out([r.video_id for r in records], data.val_fraction)
         common = {
             "num_frames": data.num_frames,
             "height": data.height,
@@ -159,48 +223,167 @@ class VideoLoraTask(Task):
         return apply_lora(unet, self.config.model.lora, train_conv_in=interpolation)
 
     def setup_frozen(self, accelerator) -> None:
+        """With the latent cache on, the VAE and encoder load only if the cache must be (re)built or
+        samples drawn, and never stay on the device during training."""
+        self.accelerator = accelerator
+        if not self.config.data.cache.enabled:
+            self._frozen_on_device()
+
+    def _frozen_on_device(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         from diffusers import AutoencoderKLTemporalDecoder
         from transformers import CLIPVisionModelWithProjection
 
+        accelerator = self.accelerator
+        if self.vae is None:
+            with frozen_model_init(accelerator):  # frozen helpers must not be partitioned by ZeRO-3
+                vae = AutoencoderKLTemporalDecoder.from_pretrained(self.svd_path(), subfolder="vae")
+                encoder = CLIPVisionModelWithProjection.from_pretrained(
+                    self.svd_path(), subfolder="image_encoder"
+                )
+            for module in (vae, encoder):
+                module.requires_grad_(False).eval()
+            if self.config.model.vae_slicing:
+                vae.enable_slicing()
+            if self.config.model.vae_tiling and hasattr(vae, "enable_tiling"):
+                vae.enable_tiling()
+            self.vae, self.image_encoder = vae, encoder
         dtype = compute_dtype(accelerator)
-        with frozen_model_init(accelerator):  # frozen helpers must not be partitioned by ZeRO-3
-            vae = AutoencoderKLTemporalDecoder.from_pretrained(self.svd_path(), subfolder="vae")
-            encoder = CLIPVisionModelWithProjection.from_pretrained(
-                self.svd_path(), subfolder="image_encoder"
-            )
-        for module in (vae, encoder):
-            module.requires_grad_(False).eval().to(accelerator.device, dtype=dtype)
-        if self.config.model.vae_slicing:
-            vae.enable_slicing()
-        if self.config.model.vae_tiling and hasattr(vae, "enable_tiling"):
-            vae.enable_tiling()
-        self.vae, self.image_encoder = vae, encoder
+        for module in (self.vae, self.image_encoder):
+            module.to(accelerator.device)
+            if module.dtype != dtype:  # diffusers warns on every dtype-carrying .to(), even a no-op
+                module.to(dtype=dtype)
+        return self.vae, self.image_encoder
+
+    def _release_frozen(self) -> None:
+        """Off the device: kept on CPU when sampling will want them again, else dropped."""
+        if self.vae is None:
+            return
+        if self.config.model.samples.every:
+            self.vae.to("cpu")
+            self.image_encoder.to("cpu")
+        else:
+            self.vae = self.image_encoder = None
+            gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # --- latent cache --------------------------------------------------------------------------------
+
+    def precompute(self, accelerator, train_set, eval_set):
+        """Pixel datasets -> cached latent datasets when `data.cache.enabled` (every rank)."""
+        self._raw_eval_or_train = eval_set if eval_set is not None else train_set
+        if not self.config.data.cache.enabled:
+            return train_set, eval_set
+        cached_train = self._cached(train_set, "train", self.config.data.cache.clips_per_video)
+        cached_eval = self._cached(eval_set, "eval", 1) if eval_set is not None else None
+        self._release_frozen()
+        return cached_train, cached_eval
+
+    def _cache_for(self, dataset: Dataset, split: str, copies: int) -> LatentCache:
+        options, data = self.config.model, self.config.data
+        described = {
+            "split": split,
+            "copies": copies,
+            "seed": self.config.train.seed,
+            "source": _source_fingerprint(dataset),
+            "svd": _weights_fingerprint(self.svd_path()),
+            "dtype": str(compute_dtype(self.accelerator)),
+            "mode": options.mode,
+            "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
+            "data": data.model_dump(mode="json", exclude={"cache", "val_fraction", "root", "builtin"}),
+        }
+        root = data.cache.dir or default_cache_dir() / "latent_cache"
+        summary = {"split": split, "copies": copies, "videos": len(dataset), "svd": str(self.svd_path())}
+        return LatentCache(root, cache_key(described), len(dataset) * copies, summary)
+
+    def _cached(self, dataset: Dataset, split: str, copies: int) -> CachedEntryDataset:
+        """Entry i is item i % n with its own RNG stream: training entries draw augmentation and the
+        conditioning-noise strength as training would, eval entries use the fixed eval settings."""
+        accelerator = self.accelerator
+        cache = self._cache_for(dataset, split, copies)
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+
+        def encode(entry: int):
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(self.config.train.seed * 1_000_003 + entry)
+                item = dataset[entry % len(dataset)]
+                batch = to_compute_dtype(
+                    accelerator, send_to_device(default_collate([item]), accelerator.device)
+                )
+                encoded = (
+                    self._encode(batch, self._train_cond_sigma(1))
+                    if split == "train"
+                    else self._encode_for_eval(batch)
+                )
+            return encoded.cache_entry(0), {"video_id": item["video_id"]}
+
+        if not cache.is_complete():
+            self._frozen_on_device()
+        built = fill_cache(
+            cache,
+            encode,
+            accelerator.process_index,
+            accelerator.num_processes,
+            accelerator.wait_for_everyone,
+            accelerator.is_main_process,
+        )
+        accelerator.print(
+            f"latent cache ({split}): {cache.size} clips in {cache.path}"
+            + (f" ({built} encoded on rank 0)" if built else " (reused)")
+        )
+        return CachedEntryDataset(cache)
 
     # --- objective -----------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def _condition(self, video: torch.Tensor, cond_sigma: torch.Tensor, generator=None):
-        """(target latents, conditioning latents for the UNet, image embeddings) for one batch."""
-        model = self.config.model
-        first = video[:, 0]
-        image_emb = _svd().clip_image_embeddings(self.image_encoder, first)
-        first_lat = _svd().conditioning_latents(self.vae, first, cond_sigma, generator=generator)
-        target = _svd().target_latents(
-            self.vae, video, chunk_size=model.vae_chunk_size, sample=generator is None, generator=generator
+    def _train_cond_sigma(self, batch_size: int) -> torch.Tensor:
+        edm_options = self.config.model.edm
+        return edm.sample_cond_noise_sigma(
+            batch_size,
+            edm_options.cond_noise_mean,
+            edm_options.cond_noise_std,
+            device=self.accelerator.device,
         )
-        if model.mode == "interpolation":
-            last_lat = _svd().conditioning_latents(self.vae, video[:, -1], cond_sigma, generator=generator)
-            cond, mask = _svd().interpolation_conditioning(first_lat, last_lat, video.shape[1])
-            return target, (cond, mask), image_emb
-        return target, (first_lat, None), image_emb
 
-    def _denoise(self, model, noisy, sigma, cond, mask, image_emb, fps, cond_sigma) -> torch.Tensor:
+    def _encode(self, batch, cond_sigma: torch.Tensor, generator=None) -> EncodedClip:
+        """Conditioning for one batch: read from the cache, or encoded now by the frozen VAE + CLIP."""
+        if "target" in batch:
+            return EncodedClip.from_cached_batch(batch)
+        options, pixels = self.config.model, batch["pixel_values"]
+        vae, encoder = self.vae, self.image_encoder
+        if self.uses_pairs:
+            fps = torch.full((pixels.shape[0],), float(options.fps), device=pixels.device)
+            return encode_pairs(
+                vae,
+                encoder,
+                pixels,
+                self.config.data.num_frames,
+                fps,
+                cond_sigma,
+                options.vae_chunk_size,
+                generator,
+            )
+        interpolation = options.mode == "interpolation"
+        return encode_clips(
+            vae, encoder, pixels, batch["fps"], cond_sigma, interpolation, options.vae_chunk_size, generator
+        )
+
+    def _eval_generator(self, batch) -> torch.Generator:
+        """The same noise for a given clip on any rank and at any step."""
+        seed = zlib.crc32("|".join(batch["video_id"]).encode())
+        return torch.Generator(device=self.accelerator.device).manual_seed(seed)
+
+    def _encode_for_eval(self, batch) -> EncodedClip:
+        cond_sigma = math.exp(self.config.model.edm.cond_noise_mean)
+        sigmas = torch.full((len(batch["video_id"]),), cond_sigma, device=self.accelerator.device)
+        return self._encode(batch, sigmas, generator=self._eval_generator(batch))
+
+    def _denoise(self, model, noisy, sigma, encoded: EncodedClip, cond, mask, image_emb) -> torch.Tensor:
         options = self.config.model
-        fps_value = options.fps if options.fps is not None else fps.float()
+        fps_value = options.fps if options.fps is not None else encoded.fps.float()
         time_ids = _svd().added_time_ids(
             fps_value,
             options.motion_bucket_id,
-            cond_sigma,
+            encoded.cond_sigma.float(),
             noisy.shape[0],
             self.unet_config,
             device=noisy.device,
@@ -210,42 +393,98 @@ class VideoLoraTask(Task):
         return _svd().unet_denoise(model, noisy, sigma, cond, image_emb, time_ids)
 
     def training_loss(self, model, batch) -> torch.Tensor:
-        video = batch["pixel_values"]
-        options, batch_size, device = self.config.model, video.shape[0], video.device
-        cond_sigma = edm.sample_cond_noise_sigma(
-            batch_size, options.edm.cond_noise_mean, options.edm.cond_noise_std, device=device
-        )
-        target, (cond, mask), image_emb = self._condition(video, cond_sigma)
+        options = self.config.model
+        batch_size = len(batch["video_id"])
+        encoded = self._encode(batch, self._train_cond_sigma(batch_size))
+        target = encoded.target.float()
+        cond, mask = encoded.unet_conditioning(target.shape[1])
         image_emb, cond = _svd().conditioning_dropout(
-            image_emb, cond, options.dropout_image, options.dropout_latents
+            encoded.image_emb, cond, options.dropout_image, options.dropout_latents
         )
-        sigma = edm.sample_sigmas(batch_size, options.edm.p_mean, options.edm.p_std, device=device)
-        noisy = edm.add_noise(target.float(), sigma)
-        denoised = self._denoise(model, noisy, sigma, cond, mask, image_emb, batch["fps"], cond_sigma)
-        return edm.edm_loss(denoised, target.float(), sigma)
+        sigma = edm.sample_sigmas(batch_size, options.edm.p_mean, options.edm.p_std, device=target.device)
+        noisy = edm.add_noise(target, sigma)
+        denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, image_emb)
+        return edm.edm_loss(denoised, target, sigma, frame_weights=encoded.frame_weights)
 
     def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
         """Deterministic held-out loss at fixed sigma quantiles: the same noise for a given clip on any
         rank and at any step, so the curve moves only when the model does."""
-        video = batch["pixel_values"]
-        options, batch_size, device = self.config.model, video.shape[0], video.device
-        seed = zlib.crc32("|".join(batch["video_id"]).encode())
-        generator = torch.Generator(device=device).manual_seed(seed)
-        cond_sigma = torch.full((batch_size,), math.exp(options.edm.cond_noise_mean), device=device)
-        target, (cond, mask), image_emb = self._condition(video, cond_sigma, generator=generator)
-        noise = torch.randn(target.shape, generator=generator, device=device, dtype=torch.float32)
+        options = self.config.model
+        encoded = self._encode_for_eval(batch)
+        target = encoded.target.float()
+        cond, mask = encoded.unet_conditioning(target.shape[1])
+        generator = self._eval_generator(batch)
+        noise = torch.randn(target.shape, generator=generator, device=target.device, dtype=torch.float32)
         values: dict[str, torch.Tensor] = {}
         for sigma_value in edm.fixed_sigma_quantiles(
             options.edm.eval_sigmas, options.edm.p_mean, options.edm.p_std
         ):
-            sigma = torch.full((batch_size,), float(sigma_value), device=device)
-            noisy = target.float() + sigma.view(-1, 1, 1, 1, 1) * noise
-            denoised = self._denoise(model, noisy, sigma, cond, mask, image_emb, batch["fps"], cond_sigma)
+            sigma = torch.full((target.shape[0],), float(sigma_value), device=target.device)
+            noisy = target + sigma.view(-1, 1, 1, 1, 1) * noise
+            denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, encoded.image_emb)
             values[f"loss_sigma_{float(sigma_value):.3g}"] = edm.edm_loss(
-                denoised, target.float(), sigma, "none"
+                denoised, target, sigma, "none", frame_weights=encoded.frame_weights
             )
         values["loss"] = torch.stack(list(values.values())).mean(dim=0)
         return values
+
+    # --- validation samples --------------------------------------------------------------------------
+
+    def sample_every(self) -> int:
+        return self.config.model.samples.every
+
+    def _collect_sample_inputs(self):
+        from framer_ds.tasks.video_lora.validation_samples import SampleInput
+
+        options, source = self.config.model, self._raw_eval_or_train
+        interpolation = options.mode == "interpolation"
+        inputs = []
+        with torch.random.fork_rng(devices=[]):  # a training set's augmentation: the same every round
+            torch.manual_seed(options.samples.seed)
+            for index in range(min(options.samples.count, len(source))):
+                item = source[index]
+                pixels = item["pixel_values"]
+                inputs.append(
+                    SampleInput(
+                        name=item["video_id"],
+                        first=pixels[0],
+                        last=pixels[-1] if interpolation else None,
+                        reference=None if self.uses_pairs else pixels,
+                        fps=float(options.fps or item.get("fps") or 7.0),
+                    )
+                )
+        return inputs
+
+    def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
+        """`model.samples.count` videos from held-out first (and last) frames, written under
+        out_dir/step_N/; every rank takes part (ZeRO-3 forwards are collectives)."""
+        from diffusers import EulerDiscreteScheduler
+
+        from framer_ds.diffusion.sampling import SamplerParts
+        from framer_ds.tasks.video_lora.validation_samples import write_sample_round
+
+        options = self.config.model
+        if self._sample_inputs is None:
+            self._sample_inputs = self._collect_sample_inputs()
+        vae, encoder = self._frozen_on_device()
+        scheduler = EulerDiscreteScheduler.from_pretrained(self.svd_path(), subfolder="scheduler")
+        parts = SamplerParts(model, self.unet_config, vae, encoder, scheduler)
+        was_training = model.training
+        model.eval()
+        try:
+            return write_sample_round(
+                accelerator,
+                parts,
+                self._sample_inputs,
+                options.samples,
+                self.config.data.num_frames,
+                options.motion_bucket_id,
+                Path(out_dir) / f"step_{step}",
+            )
+        finally:
+            model.train(was_training)
+            if self.config.data.cache.enabled:
+                self._release_frozen()
 
     # --- export --------------------------------------------------------------------------------------
 
@@ -274,3 +513,26 @@ class VideoLoraTask(Task):
                 "motion_bucket_id": options.motion_bucket_id,
             }
             (Path(out_dir) / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2))
+
+
+def _source_fingerprint(dataset: Dataset) -> list:
+    """What decides a dataset's pixels: each file with its size and modification time, and the frame
+    range of each video, so an edited or replaced file invalidates the cache."""
+
+    def stat(path: Path) -> list:
+        info = Path(path).stat()
+        return [str(path), info.st_size, info.st_mtime_ns]
+
+    if isinstance(dataset, ImagePairDataset):
+        return [[pid, *stat(start), *stat(end)] for pid, start, end in dataset.pairs]
+    return [[r.video_id, r.first_frame, r.stop_frame, *stat(r.path)] for r in dataset.records]
+
+
+def _weights_fingerprint(svd_dir: Path) -> list:
+    """The frozen encoders' files (VAE and image encoder decide every cached tensor)."""
+    found = []
+    for sub in ("vae", "image_encoder"):
+        for path in sorted((Path(svd_dir) / sub).glob("*")):
+            info = path.stat()
+            found.append([f"{sub}/{path.name}", info.st_size, info.st_mtime_ns])
+    return found

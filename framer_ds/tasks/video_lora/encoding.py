@@ -1,0 +1,98 @@
+"""What the frozen VAE and CLIP encoder make of a batch: the only inputs the UNet's loss needs.
+
+One type serves three sources, so the loss code never asks where a batch came from: pixel clips from
+videos, image pairs (two real frames, the middle ones without ground truth), and entries of the
+latent cache (the same tensors, encoded once and read back from disk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from framer_ds.diffusion import svd_conditioning as svd
+
+
+@dataclass
+class EncodedClip:
+    target: Tensor  # [B,T,C,h,w] scaled VAE latents: the diffusion x0
+    first: Tensor  # [B,C,h,w] unscaled conditioning latents of the (noise-augmented) first frame
+    image_emb: Tensor  # [B,1,D] CLIP embedding of the first frame
+    cond_sigma: Tensor  # [B] conditioning-noise strength used for `first`/`last` (an added time id)
+    fps: Tensor  # [B] fps the clip plays at (an added time id unless the config fixes one)
+    last: Tensor | None = None  # [B,C,h,w] for interpolation
+    frame_weights: Tensor | None = None  # [B,T] loss weight per frame; None = every frame counts
+
+    def unet_conditioning(self, num_frames: int) -> tuple[Tensor, Tensor | None]:
+        """(conditioning latents, mask or None): first frame only, or first + last with a mask."""
+        if self.last is None:
+            return self.first, None
+        return svd.interpolation_conditioning(self.first, self.last, num_frames)
+
+    def cache_entry(self, index: int) -> dict[str, Tensor]:
+        """Sample `index` of the batch, as the tensors one cache entry stores."""
+        return {
+            f.name: getattr(self, f.name)[index] for f in fields(self) if getattr(self, f.name) is not None
+        }
+
+    @classmethod
+    def from_cached_batch(cls, batch: dict[str, Any]) -> EncodedClip:
+        names = {f.name for f in fields(cls)}
+        return cls(**{name: value for name, value in batch.items() if name in names})
+
+
+@torch.no_grad()
+def encode_clips(
+    vae: torch.nn.Module,
+    image_encoder: torch.nn.Module,
+    video: Tensor,
+    fps: Tensor,
+    cond_sigma: Tensor,
+    interpolation: bool,
+    chunk_size: int,
+    generator: torch.Generator | None = None,
+) -> EncodedClip:
+    """Pixel clips [B,T,3,H,W] in [-1,1]. With a generator the target is the latent mode and every
+    noise draw comes from it (deterministic eval); without, posterior samples as SVD trained."""
+    first = video[:, 0]
+    return EncodedClip(
+        target=svd.target_latents(
+            vae, video, chunk_size=chunk_size, sample=generator is None, generator=generator
+        ),
+        first=svd.conditioning_latents(vae, first, cond_sigma, generator=generator),
+        image_emb=svd.clip_image_embeddings(image_encoder, first),
+        cond_sigma=cond_sigma,
+        fps=fps,
+        last=svd.conditioning_latents(vae, video[:, -1], cond_sigma, generator=generator)
+        if interpolation
+        else None,
+    )
+
+
+@torch.no_grad()
+def encode_pairs(
+    vae: torch.nn.Module,
+    image_encoder: torch.nn.Module,
+    pairs: Tensor,
+    num_frames: int,
+    fps: Tensor,
+    cond_sigma: Tensor,
+    chunk_size: int,
+    generator: torch.Generator | None = None,
+) -> EncodedClip:
+    """Image pairs [B,2,3,H,W] (start, end) -> a T-frame clip whose middle has no ground truth.
+
+    The noisy input still needs T frames, so the middle targets are a linear blend of the two end
+    latents; their loss weight is zero, so the blend is never taught. What pairs teach is the ends:
+    reproduce the given frames from the conditioning, the part of interpolation a pair can supervise.
+    """
+    ends = encode_clips(vae, image_encoder, pairs, fps, cond_sigma, True, chunk_size, generator)
+    alpha = torch.linspace(0, 1, num_frames, device=pairs.device).view(1, -1, 1, 1, 1)
+    ends.target = torch.lerp(ends.target[:, :1].float(), ends.target[:, 1:].float(), alpha).to(ends.target)
+    weights = torch.zeros(pairs.shape[0], num_frames, device=pairs.device)
+    weights[:, 0] = weights[:, -1] = 1.0
+    ends.frame_weights = weights
+    return ends

@@ -1,0 +1,86 @@
+"""Sample videos from held-out frames during training, spread over every rank.
+
+Why every rank: under ZeRO-3 each UNet forward gathers parameter shards from all ranks, so a rank
+that skipped sampling would leave the others waiting forever. Each rank takes every world_size-th
+input; ranks short of an input repeat a dummy one so every rank runs the same number of forwards.
+Frames travel to the main process as uint8 (no shared filesystem assumed), which writes the mp4s.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from torch import Tensor
+
+from framer_ds.data.video_index import VIDEO_EXTENSIONS
+from framer_ds.data.video_write import to_uint8_frames, write_video
+from framer_ds.diffusion.sampling import SamplerParts, sample_video
+from framer_ds.tasks.video_lora.config import SampleOptions
+
+
+@dataclass
+class SampleInput:
+    name: str
+    first: Tensor  # [3,H,W] in [-1,1]
+    last: Tensor | None  # interpolation
+    reference: Tensor | None  # [T,3,H,W] the real clip, shown beside the sample
+    fps: float
+
+
+def _file_name(index: int, name: str) -> str:
+    stem = str(Path(name).with_suffix("")) if Path(name).suffix.lower() in VIDEO_EXTENSIONS else name
+    return f"{index:02d}_{re.sub(r'[^A-Za-z0-9._-]+', '_', stem)[:80]}.mp4"
+
+
+def write_sample_round(
+    accelerator: Accelerator,
+    parts: SamplerParts,
+    inputs: list[SampleInput],
+    options: SampleOptions,
+    num_frames: int,
+    motion_bucket_id: int,
+    out_dir: Path,
+) -> list[Path]:
+    """Every rank calls this; returns the written videos on the main process (empty elsewhere)."""
+    world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+    produced: list[tuple[int, np.ndarray]] = []
+    for round_index in range(math.ceil(len(inputs) / world)):
+        index = round_index * world + rank
+        source = inputs[min(index, len(inputs) - 1)]  # the dummy repeats the last input
+        generator = torch.Generator(device=device).manual_seed(options.seed + index)
+        frames = sample_video(
+            parts,
+            source.first.to(device),
+            source.last.to(device) if source.last is not None else None,
+            num_frames,
+            source.fps,
+            motion_bucket_id,
+            noise_aug_strength=options.noise_aug_strength,
+            num_inference_steps=options.num_inference_steps,
+            min_guidance_scale=options.min_guidance_scale,
+            max_guidance_scale=options.max_guidance_scale,
+            generator=generator,
+            decode_chunk_size=options.decode_chunk_size,
+        )
+        if index < len(inputs):
+            produced.append((index, to_uint8_frames(frames)))
+    gathered = gather_object(produced) if world > 1 else produced
+    if not accelerator.is_main_process:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for index, pixels in sorted(gathered, key=lambda item: item[0]):
+        source = inputs[index]
+        if options.with_reference and source.reference is not None:
+            pixels = np.concatenate([to_uint8_frames(source.reference), pixels], axis=2)  # side by side
+        path = out_dir / _file_name(index, source.name)
+        write_video(path, pixels, source.fps)
+        written.append(path)
+    return written
