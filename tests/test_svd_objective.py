@@ -324,17 +324,15 @@ def test_frame_weighted_edm_loss_ignores_unweighted_frames() -> None:
 
 
 def test_pair_encoding_supervises_only_the_two_real_frames(parts) -> None:
-    from framer_ds.tasks.video_lora.encoding import encode_clips, encode_pairs
+    from framer_ds.tasks.video_lora.encoding import FrozenEncoders, encode_clips, encode_pairs
 
     pairs = torch.rand(2, 2, 3, SIZE, SIZE) * 2 - 1
     fps, cond_sigma = torch.full((2,), 7.0), torch.full((2,), 0.05)
-    generator = torch.Generator().manual_seed(0)
-    encoded = encode_pairs(parts.vae, parts.image_encoder, pairs, 5, fps, cond_sigma, 4, generator)
+    encoders = FrozenEncoders(parts.vae, parts.image_encoder, chunk_size=4)
+    encoded = encode_pairs(encoders, pairs, 5, fps, cond_sigma, torch.Generator().manual_seed(0))
     assert encoded.target.shape == (2, 5, 4, SIZE // 8, SIZE // 8)
     assert torch.equal(encoded.frame_weights, torch.tensor([[1.0, 0, 0, 0, 1]] * 2))
-    ends = encode_clips(
-        parts.vae, parts.image_encoder, pairs, fps, cond_sigma, True, 4, torch.Generator().manual_seed(0)
-    )
+    ends = encode_clips(encoders, pairs, fps, cond_sigma, True, torch.Generator().manual_seed(0))
     torch.testing.assert_close(encoded.target[:, 0], ends.target[:, 0])
     torch.testing.assert_close(encoded.target[:, -1], ends.target[:, 1])
     torch.testing.assert_close(encoded.target[:, 2], (ends.target[:, 0] + ends.target[:, 1]) / 2)
@@ -342,3 +340,24 @@ def test_pair_encoding_supervises_only_the_two_real_frames(parts) -> None:
     torch.testing.assert_close(cond[:, 0], ends.first)
     torch.testing.assert_close(cond[:, -1], ends.last)
     assert mask[:, :, 0, 0, 0].tolist() == [[1.0, 0, 0, 0, 1]] * 2
+
+
+def test_vae_tiling_really_tiles(parts) -> None:
+    """`AutoencoderKLTemporalDecoder.encode` ignores diffusers' enable_tiling; ours must not."""
+    video = torch.rand(1, 2, 3, SIZE, SIZE) * 2 - 1
+    whole = target_latents(parts.vae, video, sample=False)
+    calls: list[tuple[int, ...]] = []
+    hook = parts.vae.encoder.register_forward_pre_hook(
+        lambda module, args: calls.append(tuple(args[0].shape))
+    )
+    try:
+        tiled = target_latents(parts.vae, video, sample=False, tile_size=32)
+        assert target_latents(parts.vae, video, sample=False, tile_size=SIZE).equal(whole)  # fits: no tiles
+    finally:
+        hook.remove()
+    assert tiled.shape == whole.shape
+    assert len(calls) == 1 + 9 and max(shape[-1] for shape in calls[:9]) == 32  # 3x3 tiles of <= 32 px
+    assert not tiled.equal(whole)
+    # the top-left tile is not blended with any other: it is the encoding of the 32x32 crop alone
+    corner = target_latents(parts.vae, video[..., :32, :32].contiguous(), sample=False)
+    torch.testing.assert_close(tiled[..., :3, :3], corner[..., :3, :3])

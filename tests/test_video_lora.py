@@ -239,6 +239,7 @@ def test_latent_cache_trains_without_the_vae_once_built(tmp_path, monkeypatch):
         "data.cache.enabled=true",
         f"data.cache.dir={cache_dir}",
         "data.cache.clips_per_video=2",
+        "model.samples.every=0",  # sampling would (rightly) load the VAE
     ]
     first = run_training(tiny_config(tmp_path / "a", *overrides))
     caches = sorted(p.parent for p in cache_dir.glob("*/complete.json"))

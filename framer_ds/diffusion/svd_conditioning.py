@@ -12,6 +12,7 @@ run under `torch.no_grad()`: nothing here is trained, and no graph is kept for t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import torch
 from diffusers.pipelines.stable_video_diffusion.pipeline_stable_video_diffusion import (
@@ -24,6 +25,38 @@ from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from framer_ds.diffusion.edm import edm_preconditioning
 
 CLIP_SIZE = (224, 224)  # hard-coded in the pipeline's `_encode_image`
+
+
+class _TiledEncoder:
+    """What `AutoencoderKL._tiled_encode` reads from `self`, taken from a temporal-decoder VAE (same
+    `Encoder` + `quant_conv`), so both VAEs tile with diffusers' own overlap-and-blend code."""
+
+    def __init__(self, vae: torch.nn.Module, tile_size: int):
+        from diffusers import AutoencoderKL
+
+        self._tiled_encode = AutoencoderKL._tiled_encode.__get__(self)
+        self.blend_v = AutoencoderKL.blend_v.__get__(self)
+        self.blend_h = AutoencoderKL.blend_h.__get__(self)
+        self.encoder, self.quant_conv = vae.encoder, vae.quant_conv
+        self.config = SimpleNamespace(use_quant_conv=True)
+        self.tile_sample_min_size = tile_size
+        self.tile_latent_min_size = tile_size // 2 ** (len(vae.config.block_out_channels) - 1)
+        self.tile_overlap_factor = 0.25
+
+
+def vae_posterior(vae: torch.nn.Module, images: Tensor, tile_size: int | None = None):
+    """`vae.encode(images).latent_dist`, in overlapping tiles when a side exceeds `tile_size` pixels.
+
+    Why not `vae.enable_tiling()`: `AutoencoderKLTemporalDecoder.encode` ignores it (and slicing) and
+    encodes the whole batch at full size. Tiles are encoded separately and blended, so tiled latents
+    differ slightly from untiled ones (as with diffusers' tiled AutoencoderKL); use it only when a
+    frame does not fit otherwise.
+    """
+    if tile_size is None or max(images.shape[-2:]) <= tile_size:
+        return vae.encode(images).latent_dist
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+    return DiagonalGaussianDistribution(_TiledEncoder(vae, tile_size)._tiled_encode(images))
 
 
 def _per_sample(value: Tensor | float, batch: int, device: torch.device | str | None = None) -> Tensor:
@@ -62,6 +95,7 @@ def conditioning_latents(
     frames: Tensor,
     noise_aug_sigma: Tensor | float,
     generator: torch.Generator | None = None,
+    tile_size: int | None = None,
 ) -> Tensor:
     """[B,3,H,W] conditioning frames in [-1,1] -> UNSCALED latents [B,C,h,w] (VAE dtype).
 
@@ -74,7 +108,7 @@ def conditioning_latents(
     noise = randn_tensor(frames.shape, generator=generator, device=frames.device, dtype=frames.dtype)
     sigma = _per_sample(noise_aug_sigma, frames.shape[0], frames.device).view(-1, 1, 1, 1)
     image = (frames + sigma * noise).to(dtype=vae.dtype)
-    return vae.encode(image).latent_dist.mode()
+    return vae_posterior(vae, image, tile_size).mode()
 
 
 @torch.no_grad()
@@ -84,6 +118,7 @@ def target_latents(
     chunk_size: int | None = None,
     sample: bool = True,
     generator: torch.Generator | None = None,
+    tile_size: int | None = None,
 ) -> Tensor:
     """[B,T,3,H,W] video in [-1,1] -> SCALED latents [B,T,C,h,w] (x0 of the diffusion loss).
 
@@ -92,14 +127,14 @@ def target_latents(
     was trained on posterior samples (Stability's `DiagonalGaussianRegularizer(sample=True)`, diffusers'
     train_text_to_image `.latent_dist.sample()`); `sample=False` uses the mode for a deterministic eval
     loss. `chunk_size` frames are encoded at a time to bound activation memory (the encoder is per-frame,
-    so chunking changes nothing else).
+    so chunking changes nothing else; 1 is what diffusers calls slicing); `tile_size`: `vae_posterior`.
     """
     b, t = video.shape[:2]
     flat = video.flatten(0, 1).to(dtype=vae.dtype)
     step = chunk_size or flat.shape[0]
     parts = []
     for i in range(0, flat.shape[0], step):
-        dist = vae.encode(flat[i : i + step]).latent_dist
+        dist = vae_posterior(vae, flat[i : i + step], tile_size)
         parts.append(dist.sample(generator=generator) if sample else dist.mode())
     latents = torch.cat(parts) * vae.config.scaling_factor
     return latents.reshape(b, t, *latents.shape[1:])

@@ -77,9 +77,16 @@ class VideoLoraModelConfig(StrictModel):
     motion_bucket_id: int = Field(127, ge=0, le=255)
     dropout_image: float = Field(0.1, ge=0, le=1, description="P(zero image embedding), for CFG.")
     dropout_latents: float = Field(0.1, ge=0, le=1, description="P(zero conditioning latents), for CFG.")
-    vae_chunk_size: int = Field(8, ge=1, description="Frames per VAE encode call (memory).")
-    vae_slicing: bool = Field(False, description="Encode one sample at a time (memory).")
-    vae_tiling: bool = Field(False, description="Tile large frames in the VAE (memory).")
+    vae_chunk_size: int = Field(
+        8, ge=1, description="Frames per VAE encode call (memory); 1 = one frame at a time (slicing)."
+    )
+    vae_tile_size: int | None = Field(
+        None,
+        ge=64,
+        multiple_of=8,
+        description="Encode frames larger than this in overlapping, blended tiles (memory; the latents "
+        "change slightly). null = whole frames.",
+    )
     samples: SampleOptions = Field(default_factory=SampleOptions)
 
     @model_validator(mode="after")

@@ -13,7 +13,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from framer_ds.diffusion import svd_conditioning as svd
+
+def svd_conditioning():
+    """diffusers' SVD pipeline module is imported only when a video run starts: registering the task
+    (for `framer-ds tasks` / `validate`) stays light and prints no transformers warnings."""
+    from framer_ds.diffusion import svd_conditioning as module
+
+    return module
 
 
 @dataclass
@@ -30,7 +36,7 @@ class EncodedClip:
         """(conditioning latents, mask or None): first frame only, or first + last with a mask."""
         if self.last is None:
             return self.first, None
-        return svd.interpolation_conditioning(self.first, self.last, num_frames)
+        return svd_conditioning().interpolation_conditioning(self.first, self.last, num_frames)
 
     def cache_entry(self, index: int) -> dict[str, Tensor]:
         """Sample `index` of the batch, as the tensors one cache entry stores."""
@@ -44,43 +50,56 @@ class EncodedClip:
         return cls(**{name: value for name, value in batch.items() if name in names})
 
 
+@dataclass
+class FrozenEncoders:
+    """The frozen VAE and CLIP image encoder with the VAE's memory settings."""
+
+    vae: torch.nn.Module
+    image_encoder: torch.nn.Module
+    chunk_size: int | None = None  # frames per VAE call
+    tile_size: int | None = None  # see svd_conditioning.vae_posterior
+
+
 @torch.no_grad()
 def encode_clips(
-    vae: torch.nn.Module,
-    image_encoder: torch.nn.Module,
+    encoders: FrozenEncoders,
     video: Tensor,
     fps: Tensor,
     cond_sigma: Tensor,
     interpolation: bool,
-    chunk_size: int,
     generator: torch.Generator | None = None,
 ) -> EncodedClip:
     """Pixel clips [B,T,3,H,W] in [-1,1]. With a generator the target is the latent mode and every
     noise draw comes from it (deterministic eval); without, posterior samples as SVD trained."""
-    first = video[:, 0]
+    svd, first, vae, tile = svd_conditioning(), video[:, 0], encoders.vae, encoders.tile_size
+
+    def conditioning(frames: Tensor) -> Tensor:
+        return svd.conditioning_latents(vae, frames, cond_sigma, generator=generator, tile_size=tile)
+
     return EncodedClip(
         target=svd.target_latents(
-            vae, video, chunk_size=chunk_size, sample=generator is None, generator=generator
+            vae,
+            video,
+            chunk_size=encoders.chunk_size,
+            sample=generator is None,
+            generator=generator,
+            tile_size=tile,
         ),
-        first=svd.conditioning_latents(vae, first, cond_sigma, generator=generator),
-        image_emb=svd.clip_image_embeddings(image_encoder, first),
+        first=conditioning(first),
+        image_emb=svd.clip_image_embeddings(encoders.image_encoder, first),
         cond_sigma=cond_sigma,
         fps=fps,
-        last=svd.conditioning_latents(vae, video[:, -1], cond_sigma, generator=generator)
-        if interpolation
-        else None,
+        last=conditioning(video[:, -1]) if interpolation else None,
     )
 
 
 @torch.no_grad()
 def encode_pairs(
-    vae: torch.nn.Module,
-    image_encoder: torch.nn.Module,
+    encoders: FrozenEncoders,
     pairs: Tensor,
     num_frames: int,
     fps: Tensor,
     cond_sigma: Tensor,
-    chunk_size: int,
     generator: torch.Generator | None = None,
 ) -> EncodedClip:
     """Image pairs [B,2,3,H,W] (start, end) -> a T-frame clip whose middle has no ground truth.
@@ -89,7 +108,7 @@ def encode_pairs(
     latents; their loss weight is zero, so the blend is never taught. What pairs teach is the ends:
     reproduce the given frames from the conditioning, the part of interpolation a pair can supervise.
     """
-    ends = encode_clips(vae, image_encoder, pairs, fps, cond_sigma, True, chunk_size, generator)
+    ends = encode_clips(encoders, pairs, fps, cond_sigma, True, generator)
     alpha = torch.linspace(0, 1, num_frames, device=pairs.device).view(1, -1, 1, 1, 1)
     ends.target = torch.lerp(ends.target[:, :1].float(), ends.target[:, 1:].float(), alpha).to(ends.target)
     weights = torch.zeros(pairs.shape[0], num_frames, device=pairs.device)

@@ -35,19 +35,12 @@ from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
-from framer_ds.tasks.video_lora.encoding import EncodedClip, encode_clips, encode_pairs
+from framer_ds.tasks.video_lora.encoding import EncodedClip, FrozenEncoders, encode_clips, encode_pairs
+from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
 from framer_ds.tasks.video_lora.unet_lora import apply_lora, widen_conv_in
 from framer_ds.train.batch import to_compute_dtype
 
 SVD_SUBFOLDERS = ("unet", "vae", "image_encoder")
-
-
-def _svd():
-    """diffusers' SVD pipeline module is imported only when a video run starts: registering the task
-    (for `framer-ds tasks` / `validate`) stays light and prints no transformers warnings."""
-    from framer_ds.diffusion import svd_conditioning
-
-    return svd_conditioning
 
 
 EXPORT_METADATA = "framer_ds_video_lora.json"
@@ -242,10 +235,6 @@ class VideoLoraTask(Task):
                 )
             for module in (vae, encoder):
                 module.requires_grad_(False).eval()
-            if self.config.model.vae_slicing:
-                vae.enable_slicing()
-            if self.config.model.vae_tiling and hasattr(vae, "enable_tiling"):
-                vae.enable_tiling()
             self.vae, self.image_encoder = vae, encoder
         dtype = compute_dtype(accelerator)
         for module in (self.vae, self.image_encoder):
@@ -349,23 +338,12 @@ class VideoLoraTask(Task):
         if "target" in batch:
             return EncodedClip.from_cached_batch(batch)
         options, pixels = self.config.model, batch["pixel_values"]
-        vae, encoder = self.vae, self.image_encoder
+        encoders = FrozenEncoders(self.vae, self.image_encoder, options.vae_chunk_size, options.vae_tile_size)
         if self.uses_pairs:
             fps = torch.full((pixels.shape[0],), float(options.fps), device=pixels.device)
-            return encode_pairs(
-                vae,
-                encoder,
-                pixels,
-                self.config.data.num_frames,
-                fps,
-                cond_sigma,
-                options.vae_chunk_size,
-                generator,
-            )
+            return encode_pairs(encoders, pixels, self.config.data.num_frames, fps, cond_sigma, generator)
         interpolation = options.mode == "interpolation"
-        return encode_clips(
-            vae, encoder, pixels, batch["fps"], cond_sigma, interpolation, options.vae_chunk_size, generator
-        )
+        return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, generator)
 
     def _eval_generator(self, batch) -> torch.Generator:
         """The same noise for a given clip on any rank and at any step."""
