@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import REPO, read_metrics
 from framer_ds.config.loader import load_run_config
@@ -22,3 +23,13 @@ def test_quickstart_bf16_on_gpu_logs_gpu_memory(quickstart_overrides, tmp_path):
     assert train_lines[-1]["memory/max_reserved_gb"] >= train_lines[-1]["memory/max_allocated_gb"]
     assert train_lines[-1]["loss"] < train_lines[0]["loss"]
     assert 0.0 <= eval_lines[-1]["eval/accuracy"] <= 1.0
+
+
+def test_seeded_draws_for_samples_and_cache_leave_the_cuda_rng_alone():
+    from framer_ds.tasks.video_lora.task import _own_rng
+
+    torch.cuda.manual_seed(123)
+    before = torch.cuda.get_rng_state()
+    with _own_rng(0):
+        torch.randn(4, device="cuda")
+    assert torch.equal(torch.cuda.get_rng_state(), before)

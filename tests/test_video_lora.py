@@ -311,3 +311,24 @@ def test_image_pair_layout_problems_are_reported_together(tmp_path):
         p.where: p.message for p in VideoLoraTask(config.model_copy(update={"model": image_to_video})).check()
     }
     assert "model.mode: interpolation" in problems["data.layout"] and "model.fps" in problems
+
+
+def test_latent_cache_key_follows_what_decides_the_tensors(tmp_path):
+    from types import SimpleNamespace
+
+    def key(*overrides):
+        task = VideoLoraTask(tiny_config(tmp_path, *overrides))
+        task.prepare_data()
+        task.accelerator = SimpleNamespace(mixed_precision="no")
+        train, _ = task.build_datasets()
+        return task._cache_for(train, "train", 1).key
+
+    base = key()
+    assert key() == base and key("train.max_steps=7") == base  # training length does not matter
+    for changed in (
+        "model.vae_tile_size=64",
+        "data.hflip=false",
+        "train.seed=1",
+        "model.edm.cond_noise_std=0.4",
+    ):
+        assert key(changed) != base, changed

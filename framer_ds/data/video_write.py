@@ -20,7 +20,7 @@ def write_video(path: Path, frames: Iterable[np.ndarray], fps: float, codec: str
     frames = list(frames)
     height, width = frames[0].shape[:2]
     with av.open(str(path), mode="w") as container:
-        stream = container.add_stream(codec, rate=round(fps))
+        stream = container.add_stream(codec, rate=max(1, round(fps)))  # a slow clip plays at >= 1 fps
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for image in frames:
             for packet in stream.encode(

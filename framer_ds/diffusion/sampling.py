@@ -64,15 +64,20 @@ def sample_video(
     max_guidance_scale: float = 3.0,
     generator: torch.Generator | None = None,
     decode_chunk_size: int = 8,
+    tile_size: int | None = None,
 ) -> Tensor:
     """first/last: [3,H,W] in [-1,1]; returns [T,3,H,W] in [-1,1]. The UNet takes 9 input channels
     when `last` is given (noisy + conditioning latents + mask)."""
     device = first.device
     dtype = next(parts.unet.parameters()).dtype
     image_emb = clip_image_embeddings(parts.image_encoder, first[None])
-    first_lat = conditioning_latents(parts.vae, first[None], noise_aug_strength, generator=generator)
+    first_lat = conditioning_latents(
+        parts.vae, first[None], noise_aug_strength, generator=generator, tile_size=tile_size
+    )
     if last is not None:
-        last_lat = conditioning_latents(parts.vae, last[None], noise_aug_strength, generator=generator)
+        last_lat = conditioning_latents(
+            parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
+        )
         cond, mask = interpolation_conditioning(first_lat, last_lat, num_frames)
         uncond = torch.cat(
             [torch.zeros_like(cond), mask.to(cond.dtype)], dim=2

@@ -12,7 +12,7 @@ from framer_ds.config.loader import dump_run_config
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.checkpoint import complete_checkpoints
 
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final", "samples")
 
 
 def holds_run(output_dir: Path) -> bool:
@@ -66,7 +66,17 @@ def prepare_run_dir(accelerator: Accelerator, config: RunConfigBase, resume_step
         metrics = out / "metrics.jsonl"
         if metrics.exists():
             truncate_metrics_after(metrics, resume_step or 0)
+        drop_samples_after(out / "samples", resume_step or 0)
     accelerator.wait_for_everyone()
+
+
+def drop_samples_after(samples_dir: Path, step: int) -> None:
+    """`samples/step_N` past the checkpoint belong to the abandoned timeline; the resumed run
+    writes its own (metrics.jsonl loses their `media/samples` lines the same way)."""
+    for folder in Path(samples_dir).glob("step_*"):
+        suffix = folder.name.removeprefix("step_")
+        if suffix.isdigit() and int(suffix) > step:
+            shutil.rmtree(folder)
 
 
 def truncate_metrics_after(path: Path, step: int) -> None:

@@ -30,6 +30,8 @@ class Task(ABC):
     summary: ClassVar[str]
     ModelConfig: ClassVar[type[StrictModel]]
     DataConfig: ClassVar[type[StrictModel]]
+    full_precision_keys: ClassVar[frozenset[str]] = frozenset()
+    """Batch keys DeepSpeed's bf16/fp16 batch cast leaves alone (conditioning scalars)."""
 
     def __init__(self, config: RunConfigBase):
         self.config = config

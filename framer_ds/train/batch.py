@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -11,13 +12,20 @@ from accelerate.utils import recursively_apply
 from framer_ds.engine.accelerator import compute_dtype, uses_deepspeed
 
 
-def to_compute_dtype(accelerator: Accelerator, batch: Any) -> Any:
-    """Cast floating tensors to bf16/fp16 under DeepSpeed; unchanged under DDP (autocast handles it)."""
+def to_compute_dtype(accelerator: Accelerator, batch: Any, keep: frozenset[str] = frozenset()) -> Any:
+    """Cast floating tensors to bf16/fp16 under DeepSpeed; unchanged under DDP (autocast handles it).
+
+    `keep`: keys of a dict batch left in full precision, for conditioning scalars (a noise strength,
+    an fps) that bf16 would round while the activations gain nothing from the cast.
+    """
     if not uses_deepspeed(accelerator):
         return batch
     dtype = compute_dtype(accelerator)
     if dtype == torch.float32:
         return batch
+    if keep and isinstance(batch, Mapping):
+        cast = to_compute_dtype(accelerator, {k: v for k, v in batch.items() if k not in keep})
+        return {k: (v if k in keep else cast[k]) for k, v in batch.items()}
     return recursively_apply(
         lambda t: t.to(dtype),
         batch,

@@ -31,7 +31,8 @@ def evaluate(
     for index, batch in enumerate(eval_loader):
         if max_batches is not None and index >= max_batches:
             break
-        values: dict[str, Any] = task.eval_step(model, to_compute_dtype(accelerator, batch))
+        batch = to_compute_dtype(accelerator, batch, task.full_precision_keys)
+        values: dict[str, Any] = task.eval_step(model, batch)
         values = accelerator.gather_for_metrics({k: v.detach() for k, v in values.items()})
         for name, value in values.items():
             collected.setdefault(name, []).append(value.float().reshape(-1).cpu())

@@ -222,7 +222,7 @@ def _train_until_done(
         consumed_any = False
         for batch in loader:
             consumed_any = True
-            batch = to_compute_dtype(accelerator, batch)
+            batch = to_compute_dtype(accelerator, batch, run.task.full_precision_keys)
             with accelerator.accumulate(model):
                 loss = run.task.training_loss(model, batch)
                 bad, stop_requested = exchange_flags(

@@ -83,7 +83,7 @@ class VideoLoraModelConfig(StrictModel):
     vae_tile_size: int | None = Field(
         None,
         ge=64,
-        multiple_of=8,
+        multiple_of=64,  # tiles overlap by a quarter: other sizes misalign the blended latent grid
         description="Encode frames larger than this in overlapping, blended tiles (memory; the latents "
         "change slightly). null = whole frames.",
     )

@@ -6,10 +6,12 @@ are frozen, built outside ZeRO-3 init, and kept on the device in the compute dty
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
 import zlib
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +46,7 @@ SVD_SUBFOLDERS = ("unet", "vae", "image_encoder")
 
 
 EXPORT_METADATA = "framer_ds_video_lora.json"
+CACHE_FORMAT_VERSION = 1  # bump when the encoding changes what a cached entry holds
 
 
 @register_task
@@ -54,6 +57,7 @@ class VideoLoraTask(Task):
     )
     ModelConfig = VideoLoraModelConfig
     DataConfig = VideoLoraDataConfig
+    full_precision_keys = frozenset({"fps", "cond_sigma"})  # added time ids; bf16 rounds 29.97 to 30
 
     def __init__(self, config):
         super().__init__(config)
@@ -271,6 +275,7 @@ class VideoLoraTask(Task):
     def _cache_for(self, dataset: Dataset, split: str, copies: int) -> LatentCache:
         options, data = self.config.model, self.config.data
         described = {
+            "format": CACHE_FORMAT_VERSION,
             "split": split,
             "copies": copies,
             "seed": self.config.train.seed,
@@ -279,6 +284,7 @@ class VideoLoraTask(Task):
             "dtype": str(compute_dtype(self.accelerator)),
             "mode": options.mode,
             "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
+            "vae_tile_size": options.vae_tile_size,
             "data": data.model_dump(mode="json", exclude={"cache", "val_fraction", "root", "builtin"}),
         }
         root = data.cache.dir or default_cache_dir() / "latent_cache"
@@ -290,15 +296,14 @@ class VideoLoraTask(Task):
         conditioning-noise strength as training would, eval entries use the fixed eval settings."""
         accelerator = self.accelerator
         cache = self._cache_for(dataset, split, copies)
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
 
         def encode(entry: int):
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(self.config.train.seed * 1_000_003 + entry)
+            if self.vae is None:  # loaded only when something is left to encode
+                self._frozen_on_device()
+            with _own_rng(self.config.train.seed * 1_000_003 + entry):
                 item = dataset[entry % len(dataset)]
-                batch = to_compute_dtype(
-                    accelerator, send_to_device(default_collate([item]), accelerator.device)
-                )
+                batch = send_to_device(default_collate([item]), accelerator.device)
+                batch = to_compute_dtype(accelerator, batch, self.full_precision_keys)
                 encoded = (
                     self._encode(batch, self._train_cond_sigma(1))
                     if split == "train"
@@ -306,8 +311,6 @@ class VideoLoraTask(Task):
                 )
             return encoded.cache_entry(0), {"video_id": item["video_id"]}
 
-        if not cache.is_complete():
-            self._frozen_on_device()
         built = fill_cache(
             cache,
             encode,
@@ -417,8 +420,7 @@ class VideoLoraTask(Task):
         options, source = self.config.model, self._raw_eval_or_train
         interpolation = options.mode == "interpolation"
         inputs = []
-        with torch.random.fork_rng(devices=[]):  # a training set's augmentation: the same every round
-            torch.manual_seed(options.samples.seed)
+        with _own_rng(options.samples.seed):  # a training set's augmentation: the same every round
             for index in range(min(options.samples.count, len(source))):
                 item = source[index]
                 pixels = item["pixel_values"]
@@ -458,6 +460,7 @@ class VideoLoraTask(Task):
                 self.config.data.num_frames,
                 options.motion_bucket_id,
                 Path(out_dir) / f"step_{step}",
+                tile_size=options.vae_tile_size,
             )
         finally:
             model.train(was_training)
@@ -503,7 +506,7 @@ def _source_fingerprint(dataset: Dataset) -> list:
 
     if isinstance(dataset, ImagePairDataset):
         return [[pid, *stat(start), *stat(end)] for pid, start, end in dataset.pairs]
-    return [[r.video_id, r.first_frame, r.stop_frame, *stat(r.path)] for r in dataset.records]
+    return [[r.video_id, r.first_frame, r.stop_frame, r.source_fps, *stat(r.path)] for r in dataset.records]
 
 
 def _weights_fingerprint(svd_dir: Path) -> list:
@@ -514,3 +517,13 @@ def _weights_fingerprint(svd_dir: Path) -> list:
             info = path.stat()
             found.append([f"{sub}/{path.name}", info.st_size, info.st_mtime_ns])
     return found
+
+
+@contextlib.contextmanager
+def _own_rng(seed: int) -> Iterator[None]:
+    """Seeded draws that leave the training RNG streams (CPU and this process's GPU) untouched:
+    `torch.manual_seed` reseeds every device, so the GPU state must be saved and restored too."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield

@@ -47,6 +47,7 @@ def write_sample_round(
     num_frames: int,
     motion_bucket_id: int,
     out_dir: Path,
+    tile_size: int | None = None,
 ) -> list[Path]:
     """Every rank calls this; returns the written videos on the main process (empty elsewhere)."""
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
@@ -68,6 +69,7 @@ def write_sample_round(
             max_guidance_scale=options.max_guidance_scale,
             generator=generator,
             decode_chunk_size=options.decode_chunk_size,
+            tile_size=tile_size,
         )
         if index < len(inputs):
             produced.append((index, to_uint8_frames(frames)))
