@@ -113,3 +113,11 @@ def test_resolved_config_round_trips(tmp_path):
     again = load_run_config(path)
     assert again == config
     assert yaml.safe_load(path.read_text())["train"]["max_steps"] == 7
+
+
+def test_mixed_precision_no_survives_yaml_reading_it_as_false(tmp_path):
+    assert load_run_config(QUICKSTART, ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    text = QUICKSTART.read_text() + "\n"
+    config = load_run_config(write(tmp_path, text.replace("train:\n", "train:\n  mixed_precision: no\n", 1)))
+    assert config.train.mixed_precision == "no"
+    assert any("mixed_precision" in p for p in problems_of(QUICKSTART, ["train.mixed_precision=yes"]))

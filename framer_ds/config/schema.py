@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 
 class StrictModel(BaseModel):
@@ -46,6 +46,13 @@ class TrainConfig(StrictModel):
         "no", description="Autocast dtype (DDP) or the DeepSpeed engine's dtype."
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no_is_false(cls, value: object) -> object:
+        """YAML 1.1 reads a bare `no` (`mixed_precision: no`, `train.mixed_precision=no`) as false."""
+        return "no" if value is False else value
+
     eval_every: int | None = Field(
         None, ge=1, description="Evaluate every N optimizer steps (and always at the end); null = end only."
     )
