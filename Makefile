@@ -32,6 +32,7 @@ format: setup
 
 bench: setup
 	$(PY) benchmarks/step_overhead.py --write docs/benchmarks.md
+	$(PY) benchmarks/video_lora_step.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
