@@ -26,10 +26,10 @@ def test_quickstart_bf16_on_gpu_logs_gpu_memory(quickstart_overrides, tmp_path):
 
 
 def test_seeded_draws_for_samples_and_cache_leave_the_cuda_rng_alone():
-    from framer_ds.tasks.video_lora.task import _own_rng
+    from framer_ds.engine.rng import isolated_seed
 
     torch.cuda.manual_seed(123)
     before = torch.cuda.get_rng_state()
-    with _own_rng(0):
+    with isolated_seed(0):
         torch.randn(4, device="cuda")
     assert torch.equal(torch.cuda.get_rng_state(), before)

@@ -41,7 +41,8 @@ class LatentCache:
     def entry_path(self, index: int) -> Path:
         return self.path / f"entry_{index:07d}.safetensors"
 
-    def is_complete(self) -> bool:
+    def marker_matches(self) -> bool:
+        """complete.json names this key and size (the entries themselves are not looked at)."""
         marker = self.path / COMPLETE_MARKER
         if not marker.is_file():
             return False
@@ -49,7 +50,10 @@ class LatentCache:
             recorded = json.loads(marker.read_text())
         except json.JSONDecodeError:
             return False
-        return recorded.get("key") == self.key and recorded.get("size") == self.size and not self.missing()
+        return recorded.get("key") == self.key and recorded.get("size") == self.size
+
+    def is_complete(self) -> bool:
+        return self.marker_matches() and not self.missing()
 
     def missing(self) -> list[int]:
         return [i for i in range(self.size) if not self.entry_path(i).is_file()]
@@ -97,16 +101,15 @@ def fill_cache(
     Entries already on disk (an interrupted build) are kept. After the barrier every rank must see
     every entry: on nodes without a shared filesystem they would not, and training would read holes.
     """
-    missing = [] if cache.is_complete() else cache.missing()
-    mine = [i for i in missing if i % world_size == rank]
+    mine = [i for i in cache.missing() if i % world_size == rank]  # one directory scan per step
     for index in mine:
         cache.write_entry(index, *encode(index))
     barrier()
-    if is_main and not cache.is_complete() and not cache.missing():
+    if is_main and not cache.marker_matches() and not cache.missing():
         cache.mark_complete()
     barrier()
-    if not cache.is_complete():
-        absent = cache.missing()
+    absent = cache.missing()
+    if absent or not cache.marker_matches():
         raise InputDataError(
             f"latent cache {cache.path} lacks {len(absent)} of {cache.size} entries after every rank "
             f"wrote its share (first: {cache.entry_path(absent[0]).name if absent else 'marker'}). The "

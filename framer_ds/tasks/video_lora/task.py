@@ -6,12 +6,10 @@ are frozen, built outside ZeRO-3 init, and kept on the device in the compute dty
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import math
 import zlib
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,8 +32,10 @@ from framer_ds.data.video_index import (
 from framer_ds.diffusion import edm
 from framer_ds.engine.accelerator import compute_dtype, frozen_model_init
 from framer_ds.engine.export import save_peft_adapter_gathered
+from framer_ds.engine.rng import isolated_seed
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import register_task
+from framer_ds.tasks.video_lora.cache_fingerprints import source_fingerprint, weights_fingerprint
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
 from framer_ds.tasks.video_lora.encoding import EncodedClip, FrozenEncoders, encode_clips, encode_pairs
 from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
@@ -279,8 +279,8 @@ class VideoLoraTask(Task):
             "split": split,
             "copies": copies,
             "seed": self.config.train.seed,
-            "source": _source_fingerprint(dataset),
-            "svd": _weights_fingerprint(self.svd_path()),
+            "source": source_fingerprint(dataset),
+            "svd": weights_fingerprint(self.svd_path()),
             "dtype": str(compute_dtype(self.accelerator)),
             "mode": options.mode,
             "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
@@ -300,15 +300,11 @@ class VideoLoraTask(Task):
         def encode(entry: int):
             if self.vae is None:  # loaded only when something is left to encode
                 self._frozen_on_device()
-            with _own_rng(self.config.train.seed * 1_000_003 + entry):
+            with isolated_seed(self.config.train.seed * 1_000_003 + entry):
                 item = dataset[entry % len(dataset)]
                 batch = send_to_device(default_collate([item]), accelerator.device)
                 batch = to_compute_dtype(accelerator, batch, self.full_precision_keys)
-                encoded = (
-                    self._encode(batch, self._train_cond_sigma(1))
-                    if split == "train"
-                    else self._encode_for_eval(batch)
-                )
+                encoded = self._encode(batch, self._eval_generator(batch) if split == "eval" else None)
             return encoded.cache_entry(0), {"video_id": item["video_id"]}
 
         built = fill_cache(
@@ -336,27 +332,32 @@ class VideoLoraTask(Task):
             device=self.accelerator.device,
         )
 
-    def _encode(self, batch, cond_sigma: torch.Tensor, generator=None) -> EncodedClip:
-        """Conditioning for one batch: read from the cache, or encoded now by the frozen VAE + CLIP."""
+    def _encode(self, batch, eval_generator: torch.Generator | None = None) -> EncodedClip:
+        """Conditioning for one batch: read from the cache, or encoded now by the frozen VAE + CLIP.
+
+        Training draws the conditioning-noise strength; eval (`eval_generator`) uses its fixed value
+        and takes every draw from the generator, which the caller goes on drawing the eval noise from.
+        """
         if "target" in batch:
             return EncodedClip.from_cached_batch(batch)
         options, pixels = self.config.model, batch["pixel_values"]
+        if eval_generator is None:
+            cond_sigma = self._train_cond_sigma(pixels.shape[0])
+        else:
+            fixed = math.exp(options.edm.cond_noise_mean)
+            cond_sigma = torch.full((pixels.shape[0],), fixed, device=pixels.device)
         encoders = FrozenEncoders(self.vae, self.image_encoder, options.vae_chunk_size, options.vae_tile_size)
         if self.uses_pairs:
             fps = torch.full((pixels.shape[0],), float(options.fps), device=pixels.device)
-            return encode_pairs(encoders, pixels, self.config.data.num_frames, fps, cond_sigma, generator)
+            num_frames = self.config.data.num_frames
+            return encode_pairs(encoders, pixels, num_frames, fps, cond_sigma, eval_generator)
         interpolation = options.mode == "interpolation"
-        return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, generator)
+        return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, eval_generator)
 
     def _eval_generator(self, batch) -> torch.Generator:
         """The same noise for a given clip on any rank and at any step."""
         seed = zlib.crc32("|".join(batch["video_id"]).encode())
         return torch.Generator(device=self.accelerator.device).manual_seed(seed)
-
-    def _encode_for_eval(self, batch) -> EncodedClip:
-        cond_sigma = math.exp(self.config.model.edm.cond_noise_mean)
-        sigmas = torch.full((len(batch["video_id"]),), cond_sigma, device=self.accelerator.device)
-        return self._encode(batch, sigmas, generator=self._eval_generator(batch))
 
     def _denoise(self, model, noisy, sigma, encoded: EncodedClip, cond, mask, image_emb) -> torch.Tensor:
         options = self.config.model
@@ -375,9 +376,9 @@ class VideoLoraTask(Task):
 
     def training_loss(self, model, batch) -> torch.Tensor:
         options = self.config.model
-        batch_size = len(batch["video_id"])
-        encoded = self._encode(batch, self._train_cond_sigma(batch_size))
+        encoded = self._encode(batch)
         target = encoded.target.float()
+        batch_size = target.shape[0]
         cond, mask = encoded.unet_conditioning(target.shape[1])
         image_emb, cond = _svd().conditioning_dropout(
             encoded.image_emb, cond, options.dropout_image, options.dropout_latents
@@ -391,10 +392,10 @@ class VideoLoraTask(Task):
         """Deterministic held-out loss at fixed sigma quantiles: the same noise for a given clip on any
         rank and at any step, so the curve moves only when the model does."""
         options = self.config.model
-        encoded = self._encode_for_eval(batch)
+        generator = self._eval_generator(batch)
+        encoded = self._encode(batch, generator)
         target = encoded.target.float()
         cond, mask = encoded.unet_conditioning(target.shape[1])
-        generator = self._eval_generator(batch)
         noise = torch.randn(target.shape, generator=generator, device=target.device, dtype=torch.float32)
         values: dict[str, torch.Tensor] = {}
         for sigma_value in edm.fixed_sigma_quantiles(
@@ -414,38 +415,23 @@ class VideoLoraTask(Task):
     def sample_every(self) -> int:
         return self.config.model.samples.every
 
-    def _collect_sample_inputs(self):
-        from framer_ds.tasks.video_lora.validation_samples import SampleInput
-
-        options, source = self.config.model, self._raw_eval_or_train
-        interpolation = options.mode == "interpolation"
-        inputs = []
-        with _own_rng(options.samples.seed):  # a training set's augmentation: the same every round
-            for index in range(min(options.samples.count, len(source))):
-                item = source[index]
-                pixels = item["pixel_values"]
-                inputs.append(
-                    SampleInput(
-                        name=item["video_id"],
-                        first=pixels[0],
-                        last=pixels[-1] if interpolation else None,
-                        reference=None if self.uses_pairs else pixels,
-                        fps=float(options.fps or item.get("fps") or 7.0),
-                    )
-                )
-        return inputs
-
     def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
         """`model.samples.count` videos from held-out first (and last) frames, written under
         out_dir/step_N/; every rank takes part (ZeRO-3 forwards are collectives)."""
         from diffusers import EulerDiscreteScheduler
 
         from framer_ds.diffusion.sampling import SamplerParts
-        from framer_ds.tasks.video_lora.validation_samples import write_sample_round
+        from framer_ds.tasks.video_lora.validation_samples import collect_sample_inputs, write_sample_round
 
         options = self.config.model
         if self._sample_inputs is None:
-            self._sample_inputs = self._collect_sample_inputs()
+            self._sample_inputs = collect_sample_inputs(
+                self._raw_eval_or_train,
+                options.samples,
+                interpolation=options.mode == "interpolation",
+                with_reference=not self.uses_pairs,
+                fps=options.fps,
+            )
         vae, encoder = self._frozen_on_device()
         scheduler = EulerDiscreteScheduler.from_pretrained(self.svd_path(), subfolder="scheduler")
         parts = SamplerParts(model, self.unet_config, vae, encoder, scheduler)
@@ -494,36 +480,3 @@ class VideoLoraTask(Task):
                 "motion_bucket_id": options.motion_bucket_id,
             }
             (Path(out_dir) / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2))
-
-
-def _source_fingerprint(dataset: Dataset) -> list:
-    """What decides a dataset's pixels: each file with its size and modification time, and the frame
-    range of each video, so an edited or replaced file invalidates the cache."""
-
-    def stat(path: Path) -> list:
-        info = Path(path).stat()
-        return [str(path), info.st_size, info.st_mtime_ns]
-
-    if isinstance(dataset, ImagePairDataset):
-        return [[pid, *stat(start), *stat(end)] for pid, start, end in dataset.pairs]
-    return [[r.video_id, r.first_frame, r.stop_frame, r.source_fps, *stat(r.path)] for r in dataset.records]
-
-
-def _weights_fingerprint(svd_dir: Path) -> list:
-    """The frozen encoders' files (VAE and image encoder decide every cached tensor)."""
-    found = []
-    for sub in ("vae", "image_encoder"):
-        for path in sorted((Path(svd_dir) / sub).glob("*")):
-            info = path.stat()
-            found.append([f"{sub}/{path.name}", info.st_size, info.st_mtime_ns])
-    return found
-
-
-@contextlib.contextmanager
-def _own_rng(seed: int) -> Iterator[None]:
-    """Seeded draws that leave the training RNG streams (CPU and this process's GPU) untouched:
-    `torch.manual_seed` reseeds every device, so the GPU state must be saved and restored too."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield

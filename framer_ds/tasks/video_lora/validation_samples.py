@@ -18,10 +18,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from torch import Tensor
+from torch.utils.data import Dataset
 
 from framer_ds.data.video_index import VIDEO_EXTENSIONS
 from framer_ds.data.video_write import to_uint8_frames, write_video
 from framer_ds.diffusion.sampling import SamplerParts, sample_video
+from framer_ds.engine.rng import isolated_seed
 from framer_ds.tasks.video_lora.config import SampleOptions
 
 
@@ -32,6 +34,28 @@ class SampleInput:
     last: Tensor | None  # interpolation
     reference: Tensor | None  # [T,3,H,W] the real clip, shown beside the sample
     fps: float
+
+
+def collect_sample_inputs(
+    source: Dataset, options: SampleOptions, interpolation: bool, with_reference: bool, fps: float | None
+) -> list[SampleInput]:
+    """The first `options.count` items of a pixel dataset (held-out clips, or training clips with
+    their augmentation drawn from `options.seed`, so every round samples the same inputs)."""
+    inputs = []
+    with isolated_seed(options.seed):
+        for index in range(min(options.count, len(source))):
+            item = source[index]
+            pixels = item["pixel_values"]
+            inputs.append(
+                SampleInput(
+                    name=item["video_id"],
+                    first=pixels[0],
+                    last=pixels[-1] if interpolation else None,
+                    reference=pixels if with_reference else None,
+                    fps=float(fps or item.get("fps") or 7.0),
+                )
+            )
+    return inputs
 
 
 def _file_name(index: int, name: str) -> str:
@@ -73,7 +97,7 @@ def write_sample_round(
         )
         if index < len(inputs):
             produced.append((index, to_uint8_frames(frames)))
-    gathered = gather_object(produced) if world > 1 else produced
+    gathered = gather_object(produced)  # the list itself in a single process
     if not accelerator.is_main_process:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
