@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
+
+from framer_ds.storage.atomic import atomic_write_text
 
 DOC_HEADER = "# Benchmarks\n\nEach section is written by the script named in it.\n"
 
@@ -20,7 +21,4 @@ def write_section(path: Path, heading: str, section: str) -> None:
         after = re.search(r"^## ", text[found.end() :], flags=re.M)
         rest = text[found.end() + after.start() :] if after else ""
         text = text[: found.start()] + section + ("\n" + rest if rest else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)

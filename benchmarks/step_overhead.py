@@ -34,7 +34,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 from transformers import ViTConfig, ViTForImageClassification, get_scheduler
 
-from framer_ds.config.loader import load_run_config
+from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.vit_classification import VitClassificationTask
 from framer_ds.train.loop import run_training
 
@@ -111,7 +111,7 @@ def run_framer(steps: int, out: Path) -> tuple[Times, list[float]]:
         run_training(config)
     reset_accelerate()
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    global_batch = config.train.micro_batch_size * config.train.gradient_accumulation_steps
+    global_batch = config.train.global_batch_size(1)
     jsonl = [global_batch / x["samples_per_s"] for x in lines if "samples_per_s" in x]
     return clock.steady_state(), jsonl[WARMUP_STEPS:]
 

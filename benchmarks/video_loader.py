@@ -28,9 +28,10 @@ import torch
 from report import write_section
 from torch.utils.data import DataLoader
 
-from framer_ds.data.digits import default_cache_dir
 from framer_ds.data.video_clips import VideoClipDataset, read_clip, resize_and_crop
 from framer_ds.data.video_index import build_video_index
+from framer_ds.storage.atomic import atomic_file
+from framer_ds.storage.locations import default_cache_dir
 
 SECTION = "## video_loader"
 TARGET_SPEEDUP = 5.0
@@ -39,12 +40,11 @@ HEADLINE_GOP = 48  # 2 s at 24 fps: the keyframe interval of typical camera and 
 
 
 def make_video(path: Path, seconds: float, fps: int, width: int, height: int, gop: int) -> None:
-    """Write atomically (temp + os.replace) so an interrupted run never leaves a half video cached."""
+    """Written atomically, so an interrupted run never leaves a half video in the cache."""
     rng = np.random.default_rng(0)
     small = rng.integers(0, 256, (height // 8, width // 8 + 64, 3), dtype=np.uint8)
     texture = np.repeat(np.repeat(small, 8, axis=0), 8, axis=1)  # 8-px blocks: detail, not white noise
-    tmp = path.with_name(f".{path.name}.tmp.mp4")
-    with av.open(str(tmp), "w") as container:
+    with atomic_file(path) as tmp, av.open(str(tmp), "w") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = {"g": str(gop), "bf": "3", "crf": "23", "preset": "faster", "sc_threshold": "0"}
@@ -59,7 +59,6 @@ def make_video(path: Path, seconds: float, fps: int, width: int, height: int, go
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-    os.replace(tmp, path)
 
 
 def ensure_videos(root: Path, count: int, seconds: float, fps: int, width: int, gop: int) -> Path:

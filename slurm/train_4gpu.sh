@@ -33,6 +33,7 @@ echo "[framer_ds] job ${SLURM_JOB_ID:-local} restart ${SLURM_RESTART_COUNT:-0}: 
 launcher=$!
 
 # The launcher (torchrun) would die on USR1; the ranks are its children and checkpoint on it.
+# shellcheck disable=SC2329  # invoked by the traps below
 forward_stop() {
     echo "[framer_ds] $1 received: asking the ranks to checkpoint and stop"
     pkill "-$1" -P "$launcher" || kill "-$1" "$launcher"

@@ -125,10 +125,54 @@ def mlp_config(path: Path, run_dir: Path, **sections) -> Path:
     return path
 
 
+# What a C++ runtime or the Python interpreter prints when a process dies during teardown.
+ABORT_MARKERS = (
+    "terminate called",
+    "Aborted",
+    "core dumped",
+    "Fatal Python error",
+    "Segmentation fault",
+    "destroy_process_group() was not called",
+)
+
+
+def abort_lines(stderr: str) -> list[str]:
+    """Lines of a run's stderr that show an abnormal teardown."""
+    return [line for line in stderr.splitlines() if any(marker in line for marker in ABORT_MARKERS)]
+
+
 def launch_env() -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
     return env
+
+
+def launch_strategy_run(strategy: str, root: Path, name: str, **sections) -> Path:
+    """One 2-process run of the MLP task (`mlp_config` + `sections`) under `strategy`; its run dir.
+    The ids each rank trained on are recorded in `root/<name>_ids/`."""
+    import subprocess
+
+    run_dir = root / name
+    record = root / f"{name}_ids"
+    record.mkdir()
+    data = {"record_dir": str(record), **sections.pop("data", {})}
+    config = mlp_config(root / f"{name}.yaml", run_dir, data=data, **sections)
+    cmd = accelerate_launch_cmd(
+        *strategy_launch_args(strategy, root), "-m", "framer_ds", "train", str(config)
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{strategy} failed:\n{proc.stderr[-5000:]}"
+    return run_dir
+
+
+REFERENCE_SECTIONS = {"train": {"checkpoint_every": 16, "eval_every": 16}}
+
+
+@pytest.fixture(scope="session")
+def ddp_reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted 2-process DDP run of the MLP task (16 steps, accumulation 2): the reference
+    for strategy equivalence, preemption and kill/resume tests, launched once per session."""
+    return launch_strategy_run("ddp", tmp_path_factory.mktemp("ddp_reference"), "ddp", **REFERENCE_SECTIONS)
 
 
 def strategy_launch_args(strategy: str, json_dir: Path) -> list[str]:

@@ -116,6 +116,108 @@ class MlpRegressionTask(Task):
             save_module_gathered(accelerator, model, out_dir / "model.safetensors")
 
 
+class TokenModelConfig(StrictModel):
+    width: int = 64
+    depth: int = 2
+
+
+class TokenDataConfig(StrictModel):
+    num_samples: int = 256
+    eval_samples: int = Field(
+        45, description="Not a multiple of 2 x micro-batch: the last eval batch is padded."
+    )
+    seq_len: int = 12
+    dim: int = 16
+    record_dir: Path | None = Field(None, description="Each rank appends the sample ids it trained on.")
+
+
+def valid_tokens(sample_id: int, seq_len: int) -> int:
+    """Sample i has 1..seq_len valid positions, very unequal between neighbours (micro-batches)."""
+    return 1 + (sample_id * 7 + sample_id // 5) % seq_len
+
+
+class TokenSet(Dataset):
+    """Sequences of `seq_len` positions of which only the first `valid_tokens(i)` count (padding after)."""
+
+    def __init__(self, n: int, seq_len: int, dim: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, seq_len, dim, generator=gen)
+        w = torch.randn(dim, 1, generator=torch.Generator().manual_seed(99))
+        self.y = torch.tanh(self.x @ w) + 0.1 * torch.randn(n, seq_len, 1, generator=gen)
+        lengths = torch.tensor([valid_tokens(i, seq_len) for i in range(n)])
+        self.mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).float()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[i], "y": self.y[i], "mask": self.mask[i], "id": torch.tensor(i)}
+
+
+def masked_squared_error(model, batch) -> torch.Tensor:
+    """[B] sums of squared errors over each sample's valid positions."""
+    error = (model(batch["x"]).float() - batch["y"].float()).squeeze(-1) ** 2
+    return (error * batch["mask"].float()).sum(dim=1)
+
+
+@register_task
+class TokenRegressionTask(Task):
+    """A token-style task: the loss is a sum over valid positions, normalised by the loop."""
+
+    name = "test_token_regression"
+    summary = "Test-only masked sequence regression reporting a summed loss and its token count."
+    ModelConfig = TokenModelConfig
+    DataConfig = TokenDataConfig
+    loss_reduction = "sum"
+
+    def build_datasets(self):
+        data = self.config.data
+        train = TokenSet(data.num_samples, data.seq_len, data.dim, seed=0)
+        return train, TokenSet(data.eval_samples, data.seq_len, data.dim, seed=1)
+
+    def build_model(self) -> torch.nn.Module:
+        torch.manual_seed(self.config.train.seed)
+        return Mlp(self.config.data.dim, self.config.model.width, self.config.model.depth)
+
+    def count_loss_items(self, batch) -> torch.Tensor:
+        return batch["mask"].sum()
+
+    def training_loss(self, model, batch) -> torch.Tensor:
+        if self.config.data.record_dir is not None:
+            rank = int(os.environ.get("RANK", "0"))
+            with open(Path(self.config.data.record_dir) / f"rank{rank}.jsonl", "a") as f:
+                f.write(json.dumps(batch["id"].tolist()) + "\n")
+        return masked_squared_error(model, batch).sum()
+
+    def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
+        return {
+            "squared_error": masked_squared_error(model, batch),
+            "tokens": batch["mask"].float().sum(dim=1),
+        }
+
+    def summarize_eval(self, sums, num_samples):
+        return {
+            "eval/loss": (sums["squared_error"] / sums["tokens"]).item(),
+            "eval/samples": float(num_samples),
+        }
+
+    def export(self, accelerator, model, out_dir: Path) -> None:
+        save_module_gathered(accelerator, model, out_dir / "model.safetensors")
+
+
+@register_task
+class TokenRegressionMeanTask(TokenRegressionTask):
+    """The same data and model trained on per-micro-batch token means: what the loop would do without
+    count normalisation (unequal micro-batches weigh their tokens unequally)."""
+
+    name = "test_token_regression_mean"
+    summary = "Test-only: test_token_regression with a per-micro-batch mean loss."
+    loss_reduction = "mean"
+
+    def training_loss(self, model, batch) -> torch.Tensor:
+        return masked_squared_error(model, batch).sum() / batch["mask"].sum()
+
+
 def _install_kill_during_save() -> None:
     """FRAMER_TEST_KILL_DURING_SAVE=N: rank 0 SIGKILLs itself right after writing its part of the step-N
     checkpoint, before the rename that publishes it: a job killed in the middle of a save."""

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import torch
 
+from framer_ds.engine.precision import to_compute_dtype
 from framer_ds.engine.run_dir import drop_samples_after
-from framer_ds.train.batch import to_compute_dtype
 
 
 def _accelerator(deepspeed: bool, precision: str = "bf16"):

@@ -298,7 +298,7 @@ def test_resume_latest_without_a_checkpoint_does_not_clobber_the_run(quickstart_
 
 
 def test_quickstart_three_steps_writes_the_run_directory(quickstart_overrides, tmp_path, capsys):
-    from framer_ds.config.loader import load_run_config
+    from framer_ds.tasks.run_config import load_run_config
 
     run = tmp_path / "run"
     rc, out, err = cli(capsys, *train_args(quickstart_overrides, "train.max_steps=3"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import REPO, read_metrics
-from framer_ds.config.loader import load_run_config
+from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
 
 pytestmark = pytest.mark.gpu

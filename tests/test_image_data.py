@@ -14,7 +14,7 @@ from PIL import Image
 
 from framer_ds.config.errors import ConfigError
 from framer_ds.data import digits as digits_mod
-from framer_ds.data.digits import default_cache_dir, ensure_digits_imagefolder
+from framer_ds.data.digits import ensure_digits_imagefolder
 from framer_ds.data.image_folder import (
     IMAGE_EXTENSIONS,
     ImageFolderDataset,
@@ -344,7 +344,7 @@ def test_digits_other_split_params_are_refused(digits_root: Path) -> None:
 def test_digits_race_loser_keeps_winner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two builders (e.g. 2 ranks) both miss the marker and both render; whoever renames second
     must neither crash nor clobber the winner, and must leave no temp directory behind."""
-    real_publish = digits_mod._publish
+    real_publish = digits_mod.publish_dir
     barrier = threading.Barrier(2, timeout=60)
     renders: list[Path] = []
 
@@ -359,11 +359,11 @@ def test_digits_race_loser_keeps_winner(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(digits_mod, "_render", fake_render)
 
-    def publish_together(tmp: Path, root: Path) -> None:
+    def publish_together(staging: Path, root: Path, *, replace: bool) -> bool:
         barrier.wait()  # both have fully rendered before either renames
-        real_publish(tmp, root)
+        return real_publish(staging, root, replace=replace)
 
-    monkeypatch.setattr(digits_mod, "_publish", publish_together)
+    monkeypatch.setattr(digits_mod, "publish_dir", publish_together)
     results: list[Path] = []
     errors: list[BaseException] = []
 
@@ -391,13 +391,6 @@ def test_digits_incomplete_existing_folder_is_reported(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"Delete .* and run again"):
         ensure_digits_imagefolder(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["digits_imagefolder"]
-
-
-def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("FRAMER_DS_CACHE", str(tmp_path / "c"))
-    assert default_cache_dir() == tmp_path / "c"
-    monkeypatch.delenv("FRAMER_DS_CACHE")
-    assert default_cache_dir() == Path.home() / ".cache" / "framer_ds"
 
 
 def test_dataset_and_transform_pickle_for_dataloader_workers(tmp_path: Path) -> None:

@@ -14,7 +14,15 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, mlp_config, read_metrics, strategy_launch_args
+from conftest import (
+    REPO,
+    abort_lines,
+    accelerate_launch_cmd,
+    launch_env,
+    mlp_config,
+    read_metrics,
+    strategy_launch_args,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -30,6 +38,8 @@ def test_lora_adapter_from_zero3_is_complete_and_loads_with_peft(tmp_path, strat
     )
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-5000:]
+    # Every rank tears down cleanly (scripts/dev/exit_soak.py repeats this run N times).
+    assert not abort_lines(proc.stderr), proc.stderr[-5000:]
 
     final = run_dir / "final"
     adapter = load_file(final / "adapter_model.safetensors")

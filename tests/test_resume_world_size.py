@@ -27,10 +27,12 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO, accelerate_launch_cmd, launch_env, mlp_config, read_metrics, strategy_launch_args
+from framer_ds.cli.main import main as cli_main
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.universal import UNIVERSAL_DIR, is_universal, rescale_data_position
-from framer_ds.engine.universal import main as universal_main
 
+# A case launches up to three runs (the shared uninterrupted ones on first use): above the default 300 s.
+pytestmark = pytest.mark.timeout(900)
 REL_TOL = 1e-5
 TRAIN = {"max_steps": 8, "checkpoint_every": 4}
 
@@ -125,8 +127,11 @@ def test_zero2_one_process_to_two(runs, tmp_path, capsys):
     assert_continues(resumed, runs.two_process("zero2"))
     # The documented ahead-of-time command converts once, then reuses.
     step_8 = resumed / "checkpoints" / "step_8"
-    assert universal_main([str(step_8)]) == 0 and is_universal(step_8 / UNIVERSAL_DIR)
-    assert universal_main([str(step_8)]) == 0 and "already exists" in capsys.readouterr().out
+    assert cli_main(["checkpoint", "universal", str(step_8)]) == 0 and is_universal(step_8 / UNIVERSAL_DIR)
+    assert (
+        cli_main(["checkpoint", "universal", str(step_8)]) == 0
+        and "already exists" in capsys.readouterr().out
+    )
 
 
 @pytest.mark.distributed

@@ -13,8 +13,8 @@ import yaml
 
 from framer_ds.cli.main import build_parser, main
 from framer_ds.config.launch_check import check_launch_configs
-from framer_ds.config.loader import load_run_config
 from framer_ds.tasks.registry import get_task_class
+from framer_ds.tasks.run_config import load_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"

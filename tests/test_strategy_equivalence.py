@@ -18,35 +18,32 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, mlp_config, read_metrics, strategy_launch_args
+from conftest import (
+    REFERENCE_SECTIONS,
+    REPO,
+    accelerate_launch_cmd,
+    launch_env,
+    launch_strategy_run,
+    mlp_config,
+    read_metrics,
+    strategy_launch_args,
+)
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+# The module fixture launches every strategy before the first test: more than the default 300 s.
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STRATEGIES = ["ddp", "zero2", "zero2_offload", "zero3", "zero3_offload"]
 REL_TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """Each strategy trains one full epoch (512 samples = 16 steps x 8 x 2 accumulation x 2 ranks)."""
+def runs(tmp_path_factory, ddp_reference_run) -> dict[str, Path]:
+    """Each strategy trains one full epoch (512 samples = 16 steps x 8 x 2 accumulation x 2 ranks);
+    DDP's run is the session's shared reference."""
     root = tmp_path_factory.mktemp("equivalence")
-    results = {}
-    for strategy in STRATEGIES:
-        run_dir = root / strategy
-        record = root / f"{strategy}_ids"
-        record.mkdir()
-        config = mlp_config(
-            root / f"{strategy}.yaml",
-            run_dir,
-            data={"record_dir": str(record)},
-            train={"checkpoint_every": 16, "eval_every": 16},
-        )
-        cmd = accelerate_launch_cmd(
-            *strategy_launch_args(strategy, root), "-m", "framer_ds", "train", str(config)
-        )
-        proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"{strategy} failed:\n{proc.stderr[-5000:]}"
-        results[strategy] = run_dir
+    results = {"ddp": ddp_reference_run}
+    for strategy in STRATEGIES[1:]:
+        results[strategy] = launch_strategy_run(strategy, root, strategy, **REFERENCE_SECTIONS)
     return results
 
 
@@ -65,7 +62,7 @@ def test_losses_match_ddp(runs, strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_data_is_sharded_and_covers_the_epoch_once(runs, strategy):
-    record = runs[strategy].parent / f"{strategy}_ids"
+    record = runs[strategy].parent / f"{runs[strategy].name}_ids"
     per_rank = [
         [i for line in (record / f"rank{r}.jsonl").read_text().splitlines() for i in json.loads(line)]
         for r in (0, 1)

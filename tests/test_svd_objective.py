@@ -72,7 +72,8 @@ def pil_and_frames() -> tuple[PIL.Image.Image, torch.Tensor]:
 # ---------------------------------------------------------------- EDM
 
 
-HAND = {  # sigma: (c_skip, c_out, c_in, c_noise, weight), computed by hand from DESIGN.md section 4
+# sigma: (c_skip, c_out, c_in, c_noise, weight), by hand from docs/architecture.md, "The SVD objective"
+HAND = {
     0.5: (0.8, -0.4472135955, 0.8944271910, -0.1732867951, 5.0),
     1.0: (0.5, -0.7071067812, 0.7071067812, 0.0, 2.0),
     2.0: (0.2, -0.8944271910, 0.4472135955, 0.1732867951, 1.25),
@@ -91,7 +92,8 @@ def test_preconditioning_and_weight_match_hand_values() -> None:
 
 
 def test_edm_matches_svd_euler_scheduler() -> None:
-    """DESIGN.md's EDM and diffusers' SVD sampler (v-prediction, continuous timesteps) are the same maths."""
+    """The EDM of docs/architecture.md and diffusers' SVD sampler (v-prediction, continuous
+    timesteps) are the same maths."""
     sched = EulerDiscreteScheduler(**SVD_SCHEDULER_CONFIG)
     sched.set_timesteps(5)
     x, f = torch.randn(1, 2, 4, 3, 3), torch.randn(1, 2, 4, 3, 3)

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from transformers import ViTConfig, ViTForImageClassification
 
 from conftest import read_metrics
-from framer_ds.config.loader import load_run_config
 from framer_ds.engine.checkpoint import STATE_FILE
+from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, strategy_launch_args
-from framer_ds.config.loader import load_run_config
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
+from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.task import EXPORT_METADATA, VideoLoraTask
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
 from framer_ds.train.loop import run_training

@@ -46,27 +46,41 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(check)
 
     sample = sub.add_parser(
-        "sample", help="write a video from a video_lora adapter and conditioning frame(s)"
+        "sample",
+        help="generate from a trained model: the task that made it decides what (video, labels, ...)",
+        description="Generate from an export (a run's final/, or a checkpoint's export such as "
+        "step_N/adapter/). The task recorded in it decides the options: run "
+        "`framer-ds sample RUN/final --help` to list them.",
     )
+    sample.add_argument("export_dir", type=Path, help="a run's final/ (or checkpoints/step_N/adapter/)")
     sample.add_argument(
-        "adapter", type=Path, help="a video_lora run's final/ (or checkpoints/step_N/adapter/)"
+        "task_options", nargs=argparse.REMAINDER, metavar="...", help="the options of the export's task"
     )
-    sample.add_argument("--image", type=Path, required=True, help="first frame")
-    sample.add_argument("--last-image", type=Path, help="last frame (interpolation adapters)")
-    sample.add_argument("--out", type=Path, required=True, help="output .mp4")
-    sample.add_argument("--steps", type=int, default=25, help="Euler steps")
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument(
-        "--fps", type=float, help="fps conditioning and output rate (default: trained value or 7)"
+
+    config = sub.add_parser("config", help="every config key: its type, default and description")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    show = config_sub.add_parser("show", help="print every key of a task's config")
+    show.add_argument("task", help="a registered task (`framer-ds tasks` lists them)")
+    docs = config_sub.add_parser("docs", help="the config reference of every built-in task, as markdown")
+    docs.add_argument("--write", type=Path, metavar="PATH", help="write it to PATH (docs/config.md)")
+
+    checkpoint = sub.add_parser("checkpoint", help="checkpoint tools")
+    checkpoint_sub = checkpoint.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")
+    universal = checkpoint_sub.add_parser(
+        "universal",
+        help="convert a ZeRO checkpoint so it resumes at any number of processes",
+        description="Convert output_dir/checkpoints/step_N (a DeepSpeed ZeRO checkpoint) to DeepSpeed's "
+        "universal format in step_N/universal ahead of time. A resume at another world size converts on "
+        "its own; do it here when the conversion of a large model would outlast the collective timeout.",
     )
-    sample.add_argument("--device", default="cuda" if _has_cuda() else "cpu")
+    universal.add_argument("checkpoint", type=Path, help="output_dir/checkpoints/step_N")
 
     sub.add_parser("tasks", help="list registered tasks")
     return parser
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from framer_ds.config.loader import load_run_config
+    from framer_ds.tasks.run_config import load_run_config
     from framer_ds.train.faults import EXIT_PREEMPTED, NonFiniteLossError, Preempted
     from framer_ds.train.loop import run_training
 
@@ -88,8 +102,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from framer_ds.config.launch_check import check_launch_configs
-    from framer_ds.config.loader import load_run_config
     from framer_ds.tasks.registry import get_task_class
+    from framer_ds.tasks.run_config import load_run_config
 
     config = load_run_config(args.config, args.overrides)
     task = get_task_class(config.task)(config)
@@ -107,8 +121,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from framer_ds.config.loader import load_run_config
     from framer_ds.tasks.registry import get_task_class
+    from framer_ds.tasks.run_config import load_run_config
 
     config = load_run_config(args.config, args.overrides)
     task = get_task_class(config.task)(config)
@@ -120,49 +134,56 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def cmd_sample(args: argparse.Namespace) -> int:
-    import torch
+    from framer_ds.cli.options import build_options_parser, parse_options
+    from framer_ds.tasks.run_config import load_exported_task
 
-    from framer_ds.data.video_write import to_uint8_frames, write_video
-    from framer_ds.diffusion.sampling import SamplerParts, sample_video
-    from framer_ds.tasks.video_lora.inference import load_frame, load_pipeline_with_adapter
+    task = load_exported_task(args.export_dir)
+    options_model = type(task).sample_options
+    parser = build_options_parser(
+        options_model,
+        prog=f"framer-ds sample {args.export_dir}",
+        description=f"{task.name}: {options_model.__doc__ or ''}".strip(),
+    )
+    options = parse_options(options_model, parser, args.task_options)
+    print(task.sample(args.export_dir, options))
+    return 0
 
-    dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
-    pipe, meta = load_pipeline_with_adapter(args.adapter, args.device, dtype)
-    if (meta["mode"] == "interpolation") != (args.last_image is not None):
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from framer_ds.config.reference import render_text
+    from framer_ds.storage.atomic import atomic_write_text
+    from framer_ds.tasks.config_docs import config_docs_markdown, task_reference
+    from framer_ds.tasks.registry import get_task_class
+
+    if args.config_command == "show":
+        get_task_class(args.task)  # an unknown task gets the registry's "did you mean"
+        print(render_text(task_reference(args.task)), end="")
+    elif args.write is not None:
+        atomic_write_text(args.write, config_docs_markdown())
+        print(f"wrote {args.write}")
+    else:
+        print(config_docs_markdown(), end="")
+    return 0
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from framer_ds.engine.universal import UNIVERSAL_DIR, convert_to_universal, is_universal, zero_shard_count
+
+    checkpoint = args.checkpoint
+    if not zero_shard_count(checkpoint):
         raise ConfigError(
             [
                 ConfigProblem(
-                    "--last-image",
-                    f"this is a {meta['mode']} adapter: --last-image is "
-                    + ("required" if meta["mode"] == "interpolation" else "not used"),
+                    str(checkpoint), "not a DeepSpeed ZeRO checkpoint (no pytorch_model/*optim_states.pt)"
                 )
-            ]
+            ],
+            "checkpoint universal",
         )
-    size = (meta["height"], meta["width"])
-    first = load_frame(args.image, *size, args.device)
-    last = load_frame(args.last_image, *size, args.device) if args.last_image else None
-    fps = args.fps or meta.get("fps") or 7
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
-    frames = sample_video(
-        SamplerParts.from_pipeline(pipe),
-        first,
-        last,
-        meta["num_frames"],
-        fps,
-        meta["motion_bucket_id"],
-        num_inference_steps=args.steps,
-        generator=generator,
-    )
-    pixels = to_uint8_frames(frames)
-    write_video(args.out, pixels, fps)
-    print(f"wrote {args.out}: {len(pixels)} frames at {size[1]}x{size[0]}, {fps} fps")
+    if is_universal(checkpoint / UNIVERSAL_DIR):
+        print(f"{checkpoint / UNIVERSAL_DIR} already exists")
+        return 0
+    print(f"wrote {convert_to_universal(checkpoint)}")
     return 0
 
 
@@ -181,6 +202,8 @@ COMMANDS = {
     "validate": cmd_validate,
     "data": cmd_data,
     "sample": cmd_sample,
+    "config": cmd_config,
+    "checkpoint": cmd_checkpoint,
     "tasks": cmd_tasks,
 }
 
@@ -190,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Options may sit between overrides (`train CFG a=1 --overwrite b=2`); argparse's nargs="*" stops
     # at the first option, so the remaining key=value items arrive as "unknown" and are taken here.
     args, extra = parser.parse_known_args(argv)
+    if args.command == "sample":  # everything after the export directory belongs to its task
+        args.task_options = [*args.task_options, *extra]
+        extra = []
     stray = [item for item in extra if item.startswith("-") or "=" not in item]
     if stray or (extra and not hasattr(args, "overrides")):
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")

@@ -1,4 +1,5 @@
-"""Pre-flight cross-checks: training YAML x accelerate YAML x DeepSpeed JSON (DESIGN.md section 3).
+"""Pre-flight cross-checks: training YAML x accelerate YAML x DeepSpeed JSON (the facts are in
+docs/architecture.md, "Accelerate + DeepSpeed").
 
 Each rule is one small function returning every problem it finds, so a user fixes all of them in one
 edit. Nothing heavy is imported (no torch, no accelerate, no model): `framer-ds validate` runs in a

@@ -1,12 +1,11 @@
-"""YAML + dotted `key=value` overrides -> a validated, task-specific run config.
+"""YAML + dotted `key=value` overrides, and pydantic errors turned into problems that name the fix.
 
-Every problem (YAML syntax, malformed override, unknown task, unknown key, wrong type) is collected
-and raised together as one `ConfigError`, each naming the key path and the fix.
+The task-aware step (which schema validates a mapping) lives next to the registry, in
+`framer_ds.tasks.run_config`: this layer knows no task.
 """
 
 from __future__ import annotations
 
-import importlib
 import types
 import typing
 from collections.abc import Sequence
@@ -17,7 +16,6 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
-from framer_ds.config.schema import RunConfigBase
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
@@ -69,13 +67,13 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[Confi
     return problems
 
 
-def _section_model(annotation: Any) -> type[BaseModel] | None:
+def section_model(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation such as `WandbConfig | None`, if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         for arg in typing.get_args(annotation):
-            found = _section_model(arg)
+            found = section_model(arg)
             if found is not None:
                 return found
     return None
@@ -87,7 +85,7 @@ def _model_at(root: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel
     for part in loc:
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
-        model = _section_model(model.model_fields[part].annotation)
+        model = section_model(model.model_fields[part].annotation)
     return model
 
 
@@ -115,73 +113,6 @@ def describe_validation_error(exc: ValidationError, schema: type[BaseModel]) -> 
             message = f"got {err.get('input')!r}: {err['msg']}."
         problems.append(ConfigProblem(where, message))
     return problems
-
-
-def import_task_modules(modules: Sequence[str]) -> list[ConfigProblem]:
-    """Import user modules named in `imports:` (they register tasks as a side effect)."""
-    problems = []
-    for index, module in enumerate(modules):
-        try:
-            importlib.import_module(str(module))
-        except Exception as exc:  # any import failure is a config problem the user must fix
-            problems.append(
-                ConfigProblem(
-                    f"imports.{index}",
-                    f"cannot import {module!r} ({type(exc).__name__}: {exc}); check the module name "
-                    "and that its directory is on PYTHONPATH",
-                )
-            )
-    return problems
-
-
-def validate_run_config(raw: dict[str, Any], source: str = "config") -> RunConfigBase:
-    """Validate a raw mapping against the schema of the task it names; raise all problems at once."""
-    from framer_ds.tasks.registry import available_tasks, get_task_class
-
-    problems = import_task_modules(raw.get("imports") or [])
-    task_name = raw.get("task")
-    schema: type[BaseModel] = RunConfigBase
-    if task_name is None:
-        problems.append(
-            ConfigProblem(
-                "task", f"required key is missing; set it to one of: {', '.join(available_tasks())}."
-            )
-        )
-    elif not isinstance(task_name, str) or task_name not in available_tasks():
-        hint = did_you_mean(str(task_name), available_tasks())
-        problems.append(
-            ConfigProblem(
-                "task",
-                f"unknown task {task_name!r}.{hint} Registered tasks: {', '.join(available_tasks())}"
-                " (`framer-ds tasks` describes them).",
-            )
-        )
-    else:
-        schema = get_task_class(task_name).config_class()
-    candidate = (
-        raw if schema is not RunConfigBase else {k: v for k, v in raw.items() if k not in ("model", "data")}
-    )
-    try:
-        config = schema.model_validate(candidate)
-    except ValidationError as exc:
-        problems += describe_validation_error(exc, schema)
-    if problems:
-        raise ConfigError(problems, source)
-    return config
-
-
-def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfigBase:
-    """The one way a YAML becomes a config: read, override, validate (all problems at once)."""
-    path = Path(path)
-    raw = read_yaml_mapping(path)
-    problems = apply_overrides(raw, overrides)
-    try:
-        config = validate_run_config(raw, str(path))
-    except ConfigError as exc:
-        raise ConfigError(problems + exc.problems, str(path)) from None
-    if problems:
-        raise ConfigError(problems, str(path))
-    return config
 
 
 def dump_run_config(config: BaseModel) -> str:

@@ -30,11 +30,11 @@ class TrainConfig(StrictModel):
     epochs: int = Field(1, ge=1, description="Passes over the training set (used when max_steps is null).")
     micro_batch_size: int = Field(8, ge=1, description="Samples per process per forward pass.")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
-    learning_rate: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.999, ge=0, lt=1)
-    adam_epsilon: float = Field(1e-8, gt=0)
+    learning_rate: float = Field(1e-4, gt=0, description="Peak AdamW learning rate (after warmup).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW second-moment decay.")
+    adam_epsilon: float = Field(1e-8, gt=0, description="AdamW denominator epsilon.")
     lr_scheduler: Literal["cosine", "linear", "constant"] = Field(
         "cosine", description="Decay after warmup (transformers' schedulers)."
     )
@@ -77,13 +77,17 @@ class TrainConfig(StrictModel):
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
     max_eval_batches: int | None = Field(None, ge=1, description="Cap eval cost on huge val sets.")
 
+    def global_batch_size(self, data_parallel_size: int) -> int:
+        """Samples per optimizer step across all ranks: micro-batch x accumulation x data-parallel ranks."""
+        return self.micro_batch_size * self.gradient_accumulation_steps * data_parallel_size
+
 
 class WandbConfig(StrictModel):
     """Weights & Biases through accelerate's tracker; offline mode needs no account."""
 
     project: str = Field("framer_ds", description="W&B project name.")
-    entity: str | None = None
-    run_name: str | None = None
+    entity: str | None = Field(None, description="W&B team or user; null = your default entity.")
+    run_name: str | None = Field(None, description="Display name of the run; null = W&B picks one.")
     offline: bool = Field(False, description="Write runs under output_dir/wandb; `wandb sync` later.")
 
 
@@ -105,8 +109,12 @@ class RunConfigBase(StrictModel):
     overwrite_output_dir: bool = Field(
         False, description="Allow starting a fresh run in a directory that already holds one."
     )
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
+    train: TrainConfig = Field(
+        default_factory=TrainConfig, description="Optimisation, schedule, precision, checkpoints, faults."
+    )
+    log: LogConfig = Field(
+        default_factory=LogConfig, description="Experiment trackers besides metrics.jsonl."
+    )
 
     @model_validator(mode="after")
     def _resume_and_overwrite_exclusive(self) -> RunConfigBase:

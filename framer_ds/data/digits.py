@@ -12,26 +12,16 @@ place; a `.complete` marker inside the temp directory means a visible folder is 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from framer_ds.storage.atomic import building_dir, publish_dir
+
 DIGITS_DIRNAME = "digits_imagefolder"
 MARKER_NAME = ".complete"
 NUM_DIGITS = 1797
-CACHE_ENV_VAR = "FRAMER_DS_CACHE"
-
-
-def default_cache_dir() -> Path:
-    """`$FRAMER_DS_CACHE` when set (shared or scratch disks on clusters), else `~/.cache/framer_ds`."""
-    env = os.environ.get(CACHE_ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "framer_ds"
 
 
 def _read_marker(root: Path) -> dict | None:
@@ -83,27 +73,11 @@ def _render(target: Path, val_fraction: float, seed: int) -> int:
     return len(pixels)
 
 
-def _incomplete_error(root: Path, cause: OSError | None = None) -> RuntimeError:
-    why = f" (moving the new build there failed: {cause})" if cause else ""
+def _incomplete_error(root: Path) -> RuntimeError:
     return RuntimeError(
-        f"{root} exists but is not a complete digits build (no {MARKER_NAME} marker){why}; it was not "
+        f"{root} exists but is not a complete digits build (no {MARKER_NAME} marker); it was not "
         f"made by framer_ds or was edited by hand. Delete {root} and run again."
     )
-
-
-def _publish(tmp: Path, root: Path) -> None:
-    """Rename the finished `tmp` onto `root`. If another process got there first, keep theirs.
-
-    A rename onto an existing non-empty directory fails (ENOTEMPTY/EEXIST on POSIX, an access error
-    on Windows); that is the lost race, and the winner's folder is complete by construction.
-    """
-    try:
-        os.replace(tmp, root)
-    except OSError as exc:
-        if _read_marker(root) is None:
-            raise _incomplete_error(root, exc) from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
 
 
 def ensure_digits_imagefolder(cache_dir: Path, val_fraction: float = 0.2, seed: int = 0) -> Path:
@@ -122,14 +96,10 @@ def ensure_digits_imagefolder(cache_dir: Path, val_fraction: float = 0.2, seed: 
             raise _incomplete_error(root)
         _check_marker(root, marker, val_fraction, seed)
         return root
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    # Beside the target so the rename stays on one filesystem (and is therefore atomic).
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DIGITS_DIRNAME}.tmp-", dir=cache_dir))
-    try:
-        _render(tmp, val_fraction, seed)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _publish(tmp, root)
+    with building_dir(root) as staging:
+        _render(staging, val_fraction, seed)
+    # Another process may have published first: its folder is complete by construction, keep it.
+    if not publish_dir(staging, root, replace=False) and _read_marker(root) is None:
+        raise _incomplete_error(root)
     _check_marker(root, _read_marker(root) or {}, val_fraction, seed)
     return root

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import InputDataError
+from framer_ds.storage.atomic import atomic_file, atomic_write_json
 
 COMPLETE_MARKER = "complete.json"
 
@@ -61,18 +61,14 @@ class LatentCache:
     def write_entry(self, index: int, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
         """Atomic: a killed encoder leaves a stray temp file, never a truncated entry. Metadata values
         are stored as JSON (safetensors metadata holds strings only)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        final = self.entry_path(index)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        save_file(tensors, str(tmp), {k: json.dumps(v) for k, v in metadata.items()})
-        os.replace(tmp, final)
+        with atomic_file(self.entry_path(index)) as tmp:
+            save_file(tensors, str(tmp), {k: json.dumps(v) for k, v in metadata.items()})
 
     def mark_complete(self) -> None:
-        marker = self.path / COMPLETE_MARKER
-        tmp = marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": self.key, "size": self.size, **self.description}, indent=2))
-        os.replace(tmp, marker)
+        atomic_write_json(
+            self.path / COMPLETE_MARKER, {"key": self.key, "size": self.size, **self.description}
+        )
 
     def read_entry(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         path = self.entry_path(index)

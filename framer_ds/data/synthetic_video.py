@@ -6,14 +6,12 @@ are encoded once into the cache (atomically, so two ranks racing end up with one
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from framer_ds.data.video_write import write_video
+from framer_ds.storage.atomic import building_dir, publish_dir
 
 MARKER = ".complete"
 
@@ -45,17 +43,11 @@ def ensure_synthetic_clips(
     target = Path(target)
     if (target / MARKER).is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with building_dir(target) as staging:
         for i in range(count):
-            write_moving_shape_clip(tmp / f"clip_{i:03d}.mp4", frames, width, height, fps, seed=i)
-        (tmp / MARKER).write_text(str(count))
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / MARKER).is_file():  # lost a race to a half-written folder: not ours to fix
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            write_moving_shape_clip(staging / f"clip_{i:03d}.mp4", frames, width, height, fps, seed=i)
+        (staging / MARKER).write_text(str(count))
+    # Lost a race: fine when the winner's folder is complete; a half-written one is not ours to fix.
+    if not publish_dir(staging, target, replace=False) and not (target / MARKER).is_file():
+        raise FileExistsError(f"{target} exists but holds no complete clip set; remove it and run again")
     return target

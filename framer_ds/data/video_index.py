@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import av
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
+from framer_ds.storage.atomic import atomic_write_text
 
 VIDEO_EXTENSIONS: frozenset[str] = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm"})
 PAIR_EXTENSIONS: frozenset[str] = frozenset({".png", ".jpg", ".jpeg", ".webp"})
@@ -235,16 +235,8 @@ def _load_cache(path: Path) -> dict:
 
 
 def _write_cache(path: Path, files: dict) -> None:
-    """Temp file + os.replace: ranks may write at once, and a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"version": CACHE_VERSION, "files": files}, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomic: ranks may write at once, and a reader never sees half a file."""
+    atomic_write_text(path, json.dumps({"version": CACHE_VERSION, "files": files}))
 
 
 def _video_id(entry: _Entry, root: Path) -> str:

@@ -9,6 +9,8 @@ import av
 import numpy as np
 import torch
 
+from framer_ds.storage.atomic import atomic_file
+
 
 def to_uint8_frames(frames: torch.Tensor) -> np.ndarray:
     """[T,3,H,W] in [-1,1] -> uint8 [T,H,W,3], what `write_video` takes."""
@@ -16,10 +18,11 @@ def to_uint8_frames(frames: torch.Tensor) -> np.ndarray:
 
 
 def write_video(path: Path, frames: Iterable[np.ndarray], fps: float, codec: str = "mpeg4") -> None:
-    """`frames`: uint8 [H,W,3] arrays (H, W even: yuv420p)."""
+    """`frames`: uint8 [H,W,3] arrays (H, W even: yuv420p). Atomic: a killed writer leaves no
+    truncated mp4 where a reader (a cache, W&B, a user) would take it for a finished one."""
     frames = list(frames)
     height, width = frames[0].shape[:2]
-    with av.open(str(path), mode="w") as container:
+    with atomic_file(path) as tmp, av.open(str(tmp), mode="w") as container:
         stream = container.add_stream(codec, rate=max(1, round(fps)))  # a slow clip plays at >= 1 fps
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for image in frames:

@@ -1,4 +1,5 @@
-"""EDM (Karras et al. 2022) objective exactly as Stable Video Diffusion was trained (DESIGN.md section 4).
+"""EDM (Karras et al. 2022) objective exactly as Stable Video Diffusion was trained
+(docs/architecture.md, "The SVD objective").
 
 SVD is NOT a DDPM-timestep model: its UNet sees `c_in * x_noisy` and `c_noise = 0.25 * ln(sigma)` and
 its output F is combined as `denoised = c_skip * x_noisy + c_out * F`. These are the same numbers
@@ -19,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-# DESIGN.md section 4: the values SVD fine-tuners use for the training-sigma lognormal.
+# The values SVD fine-tuners use for the training-sigma lognormal (docs/architecture.md).
 P_MEAN = 0.7
 P_STD = 1.6
 # Conditioning-frame noise augmentation: sigma_cond = exp(N(-3.0, 0.5)).

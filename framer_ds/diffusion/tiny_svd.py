@@ -14,9 +14,6 @@ UNet cross_attention_dim.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from pathlib import Path
 
 import torch
@@ -29,6 +26,7 @@ from diffusers import (
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from framer_ds.compat import image_processor_class
+from framer_ds.storage.atomic import building_dir, publish_dir
 
 MARKER = ".framer_tiny_svd_complete"
 EMBED_DIM = 32  # CLIP projection_dim == UNet cross_attention_dim (1024 in the real model)
@@ -123,21 +121,13 @@ def create_tiny_svd(path: Path, seed: int = 0) -> Path:
         return path
     if path.exists() and any(path.iterdir()):
         raise FileExistsError(f"{path} exists but is not a finished tiny SVD checkpoint; remove it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        _build_pipeline(seed).save_pretrained(tmp)
-        _fix_processor_class(tmp)
-        (tmp / MARKER).write_text(json.dumps({"seed": seed}) + "\n")
-        if path.exists():
-            path.rmdir()  # empty (checked above)
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not (path / MARKER).is_file():  # lost a race to a finished copy: fine; else re-raise
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with building_dir(path) as staging:
+        _build_pipeline(seed).save_pretrained(staging)
+        _fix_processor_class(staging)
+        (staging / MARKER).write_text(json.dumps({"seed": seed}) + "\n")
+    # Lost a race to another creator: fine when theirs is finished.
+    if not publish_dir(staging, path, replace=False) and not (path / MARKER).is_file():
+        raise FileExistsError(f"{path} exists but is not a finished tiny SVD checkpoint; remove it")
     return path
 
 

@@ -1,6 +1,6 @@
 """Build the one Accelerator from the launch environment, with the CPU fallbacks DeepSpeed needs.
 
-Facts this encodes (DESIGN.md section 3):
+Facts this encodes (docs/architecture.md, "Accelerate + DeepSpeed"):
 - `accelerate launch` with a DeepSpeed config sets ACCELERATE_USE_DEEPSPEED; the plugin is built from
   the environment. Without a GPU, DeepSpeed runs on its CPU accelerator but accelerate reports one
   process on every rank unless the process group is created with gloo explicitly.
@@ -101,6 +101,38 @@ def uses_deepspeed(accelerator: Accelerator) -> bool:
     return accelerator.state.deepspeed_plugin is not None
 
 
-def compute_dtype(accelerator: Accelerator) -> torch.dtype:
-    """The dtype the trained module computes in (DeepSpeed casts the module; DDP autocasts)."""
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
+@contextlib.contextmanager
+def accumulation_step(accelerator: Accelerator, model: torch.nn.Module, boundary: bool) -> Iterator[None]:
+    """One micro-batch of an accumulation window whose end the caller decides (`boundary`).
+
+    accelerate's `accumulate()` decides the boundary itself, from a micro-batch counter and the
+    DataLoader's end-of-epoch flag; a loop that looks at a whole window before its first backward (to
+    normalise a summed loss by the window's item count) has already fetched the epoch's last batch, so
+    that flag would end every window early. The rest is what `accumulate()` does: DDP skips the
+    gradient all-reduce inside a window, the accelerated optimizer steps only at the boundary, and the
+    DeepSpeed engine takes its accumulation boundary from the same flag (`set_gradient_accumulation_
+    boundary` in accelerate's engine wrapper).
+    """
+    accelerator.gradient_state._set_sync_gradients(boundary)
+    with contextlib.nullcontext() if boundary else accelerator.no_sync(model):
+        yield
+
+
+def end_accelerator(accelerator: Accelerator, *, failed: bool) -> None:
+    """Finish every tracker and destroy the process group: once per run, after success or failure.
+
+    Why: a process group left to the interpreter's exit is torn down while gloo's threads still run,
+    and a rank can abort with `terminate called without an active exception` (exit -6) after a run
+    that succeeded. accelerate's `end_training` does both steps, but only when called, and the loop
+    used to call it only when trackers were configured. A failed run marks its W&B run failed instead
+    of finished, so dashboards do not show a crash as a clean end.
+    """
+    try:
+        for tracker in accelerator.trackers:
+            if failed and tracker.name == "wandb":
+                tracker.tracker.finish(exit_code=1)
+            else:
+                tracker.finish()
+        accelerator.trackers = []
+    finally:
+        accelerator.state.destroy_process_group()

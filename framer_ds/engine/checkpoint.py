@@ -1,15 +1,15 @@
 """Resumable checkpoints: atomic writes, keep-last-K, and finding the newest COMPLETE one.
 
 `accelerator.save_state` / `load_state` are collectives (DeepSpeed writes one shard per rank), so they
-run on every rank. A checkpoint is first written to `checkpoints/.tmp_step_N` and renamed to
-`checkpoints/step_N` only after every rank finished and `trainer_state.json` is in it: a job killed
-mid-save leaves the previous checkpoint untouched and the half-written one invisible to resume.
+run on every rank. A checkpoint is first written to `checkpoints/.tmp_step_N` and published as
+`checkpoints/step_N` (fsynced, then renamed: `storage.atomic.publish_dir`) only after every rank
+finished and `trainer_state.json` is in it: a job killed mid-save leaves the previous checkpoint
+untouched and the half-written one invisible to resume.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Callable
@@ -19,6 +19,7 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.storage.atomic import publish_dir, staging_dir
 
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -86,25 +87,22 @@ def save_checkpoint(
     next to the resumable state), so it is published together with the checkpoint or not at all."""
     root = checkpoints_root(output_dir)
     final = root / f"step_{state.global_step}"
-    tmp = root / f".tmp_step_{state.global_step}"
+    staging = staging_dir(final)  # one name every rank agrees on: each writes its shard into it
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    accelerator.save_state(str(staging))
     if extra_artifacts is not None:
-        extra_artifacts(tmp)
+        extra_artifacts(staging)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         state.world_size = accelerator.num_processes
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
+        (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        publish_dir(staging, final)
         for old in complete_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-        for stale in root.glob(".tmp_step_*"):
+        for stale in root.glob(".tmp_step_*"):  # left by saves killed before their rename
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
@@ -119,12 +117,3 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainerState:
     """Restore model, optimizer, scheduler and RNG states (collective) and return the loop position."""
     accelerator.load_state(str(path))
     return read_trainer_state(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make the rename durable before older checkpoints are deleted."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,12 +8,21 @@ refuses to write a tensor with zero elements.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from safetensors.torch import save_file
+
+from framer_ds import __version__
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.storage.atomic import atomic_write_json
+
+EXPORT_RECORD = "framer_ds_export.json"
+EXPORT_RECORD_FORMAT = 1
 
 
 class EmptyExportError(RuntimeError):
@@ -89,3 +98,46 @@ def save_peft_adapter_gathered(accelerator: Accelerator, model: torch.nn.Module,
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(out_dir, state_dict=state, safe_serialization=True)
     accelerator.wait_for_everyone()
+
+
+def write_export_record(out_dir: Path, task: str, config: dict[str, Any]) -> None:
+    """What an export directory holds: the task that wrote it and the resolved config it ran with.
+    `framer-ds sample DIR` reads it to pick the task; a person reads it to know how a model was made."""
+    record = {
+        "format": EXPORT_RECORD_FORMAT,
+        "task": task,
+        "framer_ds_version": __version__,
+        "config": config,
+    }
+    atomic_write_json(Path(out_dir) / EXPORT_RECORD, record)
+
+
+def read_export_record(export_dir: Path) -> dict[str, Any]:
+    """The record of an export directory; a directory without one gets an error naming what is missing."""
+    path = Path(export_dir) / EXPORT_RECORD
+    if not Path(export_dir).is_dir():
+        problem = "not a directory; pass a run's final/ (or a checkpoint's export, e.g. step_N/adapter/)"
+        raise ConfigError([ConfigProblem(str(export_dir), problem)], "export")
+    if not path.is_file():
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    str(export_dir),
+                    f"no {EXPORT_RECORD}, so the task that wrote it is unknown. framer_ds writes it into "
+                    "every final/ since version 0.2; a directory from another tool or an older framer_ds "
+                    "run cannot be sampled with `framer-ds sample` (retrain, or load the weights with the "
+                    "library's own loader, e.g. from_pretrained / PeftModel.from_pretrained).",
+                )
+            ],
+            "export",
+        )
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            [ConfigProblem(str(path), f"not valid JSON ({exc}); the export is damaged")]
+        ) from None
+    missing = [key for key in ("task", "config") if key not in record]
+    if missing:
+        raise ConfigError([ConfigProblem(str(path), f"lacks {', '.join(missing)}; the export is damaged")])
+    return record

@@ -65,11 +65,11 @@ class MetricsLogger:
             self.accelerator.get_tracker("wandb", unwrap=True).log({name: media}, step=step)
 
     def close(self) -> None:
+        """Close metrics.jsonl. Trackers are finished with the process group, once per run, by
+        `engine.accelerator.end_accelerator`, which also runs when the logger was never built."""
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self.accelerator.log_with:
-            self.accelerator.end_training()
 
 
 def _wandb_media(wandb, path: Path):

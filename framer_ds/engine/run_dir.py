@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.loader import dump_run_config
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.checkpoint import complete_checkpoints
+from framer_ds.storage.atomic import atomic_write_text
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final", "samples")
 
@@ -62,7 +64,7 @@ def prepare_run_dir(accelerator: Accelerator, config: RunConfigBase, resume_step
                 elif target.exists():
                     target.unlink()
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(dump_run_config(config))
+        atomic_write_text(out / "config.yaml", dump_run_config(config))
         metrics = out / "metrics.jsonl"
         if metrics.exists():
             truncate_metrics_after(metrics, resume_step or 0)
@@ -80,9 +82,8 @@ def drop_samples_after(samples_dir: Path, step: int) -> None:
 
 
 def truncate_metrics_after(path: Path, step: int) -> None:
-    """Lines logged after the checkpoint we resume from would be duplicated by the resumed run."""
-    import json
-
+    """Lines logged after the checkpoint we resume from would be duplicated by the resumed run.
+    Rewritten atomically: a kill during the rewrite keeps the whole history."""
     kept = []
     for line in path.read_text().splitlines():
         try:
@@ -90,4 +91,4 @@ def truncate_metrics_after(path: Path, step: int) -> None:
                 kept.append(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill mid-write
-    path.write_text("".join(f"{line}\n" for line in kept))
+    atomic_write_text(path, "".join(f"{line}\n" for line in kept))

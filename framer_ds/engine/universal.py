@@ -15,16 +15,15 @@ Why this exists:
   accelerate passes to `engine.load_checkpoint`), next to copies of scheduler.bin, random_states_*.pkl,
   trainer_state.json and latest.
 - DDP / single-process checkpoints (model.safetensors + optimizer.bin) hold full, unsharded state and load
-  at any world size as they are; only the data position and accumulation counter need adjusting, which
+  at any world size as they are; only the data position needs adjusting, which
   `adapt_to_world_size` does for every strategy.
 
-`python -m framer_ds.engine.universal OUTPUT_DIR/checkpoints/step_N` converts ahead of time (e.g. for a
+`framer-ds checkpoint universal OUTPUT_DIR/checkpoints/step_N` converts ahead of time (e.g. for a
 model so large that the conversion would outlast the collective timeout the other ranks wait under).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -41,10 +40,10 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import TrainConfig
 from framer_ds.engine.accelerator import uses_deepspeed
 from framer_ds.engine.checkpoint import TrainerState
+from framer_ds.storage.atomic import building_dir, publish_dir
 
 DS_TAG = "pytorch_model"  # accelerate's MODEL_NAME: the tag save_state/load_state give the DeepSpeed engine
 UNIVERSAL_DIR = "universal"
-_TMP_UNIVERSAL_DIR = ".tmp_universal"
 _LATEST_UNIVERSAL = "latest_universal"  # written by ds_to_universal next to its output folder
 
 
@@ -135,14 +134,14 @@ def prepare_resume(accelerator: Accelerator, checkpoint: Path) -> Path:
     if not is_universal(target):
         raise RuntimeError(
             f"the main process could not convert {checkpoint} to a universal checkpoint (see its error); "
-            f"or convert it by hand: python -m framer_ds.engine.universal {checkpoint}"
+            f"or convert it by hand: framer-ds checkpoint universal {checkpoint}"
         )
     enable_universal_loading(accelerator)
     return target
 
 
 def convert_to_universal(checkpoint: Path) -> Path:
-    """Write `checkpoint/universal/` with DeepSpeed's converter; atomic (tmp dir + rename). One process only.
+    """Write `checkpoint/universal/` with DeepSpeed's converter; atomic (staging dir + rename). One process.
 
     The converter runs as a subprocess: it forks worker pools and loads every shard at once, which must
     not happen inside a training process holding a process group (and its memory is freed on exit).
@@ -150,40 +149,38 @@ def convert_to_universal(checkpoint: Path) -> Path:
     which DeepSpeed only records for Megatron-style models, never for a plain torch/HF module.
     """
     checkpoint = Path(checkpoint)
-    final, tmp = checkpoint / UNIVERSAL_DIR, checkpoint / _TMP_UNIVERSAL_DIR
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "deepspeed.checkpoint.ds_to_universal",
-        "--input_folder",
-        str(checkpoint / DS_TAG),
-        "--output_folder",
-        str(tmp / DS_TAG),
-        "--inject_missing_state",
-        "--num_extract_workers",
-        str(max(1, min(4, os.cpu_count() or 1))),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(
-            f"DeepSpeed's ds_to_universal failed on {checkpoint} (exit {proc.returncode}); resume at the "
-            f"world size that wrote it instead. Command: {' '.join(cmd)}\n{proc.stdout[-2000:]}"
-            f"{proc.stderr[-3000:]}"
-        )
-    # Everything accelerate reads besides the engine's files, plus trainer_state.json / latest, so the
-    # converted directory is itself a complete checkpoint (`train.resume` may point at it). DeepSpeed's
-    # zero_to_fp32.py / zero_to_torch.py read sharded files only: they stay with the original.
-    for entry in checkpoint.iterdir():
-        if entry.name in (DS_TAG, UNIVERSAL_DIR, _TMP_UNIVERSAL_DIR) or entry.name.startswith("zero_to_"):
-            continue
-        if entry.is_dir():
-            shutil.copytree(entry, tmp / entry.name)
-        else:
-            shutil.copy2(entry, tmp / entry.name)
-    os.replace(tmp, final)
+    final = checkpoint / UNIVERSAL_DIR
+    with building_dir(final) as staging:
+        cmd = [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            str(checkpoint / DS_TAG),
+            "--output_folder",
+            str(staging / DS_TAG),
+            "--inject_missing_state",
+            "--num_extract_workers",
+            str(max(1, min(4, os.cpu_count() or 1))),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"DeepSpeed's ds_to_universal failed on {checkpoint} (exit {proc.returncode}); resume at the "
+                f"world size that wrote it instead. Command: {' '.join(cmd)}\n{proc.stdout[-2000:]}"
+                f"{proc.stderr[-3000:]}"
+            )
+        # Everything accelerate reads besides the engine's files, plus trainer_state.json / latest, so the
+        # converted directory is itself a complete checkpoint (`train.resume` may point at it). DeepSpeed's
+        # zero_to_fp32.py / zero_to_torch.py read sharded files only: they stay with the original.
+        for entry in checkpoint.iterdir():
+            if entry.name in (DS_TAG, UNIVERSAL_DIR) or entry.name.startswith(("zero_to_", ".")):
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, staging / entry.name)
+            else:
+                shutil.copy2(entry, staging / entry.name)
+    publish_dir(staging, final)
     return final
 
 
@@ -228,10 +225,8 @@ def adapt_to_world_size(
 
     Call on EVERY rank. Returns `state` unchanged at the same world size. Otherwise it
     - recomputes the data position (`rescale_data_position`);
-    - sets `accelerator.step` (the micro-batch counter accumulation windows are cut from) to the new
-      position. accelerate restores it from `random_states_{rank}.pkl`, which holds the OLD count, and a
-      rank that has no such file (1 -> 2) keeps 0: ranks would then disagree on which micro-batch ends a
-      window, i.e. issue different collectives and hang;
+      (the loop cuts accumulation windows from this position, which every rank reads from the same
+      trainer_state.json, so the ranks agree on which micro-batch ends a window);
     - gives a rank without `random_states_{rank}.pkl` rank 0's RNG state. accelerate skips a missing file
       silently; rank 0's state is what a fresh run has there too, since every rank calls
       `set_seed(train.seed)` (not device-specific). Exact RNG continuity across a world-size change is
@@ -242,7 +237,6 @@ def adapt_to_world_size(
         return state
     old_world = state.world_size
     adjusted = rescale_data_position(state, train.micro_batch_size, new_world, batches_per_epoch)
-    accelerator.step = adjusted.batches_in_epoch
     rng_file = Path(loaded_from) / f"random_states_{accelerator.process_index}.pkl"
     if not rng_file.is_file() and (Path(loaded_from) / "random_states_0.pkl").is_file():
         load_accelerator_state(str(loaded_from), [], [], [], [], process_index=0, scaler=None)
@@ -252,7 +246,7 @@ def adapt_to_world_size(
             f"gradient_accumulation_steps ({train.gradient_accumulation_steps}): the first optimizer step "
             "after resume accumulates fewer micro-batches"
         )
-    global_batch = train.micro_batch_size * train.gradient_accumulation_steps * new_world
+    global_batch = train.global_batch_size(new_world)
     if state.global_step and state.samples_seen % state.global_step == 0:
         old_batch = state.samples_seen // state.global_step
         if old_batch != global_batch:
@@ -267,26 +261,3 @@ def adapt_to_world_size(
         f"{adjusted.batches_in_epoch} micro-batches per process (was {state.batches_in_epoch})"
     )
     return adjusted
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Convert a checkpoint ahead of time; the next resume at another world size then reuses it."""
-    parser = argparse.ArgumentParser(
-        prog="python -m framer_ds.engine.universal",
-        description="Convert a framer_ds ZeRO checkpoint (output_dir/checkpoints/step_N) to DeepSpeed's "
-        "universal format in step_N/universal, so it resumes at any number of processes.",
-    )
-    parser.add_argument("checkpoint", type=Path)
-    checkpoint = parser.parse_args(argv).checkpoint
-    if not zero_shard_count(checkpoint):
-        print(f"error: {checkpoint} is not a DeepSpeed ZeRO checkpoint (no {DS_TAG}/*optim_states.pt)")
-        return 1
-    if is_universal(checkpoint / UNIVERSAL_DIR):
-        print(f"{checkpoint / UNIVERSAL_DIR} already exists")
-        return 0
-    print(f"wrote {convert_to_universal(checkpoint)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,10 @@
 """The small protocol every task implements; the training loop knows nothing else about a task.
 
 A task builds the one trainable model (the only module that goes through `accelerator.prepare`),
-any frozen helpers (moved to the device outside DeepSpeed), the datasets, the loss for a batch,
-per-sample eval values, and the exported artefact in `final/`.
+any frozen helpers (moved to the device outside DeepSpeed), the datasets, the loss for a batch (a
+mean, or a sum plus the number of items it sums over), per-sample eval values that are summed over
+the eval set, the exported artefact in `final/`, and what `framer-ds sample` makes from that export.
+docs/architecture.md has a minimal example task.
 """
 
 from __future__ import annotations
@@ -11,16 +13,31 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
+from pydantic import Field
 from torch.utils.data import Dataset
 
-from framer_ds.config.errors import ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase, StrictModel, run_config_class
+from framer_ds.engine.export import write_export_record
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+
+
+class SampleCommandOptions(StrictModel):
+    """Options every task's `framer-ds sample` takes; a task's own options subclass this."""
+
+    device: str = Field(
+        "auto", description="Where to run: 'auto' (the GPU when there is one), 'cpu', 'cuda', 'cuda:1'."
+    )
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class Task(ABC):
@@ -32,6 +49,14 @@ class Task(ABC):
     DataConfig: ClassVar[type[StrictModel]]
     full_precision_keys: ClassVar[frozenset[str]] = frozenset()
     """Batch keys DeepSpeed's bf16/fp16 batch cast leaves alone (conditioning scalars)."""
+    loss_reduction: ClassVar[Literal["mean", "sum"]] = "mean"
+    """"mean": `training_loss` returns a batch mean. "sum": it returns a sum over the items
+    `count_loss_items` counts (tokens, pixels), and the loop divides by the items of the whole
+    accumulation window on all ranks, so unequal micro-batches weigh every item equally."""
+    loss_items_name: ClassVar[str] = "tokens"
+    """What a summing task counts; the loop logs `<name>_per_s` next to `samples_per_s`."""
+    sample_options: ClassVar[type[SampleCommandOptions]] = SampleCommandOptions
+    """The options of `framer-ds sample` for this task (its flags are made from the fields)."""
 
     def __init__(self, config: RunConfigBase):
         self.config = config
@@ -99,15 +124,27 @@ class Task(ABC):
 
     @abstractmethod
     def training_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        """Scalar loss for one micro-batch (not divided by accumulation: accelerate does that)."""
+        """Scalar loss for one micro-batch: its mean, or with `loss_reduction = "sum"` its sum over the
+        items `count_loss_items` counts. Never divided by accumulation: the loop and accelerate do that."""
+
+    def count_loss_items(self, batch: Any) -> int | torch.Tensor:
+        """Items the summed loss of `batch` runs over (e.g. labels != -100). Read before the forward,
+        so the loop knows a window's total before the first backward. Summing tasks implement it."""
+        raise NotImplementedError(
+            f"task {self.name!r} sets loss_reduction = 'sum' and must implement count_loss_items(batch)"
+        )
 
     @abstractmethod
     def eval_step(self, model: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
-        """Per-sample values (first dim = batch) that are gathered across ranks and averaged."""
+        """Per-sample values (first dim = batch, any trailing shape, e.g. [B, classes]). The loop sums
+        each over the whole eval set on every rank (samples duplicated to even out the last batch are
+        dropped) and hands the totals to `summarize_eval`."""
 
-    def summarize_eval(self, values: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Gathered per-sample values -> `eval/<name>` metrics (mean by default)."""
-        return {f"eval/{k}": v.float().mean().item() for k, v in values.items()}
+    def summarize_eval(self, sums: dict[str, torch.Tensor], num_samples: int) -> dict[str, float]:
+        """Totals over the eval set -> `eval/<name>` metrics. The default is the per-sample mean (a
+        vector value is averaged over its elements too); a task reporting e.g. per-class intersections
+        and unions, or summed losses and token counts, divides its own totals here."""
+        return {f"eval/{k}": (v.double() / max(num_samples, 1)).mean().item() for k, v in sums.items()}
 
     def checkpoint_artifacts(
         self, accelerator: Accelerator, model: torch.nn.Module, checkpoint_dir: Path
@@ -118,3 +155,16 @@ class Task(ABC):
     @abstractmethod
     def export(self, accelerator: Accelerator, model: torch.nn.Module, out_dir: Path) -> None:
         """Write the final artefact (safetensors). Called on EVERY rank: gathering is a collective."""
+
+    def export_with_record(self, accelerator: Accelerator, model: torch.nn.Module, out_dir: Path) -> None:
+        """`export` plus the record naming this task and its resolved config, which is how
+        `framer-ds sample DIR` knows what DIR holds. Every export directory goes through here."""
+        self.export(accelerator, model, out_dir)
+        if accelerator.is_main_process:
+            write_export_record(out_dir, self.name, self.config.model_dump(mode="json"))
+
+    def sample(self, export_dir: Path, options: SampleCommandOptions) -> str:
+        """Generate from an export of this task (`framer-ds sample`); returns what to print."""
+        raise ConfigError(
+            [ConfigProblem(str(export_dir), f"task {self.name!r} does not implement `framer-ds sample`")]
+        )

@@ -35,11 +35,16 @@ def available_tasks() -> dict[str, str]:
     return {name: _TASKS[name].summary for name in sorted(_TASKS)}
 
 
-def get_task_class(name: str) -> type[Task]:
+def unknown_task_problem(name: str) -> ConfigProblem:
     names = available_tasks()
-    if name not in names:
-        hint = did_you_mean(name, names)
-        raise ConfigError(
-            [ConfigProblem("task", f"unknown task {name!r}.{hint} Registered: {', '.join(names)}.")], "config"
-        )
+    return ConfigProblem(
+        "task",
+        f"unknown task {name!r}.{did_you_mean(name, names)} Registered tasks: {', '.join(names)}"
+        " (`framer-ds tasks` describes them; a task of your own needs its module in `imports:`).",
+    )
+
+
+def get_task_class(name: str) -> type[Task]:
+    if name not in available_tasks():
+        raise ConfigError([unknown_task_problem(name)], "config")
     return _TASKS[name]

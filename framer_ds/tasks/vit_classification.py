@@ -14,7 +14,7 @@ from transformers import ViTConfig, ViTForImageClassification
 from framer_ds.compat import image_processor_class
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.schema import StrictModel
-from framer_ds.data.digits import DIGITS_DIRNAME, default_cache_dir, ensure_digits_imagefolder
+from framer_ds.data.digits import DIGITS_DIRNAME, ensure_digits_imagefolder
 from framer_ds.data.image_folder import (
     ImageFolderDataset,
     ImageFolderIndex,
@@ -22,7 +22,8 @@ from framer_ds.data.image_folder import (
     scan_image_folder,
 )
 from framer_ds.engine.export import save_pretrained_gathered
-from framer_ds.tasks.base import Task
+from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.base import SampleCommandOptions, Task
 from framer_ds.tasks.registry import register_task
 
 
@@ -61,12 +62,20 @@ class VitDataConfig(StrictModel):
         return self
 
 
+class VitSampleCommandOptions(SampleCommandOptions):
+    """`framer-ds sample RUN/final --image a.png b.png [--top-k 5]`: predicted labels per image."""
+
+    image: list[Path] = Field(min_length=1, description="Image files to classify.")
+    top_k: int = Field(5, ge=1, description="Labels printed per image, most probable first.")
+
+
 @register_task
 class VitClassificationTask(Task):
     name = "vit_classification"
     summary = "Image classification with a HF ViT (pretrained dir or fresh config) on an ImageFolder."
     ModelConfig = VitModelConfig
     DataConfig = VitDataConfig
+    sample_options = VitSampleCommandOptions
 
     def __init__(self, config):
         super().__init__(config)
@@ -155,26 +164,31 @@ class VitClassificationTask(Task):
             self.index = scan_image_folder(self.data_root(), verify_images=self.config.data.verify_images)
         return self.index
 
+    def normalisation(self, num_channels: int) -> tuple[list[float], list[float]]:
+        """(mean, std) per channel: the configured ones, else 0.5 each."""
+        data = self.config.data
+        return data.mean or [0.5] * num_channels, data.std or [0.5] * num_channels
+
+    def image_transform(self, arch: ViTConfig, train: bool) -> ImageTransform:
+        """What training, evaluation and `framer-ds sample` apply to an image (training augments)."""
+        data = self.config.data
+        mean, std = self.normalisation(arch.num_channels)
+        return ImageTransform(
+            image_size=arch.image_size,
+            num_channels=arch.num_channels,
+            mean=mean,
+            std=std,
+            train=train,
+            random_crop_padding=data.random_crop_padding,
+            hflip=data.hflip,
+        )
+
     def build_datasets(self):
         index = self._scan()
         arch = self.vit_config()
-        data = self.config.data
-        mean = data.mean or [0.5] * arch.num_channels
-        std = data.std or [0.5] * arch.num_channels
-
-        def transform(train: bool) -> ImageTransform:
-            return ImageTransform(
-                image_size=arch.image_size,
-                num_channels=arch.num_channels,
-                mean=mean,
-                std=std,
-                train=train,
-                random_crop_padding=data.random_crop_padding,
-                hflip=data.hflip,
-            )
-
-        return ImageFolderDataset(index.train, transform(True)), ImageFolderDataset(
-            index.val, transform(False)
+        return (
+            ImageFolderDataset(index.train, self.image_transform(arch, train=True)),
+            ImageFolderDataset(index.val, self.image_transform(arch, train=False)),
         )
 
     def build_model(self) -> torch.nn.Module:
@@ -214,9 +228,29 @@ class VitClassificationTask(Task):
         if accelerator.is_main_process:
             ViTImageProcessor = image_processor_class("ViTImageProcessor")
             arch = self.vit_config()
-            data = self.config.data
+            mean, std = self.normalisation(arch.num_channels)
             ViTImageProcessor(
-                size={"height": arch.image_size, "width": arch.image_size},
-                image_mean=data.mean or [0.5] * arch.num_channels,
-                image_std=data.std or [0.5] * arch.num_channels,
+                size={"height": arch.image_size, "width": arch.image_size}, image_mean=mean, image_std=std
             ).save_pretrained(out_dir)
+
+    @torch.no_grad()
+    def sample(self, export_dir: Path, options: VitSampleCommandOptions) -> str:
+        """The top-k labels of each `--image`, preprocessed exactly as evaluation did."""
+        from transformers import AutoModelForImageClassification
+
+        device = options.resolved_device()
+        model = AutoModelForImageClassification.from_pretrained(export_dir).to(device).eval()
+        images = ImageFolderDataset(
+            [(path, 0) for path in options.image], self.image_transform(model.config, False)
+        )
+        lines = []
+        for index, path in enumerate(options.image):
+            pixels = images[index]["pixel_values"].unsqueeze(0).to(device)
+            probabilities = model(pixel_values=pixels).logits.float().softmax(-1)[0]
+            top = probabilities.topk(min(options.top_k, probabilities.numel()))
+            labels = [
+                f"{model.config.id2label[int(i)]} {float(p):.3f}"
+                for p, i in zip(top.values, top.indices, strict=True)
+            ]
+            lines.append(f"{path}: " + ", ".join(labels))
+        return "\n".join(lines)

@@ -1,15 +1,13 @@
-"""Evaluation shared by every task: per-sample values gathered across ranks, then summarised."""
+"""Evaluation shared by every task: per-sample values summed over the eval set and all ranks."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
+from framer_ds.engine.precision import to_compute_dtype
 from framer_ds.tasks.base import Task
-from framer_ds.train.batch import to_compute_dtype
 
 
 @torch.no_grad()
@@ -22,21 +20,27 @@ def evaluate(
 ) -> dict[str, float]:
     """Run on EVERY rank (under ZeRO-3 each forward is a collective); returns `eval/*` metrics.
 
-    `gather_for_metrics` drops the samples the distributed sampler duplicated to even out the last
-    batch, so the metric covers the eval set exactly once whatever the world size.
+    Each batch's per-sample values are gathered with `gather_for_metrics`, which drops the samples the
+    distributed sampler duplicated to even out the last batch, then summed over the samples into
+    float64 totals: the metric covers the eval set exactly once whatever the world size, memory stays
+    constant however large the set, and totals such as per-class intersections and unions, or summed
+    losses and token counts, give exact ratios in `summarize_eval`.
     """
     was_training = model.training
     model.eval()
-    collected: dict[str, list[torch.Tensor]] = {}
+    sums: dict[str, torch.Tensor] = {}
+    num_samples = 0
     for index, batch in enumerate(eval_loader):
         if max_batches is not None and index >= max_batches:
             break
         batch = to_compute_dtype(accelerator, batch, task.full_precision_keys)
-        values: dict[str, Any] = task.eval_step(model, batch)
-        values = accelerator.gather_for_metrics({k: v.detach() for k, v in values.items()})
-        for name, value in values.items():
-            collected.setdefault(name, []).append(value.float().reshape(-1).cpu())
+        values = task.eval_step(model, batch)
+        gathered = accelerator.gather_for_metrics({k: v.detach() for k, v in values.items()})
+        for name, value in gathered.items():
+            total = value.double().sum(dim=0).cpu()
+            sums[name] = sums[name] + total if name in sums else total
+        num_samples += len(next(iter(gathered.values()))) if gathered else 0
     model.train(was_training)
-    if not collected:
+    if not sums:
         return {}
-    return task.summarize_eval({name: torch.cat(parts) for name, parts in collected.items()})
+    return task.summarize_eval(sums, num_samples)

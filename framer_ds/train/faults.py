@@ -7,7 +7,6 @@ next collective hangs.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from dataclasses import dataclass
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+
+from framer_ds.storage.atomic import atomic_write_json
 
 # Exit status of a run that checkpointed because it was asked to stop (Slurm time limit or
 # preemption): the Slurm script requeues on it. 75 = EX_TEMPFAIL, "try again later".
@@ -96,4 +97,4 @@ class NonFiniteTracker:
 def write_preempted_marker(output_dir: Path, step: int, signal_name: str, checkpoint: Path) -> None:
     """What the Slurm script reads to decide on a requeue (the launcher may mask the exit status)."""
     marker = {"step": step, "signal": signal_name, "checkpoint": str(checkpoint), "time": time.time()}
-    (Path(output_dir) / PREEMPTED_MARKER).write_text(json.dumps(marker, indent=2))
+    atomic_write_json(Path(output_dir) / PREEMPTED_MARKER, marker)

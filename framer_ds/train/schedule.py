@@ -33,5 +33,4 @@ def plan_steps(num_samples: int, train: TrainConfig, world_size: int) -> StepPla
         )
     updates_per_epoch = math.ceil(batches_per_epoch / train.gradient_accumulation_steps)
     total = train.max_steps if train.max_steps is not None else train.epochs * updates_per_epoch
-    global_batch = train.micro_batch_size * train.gradient_accumulation_steps * world_size
-    return StepPlan(batches_per_epoch, updates_per_epoch, total, global_batch)
+    return StepPlan(batches_per_epoch, updates_per_epoch, total, train.global_batch_size(world_size))

@@ -18,7 +18,6 @@ from accelerate.utils import send_to_device
 from torch.utils.data import Dataset, default_collate
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.data.digits import default_cache_dir
 from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, cache_key, fill_cache
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.data.video_clips import ImagePairDataset, VideoClipDataset, validate_svd_size
@@ -30,22 +29,27 @@ from framer_ds.data.video_index import (
     scan_image_pairs,
 )
 from framer_ds.diffusion import edm
-from framer_ds.engine.accelerator import compute_dtype, frozen_model_init
+from framer_ds.engine.accelerator import frozen_model_init
 from framer_ds.engine.export import save_peft_adapter_gathered
+from framer_ds.engine.precision import compute_dtype, to_compute_dtype
 from framer_ds.engine.rng import isolated_seed
+from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora.cache_fingerprints import source_fingerprint, weights_fingerprint
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
 from framer_ds.tasks.video_lora.encoding import EncodedClip, FrozenEncoders, encode_clips, encode_pairs
 from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
+from framer_ds.tasks.video_lora.inference import (
+    EXPORT_METADATA,
+    VideoSampleCommandOptions,
+    sample_to_file,
+)
 from framer_ds.tasks.video_lora.unet_lora import apply_lora, widen_conv_in
-from framer_ds.train.batch import to_compute_dtype
 
 SVD_SUBFOLDERS = ("unet", "vae", "image_encoder")
 
 
-EXPORT_METADATA = "framer_ds_video_lora.json"
 CACHE_FORMAT_VERSION = 1  # bump when the encoding changes what a cached entry holds
 
 
@@ -58,6 +62,7 @@ class VideoLoraTask(Task):
     ModelConfig = VideoLoraModelConfig
     DataConfig = VideoLoraDataConfig
     full_precision_keys = frozenset({"fps", "cond_sigma"})  # added time ids; bf16 rounds 29.97 to 30
+    sample_options = VideoSampleCommandOptions
 
     def __init__(self, config):
         super().__init__(config)
@@ -461,7 +466,7 @@ class VideoLoraTask(Task):
         if accelerator.is_main_process:
             adapter_dir.mkdir(parents=True, exist_ok=True)
         accelerator.wait_for_everyone()
-        self.export(accelerator, model, adapter_dir)
+        self.export_with_record(accelerator, model, adapter_dir)
 
     def export(self, accelerator, model, out_dir: Path) -> None:
         """adapter_model.safetensors + adapter_config.json (peft; with conv_in for interpolation), and
@@ -480,3 +485,7 @@ class VideoLoraTask(Task):
                 "motion_bucket_id": options.motion_bucket_id,
             }
             (Path(out_dir) / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2))
+
+    def sample(self, export_dir: Path, options: VideoSampleCommandOptions) -> str:
+        """An mp4 from the adapter in `export_dir` (a run's final/ or a checkpoint's adapter/)."""
+        return sample_to_file(export_dir, options)

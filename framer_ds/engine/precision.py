@@ -1,4 +1,4 @@
-"""Batch dtype handling: DeepSpeed runs no autocast, so floating inputs are cast to the engine dtype."""
+"""The dtype a run computes in, and the batch cast DeepSpeed needs because it runs no autocast."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import recursively_apply
 
-from framer_ds.engine.accelerator import compute_dtype, uses_deepspeed
+from framer_ds.engine.accelerator import uses_deepspeed
+
+
+def compute_dtype(accelerator: Accelerator) -> torch.dtype:
+    """The dtype the trained module computes in (DeepSpeed casts the module; DDP autocasts)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
 
 
 def to_compute_dtype(accelerator: Accelerator, batch: Any, keep: frozenset[str] = frozenset()) -> Any:

@@ -1,0 +1,75 @@
+"""Command-line flags made from a pydantic options model, so a task declares its command options once
+(typed, validated, described) and the CLI stays the only place that parses a command line."""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+
+Options = TypeVar("Options", bound=BaseModel)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return members[0]
+    return annotation
+
+
+def _argument_kwargs(annotation: Any) -> dict[str, Any]:
+    """argparse settings for one field type: lists take several values, Literals become choices."""
+    annotation = _unwrap_optional(annotation)
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return {"nargs": "+", "type": _unwrap_optional(item)}
+    if origin is Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    if annotation in (int, float, str, Path):
+        return {"type": annotation}
+    raise TypeError(f"internal: no command-line form for an option of type {annotation!r}")
+
+
+def build_options_parser(model: type[BaseModel], prog: str, description: str) -> argparse.ArgumentParser:
+    """One flag per field (`top_k` -> `--top-k`); help shows the description and the default."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    for name, field in model.model_fields.items():
+        kwargs = _argument_kwargs(field.annotation)
+        default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)})"
+        parser.add_argument(
+            _flag(name),
+            dest=name,
+            default=None,  # unset flags fall back to the model's default, never argparse's
+            required=field.is_required(),
+            help=(field.description or "") + default,
+            **kwargs,
+        )
+    return parser
+
+
+def parse_options(model: type[Options], parser: argparse.ArgumentParser, argv: Sequence[str]) -> Options:
+    """Parse and validate; every invalid value is reported at once, by its flag."""
+    given = {k: v for k, v in vars(parser.parse_args(list(argv))).items() if v is not None}
+    try:
+        return model.model_validate(given)
+    except ValidationError as exc:
+        problems = [
+            ConfigProblem(_flag(str(err["loc"][0])) if err["loc"] else "options", err["msg"])
+            for err in exc.errors()
+        ]
+        raise ConfigError(problems, "command-line options") from None

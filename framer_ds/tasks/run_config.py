@@ -1,0 +1,99 @@
+"""A YAML (plus overrides), or the config recorded in an export, validated against the schema of the
+task it names: the one way a run config is made. It sits next to the registry because only the
+registry knows which schema a task has.
+
+Every problem (YAML syntax, malformed override, unknown task, unknown key, wrong type) is collected
+and raised together as one `ConfigError`, each naming the key path and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from framer_ds import __version__
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.loader import apply_overrides, describe_validation_error, read_yaml_mapping
+from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.export import EXPORT_RECORD, read_export_record
+from framer_ds.tasks.base import Task
+from framer_ds.tasks.registry import available_tasks, get_task_class, unknown_task_problem
+
+
+def import_task_modules(modules: Sequence[str]) -> list[ConfigProblem]:
+    """Import user modules named in `imports:` (they register tasks as a side effect)."""
+    problems = []
+    for index, module in enumerate(modules):
+        try:
+            importlib.import_module(str(module))
+        except Exception as exc:  # any import failure is a config problem the user must fix
+            problems.append(
+                ConfigProblem(
+                    f"imports.{index}",
+                    f"cannot import {module!r} ({type(exc).__name__}: {exc}); check the module name "
+                    "and that its directory is on PYTHONPATH",
+                )
+            )
+    return problems
+
+
+def validate_run_config(raw: dict[str, Any], source: str = "config") -> RunConfigBase:
+    """Validate a raw mapping against the schema of the task it names; raise all problems at once."""
+    problems = import_task_modules(raw.get("imports") or [])
+    task_name = raw.get("task")
+    schema: type[BaseModel] = RunConfigBase
+    if task_name is None:
+        problems.append(
+            ConfigProblem(
+                "task", f"required key is missing; set it to one of: {', '.join(available_tasks())}."
+            )
+        )
+    elif not isinstance(task_name, str) or task_name not in available_tasks():
+        problems.append(unknown_task_problem(str(task_name)))
+    else:
+        schema = get_task_class(task_name).config_class()
+    candidate = (
+        raw if schema is not RunConfigBase else {k: v for k, v in raw.items() if k not in ("model", "data")}
+    )
+    try:
+        config = schema.model_validate(candidate)
+    except ValidationError as exc:
+        problems += describe_validation_error(exc, schema)
+    if problems:
+        raise ConfigError(problems, source)
+    return config
+
+
+def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfigBase:
+    """Read, override, validate (all problems at once)."""
+    path = Path(path)
+    raw = read_yaml_mapping(path)
+    problems = apply_overrides(raw, overrides)
+    try:
+        config = validate_run_config(raw, str(path))
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems, str(path)) from None
+    if problems:
+        raise ConfigError(problems, str(path))
+    return config
+
+
+def load_exported_task(export_dir: Path) -> Task:
+    """The task that wrote `export_dir`, rebuilt from the resolved config recorded in it, so that a
+    sampler preprocesses exactly as training did. Loads no weights."""
+    record = read_export_record(export_dir)
+    try:
+        config = validate_run_config(record["config"], f"{export_dir}/{EXPORT_RECORD}")
+    except ConfigError as exc:
+        version = record.get("framer_ds_version", "?")
+        stale = ConfigProblem(
+            str(export_dir),
+            f"the config recorded by framer_ds {version} no longer validates with this version "
+            f"({__version__}); sample with the version that trained it",
+        )
+        raise ConfigError([*exc.problems, stale], exc.source) from None
+    return get_task_class(config.task)(config)

@@ -1,0 +1,215 @@
+"""What happens after an optimizer step, as named actions: log, evaluate, write samples, checkpoint.
+
+Why actions: the loop stays a short sequence ("step, then every due action"), and a new behaviour
+(keep the best checkpoint after each eval, say) is one more action in `default_actions` instead of
+an edit in the middle of the loop. Every action runs on every rank: evaluation, sampling and saving
+are collectives under ZeRO-3; only the writing inside them is rank 0's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from framer_ds.engine.checkpoint import TrainerState, save_checkpoint
+from framer_ds.engine.metrics import MetricsLogger, memory_stats
+from framer_ds.train.evaluate import evaluate
+from framer_ds.train.faults import Preempted, write_preempted_marker
+from framer_ds.train.run import TrainingRun
+from framer_ds.train.step import StepOutcome
+
+
+class Throughput:
+    """Samples (and counted items) per second of training time since the last log line.
+
+    Time spent in actions (eval, sampling, checkpoints) is excluded: `paused()` stops the clock. The
+    old loop restarted its clock after an eval but still divided by every step since the last log
+    line, which overstated samples_per_s whenever an action ran between two log lines.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.samples = 0
+        self.items = 0.0
+        self.seconds = 0.0
+        self._since = time.perf_counter()
+
+    def record(self, samples: int, items: float | None) -> None:
+        self.samples += samples
+        self.items += items or 0.0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.seconds += time.perf_counter() - self._since
+        try:
+            yield
+        finally:
+            self._since = time.perf_counter()
+
+    def rates(self, items_name: str | None) -> dict[str, float]:
+        elapsed = max(self.seconds + time.perf_counter() - self._since, 1e-9)
+        rates = {"samples_per_s": self.samples / elapsed}
+        if items_name is not None:
+            rates[f"{items_name}_per_s"] = self.items / elapsed
+        return rates
+
+
+@dataclass
+class StepContext:
+    """What the actions of one run share: the run, where it stands, and what has been measured."""
+
+    run: TrainingRun
+    state: TrainerState
+    logger: MetricsLogger
+    progress: tqdm
+    throughput: Throughput
+    signal_name: Callable[[], str | None]
+    loss_total: torch.Tensor  # since the last log line, this rank
+    loss_items: torch.Tensor
+    outcome: StepOutcome | None = None  # the step just taken
+    done: bool = False  # the last step of the run
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # the latest evaluation
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.run.config.output_dir)
+
+
+class StepAction(ABC):
+    """Runs after an optimizer step when `due`; `run` happens on every rank."""
+
+    name: str
+    counts_as_training_time = False  # most actions pause the throughput clock
+
+    def __init__(self, every: int | None):
+        self.every = every
+
+    def due(self, ctx: StepContext) -> bool:
+        """Every `every` optimizer steps, and always after the last one (never when `every` is falsy)."""
+        return bool(self.every) and (ctx.done or ctx.state.global_step % self.every == 0)
+
+    @abstractmethod
+    def run(self, ctx: StepContext) -> None: ...
+
+
+class LogMetrics(StepAction):
+    """A metrics.jsonl line (and tracker log): loss over the steps since the last line, across ranks."""
+
+    name = "log"
+    counts_as_training_time = True
+
+    def run(self, ctx: StepContext) -> None:
+        accelerator, run = ctx.run.accelerator, ctx.run
+        totals = torch.stack([ctx.loss_total, ctx.loss_items])
+        if accelerator.num_processes > 1:
+            totals = accelerator.reduce(totals, reduction="sum")
+        loss_total, loss_items = totals.tolist()
+        state, plan = ctx.state, run.plan
+        summing = run.task.loss_reduction == "sum"
+        line = {
+            "loss": loss_total / max(loss_items, 1e-12),
+            "lr": run.scheduler.get_last_lr()[0],
+            "epoch": state.epoch + state.batches_in_epoch / plan.batches_per_epoch,
+            "samples": float(state.samples_seen),
+            **ctx.throughput.rates(run.task.loss_items_name if summing else None),
+            **memory_stats(),
+        }
+        if ctx.outcome is not None and ctx.outcome.grad_norm is not None:
+            line["grad_norm"] = ctx.outcome.grad_norm
+        ctx.logger.log(line, state.global_step)
+        ctx.progress.set_postfix(loss=f"{line['loss']:.4f}", refresh=False)
+        ctx.loss_total.zero_()
+        ctx.loss_items.zero_()
+        ctx.throughput.reset()
+
+
+class Evaluate(StepAction):
+    name = "evaluate"
+
+    def due(self, ctx: StepContext) -> bool:
+        # A run without an eval set never evaluates; with one it always does at the end.
+        return ctx.run.eval_loader is not None and (ctx.done or super().due(ctx))
+
+    def run(self, ctx: StepContext) -> None:
+        run = ctx.run
+        ctx.eval_metrics = evaluate(
+            run.accelerator, run.task, run.model, run.eval_loader, run.config.train.max_eval_batches
+        )
+        ctx.logger.log(ctx.eval_metrics, ctx.state.global_step)
+        run.accelerator.print(_format_metrics(ctx.state.global_step, ctx.eval_metrics))
+
+
+class WriteSamples(StepAction):
+    """The task's media (videos, audio, images) from the model being trained, under samples/step_N."""
+
+    name = "samples"
+
+    def run(self, ctx: StepContext) -> None:
+        run = ctx.run
+        written = run.task.write_samples(
+            run.accelerator, run.model, ctx.state.global_step, ctx.output_dir / "samples"
+        )
+        ctx.logger.log_media("samples", written, ctx.state.global_step)
+
+
+class SaveCheckpoint(StepAction):
+    """A resumable checkpoint on schedule, or at once when a stop signal reached any rank; after the
+    signal's checkpoint the run stops with `Preempted` (exit 75, requeue)."""
+
+    name = "checkpoint"
+
+    def due(self, ctx: StepContext) -> bool:
+        return super().due(ctx) or (ctx.outcome is not None and ctx.outcome.stop_requested)
+
+    def run(self, ctx: StepContext) -> None:
+        run, accelerator = ctx.run, ctx.run.accelerator
+        path = save_checkpoint(
+            accelerator,
+            ctx.output_dir,
+            ctx.state,
+            run.config.train.keep_last_checkpoints,
+            extra_artifacts=lambda directory: run.task.checkpoint_artifacts(
+                accelerator, run.model, directory
+            ),
+        )
+        if ctx.outcome is not None and ctx.outcome.stop_requested:
+            signal_name = ctx.signal_name() or "a stop signal on another rank"
+            if accelerator.is_main_process:
+                write_preempted_marker(ctx.output_dir, ctx.state.global_step, signal_name, path)
+            raise Preempted(ctx.state.global_step, signal_name)
+
+
+def default_actions(run: TrainingRun) -> list[StepAction]:
+    """In order: the log line first (it covers the step just taken), the checkpoint last (it captures
+    what the others did, and a stop signal ends the run there)."""
+    train = run.config.train
+    return [
+        LogMetrics(train.log_every),
+        Evaluate(train.eval_every),
+        WriteSamples(run.task.sample_every()),
+        SaveCheckpoint(train.checkpoint_every),
+    ]
+
+
+def run_due_actions(actions: list[StepAction], ctx: StepContext) -> None:
+    for action in actions:
+        if not action.due(ctx):
+            continue
+        if action.counts_as_training_time:
+            action.run(ctx)
+        else:
+            with ctx.throughput.paused():
+                action.run(ctx)
+
+
+def _format_metrics(step: int, metrics: dict[str, float]) -> str:
+    return f"step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))

@@ -1,0 +1,100 @@
+"""Assemble what one training run steps: the task's model and data, the optimizer, the LR schedule and
+the loaders, all through `accelerator.prepare`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+from transformers import get_scheduler
+
+from framer_ds.config.schema import RunConfigBase
+from framer_ds.tasks.base import Task
+from framer_ds.train.schedule import StepPlan, plan_steps
+
+
+@dataclass
+class TrainingRun:
+    """Everything `prepare` returned, bundled so the step and the step actions take one argument."""
+
+    accelerator: Accelerator
+    task: Task
+    config: RunConfigBase
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_loader: DataLoader
+    eval_loader: DataLoader | None
+    plan: StepPlan
+
+
+def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainingRun:
+    train_cfg = config.train
+    train_set, eval_set = task.build_datasets()
+    task.setup_frozen(accelerator)
+    train_set, eval_set = task.precompute(accelerator, train_set, eval_set)
+    model = task.build_model()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise RuntimeError(f"task {task.name!r} built a model with no trainable parameters")
+    optimizer = torch.optim.AdamW(
+        trainable,
+        lr=train_cfg.learning_rate,
+        betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
+        eps=train_cfg.adam_epsilon,
+        weight_decay=train_cfg.weight_decay,
+    )
+    loader_kwargs = {
+        "batch_size": train_cfg.micro_batch_size,
+        "collate_fn": task.collate_fn(),
+        "num_workers": train_cfg.num_workers,
+        "pin_memory": torch.cuda.is_available(),
+        "persistent_workers": train_cfg.num_workers > 0,
+    }
+    # The loader's own generator: PyTorch otherwise draws each epoch iterator's base seed from the
+    # global RNG, which on resume would shift the dropout/augmentation stream restored by load_state.
+    shuffle_generator = torch.Generator().manual_seed(train_cfg.seed)
+    train_loader = DataLoader(
+        train_set, shuffle=True, drop_last=True, generator=shuffle_generator, **loader_kwargs
+    )
+    eval_loader = DataLoader(eval_set, shuffle=False, **loader_kwargs) if eval_set is not None else None
+    plan = plan_steps(len(train_set), train_cfg, accelerator.num_processes)
+    scheduler = get_scheduler(
+        train_cfg.lr_scheduler,
+        optimizer,
+        num_warmup_steps=train_cfg.warmup_steps,
+        num_training_steps=plan.total_steps,
+    )
+    if eval_loader is not None:
+        model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+            model, optimizer, train_loader, eval_loader, scheduler
+        )
+    else:
+        model, optimizer, train_loader, scheduler = accelerator.prepare(
+            model, optimizer, train_loader, scheduler
+        )
+    if len(train_loader) != plan.batches_per_epoch:
+        raise RuntimeError(
+            f"internal: planned {plan.batches_per_epoch} batches per epoch, the prepared loader has "
+            f"{len(train_loader)}; please report this with your launch command"
+        )
+    return TrainingRun(
+        accelerator, task, config, model, optimizer, scheduler, train_loader, eval_loader, plan
+    )
+
+
+def rebind_scheduler_to_live_optimizer(run: TrainingRun) -> None:
+    """Point the LR scheduler at the optimizer that really steps, after `load_state`.
+
+    With DeepSpeed optimizer offload accelerate replaces our torch AdamW by DeepSpeedCPUAdam; the
+    scheduler keeps the discarded AdamW, which shares its param-group dicts with the new optimizer
+    only until `load_state_dict` swaps them for new ones. Without this, a resumed offload run logs a
+    decaying LR while really training at the LR of the checkpoint step forever.
+    """
+    inner = getattr(run.scheduler, "scheduler", run.scheduler)
+    live = getattr(run.optimizer, "optimizer", run.optimizer)
+    inner.optimizer = live
+    for group, lr in zip(live.param_groups, inner.get_last_lr(), strict=True):
+        group["lr"] = lr

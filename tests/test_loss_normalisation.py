@@ -1,0 +1,147 @@
+"""A task that reports a summed loss and its item count gets the gradient of one big batch, however
+the batch is cut into micro-batches and ranks; its eval totals give exact token-weighted metrics.
+
+The data (tests/framer_test_tasks.py `test_token_regression`) gives every sample 1..12 valid
+positions, so micro-batches hold very different token counts: averaging per-micro-batch means (what
+the loop did before count normalisation, and what `test_token_regression_mean` still does) weighs
+the tokens of a short micro-batch more and moves the gradient by far more than the tolerance.
+
+Tolerance: fp32 on CPU, the runs differ only in summation order (4 micro-batches summed in one
+process vs one batch, or an all-reduce): 1e-5 relative, as in test_strategy_equivalence.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, strategy_launch_args
+from framer_ds.tasks.run_config import load_run_config
+from framer_ds.train.loop import run_training
+
+REL_TOL = 1e-5
+STEPS = 4
+
+
+def token_config(path: Path, run_dir: Path, task: str = "test_token_regression", **train) -> Path:
+    config = {
+        "imports": ["framer_test_tasks"],
+        "task": task,
+        "output_dir": str(run_dir),
+        "data": {"record_dir": str(run_dir.parent / f"{run_dir.name}_ids")},
+        "train": {
+            "seed": 3,
+            "max_steps": STEPS,
+            "learning_rate": 1e-2,
+            "max_grad_norm": 1e6,  # log the norm, never clip: clipping would hide a scale error
+            "lr_scheduler": "constant",
+            **train,
+        },
+    }
+    (run_dir.parent / f"{run_dir.name}_ids").mkdir(parents=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def train_in_process(tmp_path: Path, name: str, task: str = "test_token_regression", **train) -> Path:
+    run_dir = tmp_path / name
+    run_training(load_run_config(token_config(tmp_path / f"{name}.yaml", run_dir, task, **train)))
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    return run_dir
+
+
+def grad_norms(run_dir: Path) -> list[float]:
+    return [line["grad_norm"] for line in read_metrics(run_dir)[0]]
+
+
+@pytest.fixture(scope="module")
+def one_batch(tmp_path_factory) -> Path:
+    """The reference: each optimizer step is ONE micro-batch of 32 samples."""
+    return train_in_process(tmp_path_factory.mktemp("one_batch"), "ref", micro_batch_size=32)
+
+
+def assert_same_training(run_dir: Path, reference: Path) -> None:
+    assert grad_norms(run_dir) == pytest.approx(grad_norms(reference), rel=REL_TOL)
+    losses = [line["loss"] for line in read_metrics(run_dir)[0]]
+    assert losses == pytest.approx([line["loss"] for line in read_metrics(reference)[0]], rel=REL_TOL)
+    weights, expected = (load_file(d / "final" / "model.safetensors") for d in (run_dir, reference))
+    for name, tensor in expected.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=1e-7)
+
+
+def test_accumulated_unequal_micro_batches_equal_one_batch(one_batch, tmp_path):
+    accumulated = train_in_process(tmp_path, "acc", micro_batch_size=8, gradient_accumulation_steps=4)
+    assert_same_training(accumulated, one_batch)
+
+
+def test_per_micro_batch_means_would_differ(one_batch, tmp_path):
+    """The comparison above can fail: the mean-reporting twin of the task, accumulated the same way,
+    ends with a different gradient norm on every step."""
+    means = train_in_process(
+        tmp_path, "mean", "test_token_regression_mean", micro_batch_size=8, gradient_accumulation_steps=4
+    )
+    reference = grad_norms(
+        train_in_process(tmp_path, "mean_ref", "test_token_regression_mean", micro_batch_size=32)
+    )
+    assert grad_norms(means)[0] != pytest.approx(reference[0], rel=1e-3)
+
+
+def test_tokens_per_s_counts_the_window_items(one_batch):
+    """tokens_per_s / samples_per_s over one step is exactly that step's tokens per sample."""
+    from framer_test_tasks import valid_tokens
+
+    ids = [
+        json.loads(line) for line in (one_batch.parent / "ref_ids" / "rank0.jsonl").read_text().splitlines()
+    ]
+    for line, step_ids in zip(read_metrics(one_batch)[0], ids, strict=True):
+        tokens = sum(valid_tokens(i, 12) for i in step_ids)
+        assert line["tokens_per_s"] / line["samples_per_s"] == pytest.approx(tokens / 32, rel=1e-9)
+
+
+def expected_eval_loss(run_dir: Path) -> tuple[float, float]:
+    """(token-weighted loss, mean of per-sample means) of the exported model on the 45 eval samples."""
+    from framer_test_tasks import Mlp, TokenSet
+
+    model = Mlp(16, 64, 2)
+    model.load_state_dict(load_file(run_dir / "final" / "model.safetensors"))
+    data = TokenSet(45, 12, 16, seed=1)
+    with torch.no_grad():
+        error = (model(data.x) - data.y).squeeze(-1) ** 2 * data.mask
+    per_sample = error.sum(1) / data.mask.sum(1)
+    return (error.sum() / data.mask.sum()).item(), per_sample.mean().item()
+
+
+def test_eval_sums_give_the_token_weighted_loss(one_batch):
+    token_weighted, sample_mean = expected_eval_loss(one_batch)
+    final_eval = read_metrics(one_batch)[1][-1]
+    assert final_eval["eval/samples"] == 45
+    assert final_eval["eval/loss"] == pytest.approx(token_weighted, rel=1e-5)
+    assert final_eval["eval/loss"] != pytest.approx(sample_mean, rel=1e-3)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_two_processes_equal_one_batch(one_batch, tmp_path, strategy):
+    """2 ranks x accumulation 2 x micro-batch 8: the window's tokens are counted across both ranks.
+    The eval set (45 samples, micro-batch 8) pads the last batch across the ranks: the padding is
+    dropped from the totals."""
+    run_dir = tmp_path / "run"
+    config = token_config(tmp_path / "c.yaml", run_dir, micro_batch_size=8, gradient_accumulation_steps=2)
+    cmd = accelerate_launch_cmd(
+        *strategy_launch_args(strategy, tmp_path), "-m", "framer_ds", "train", str(config)
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert_same_training(run_dir, one_batch)
+    final_eval = read_metrics(run_dir)[1][-1]
+    assert final_eval["eval/samples"] == 45
+    assert final_eval["eval/loss"] == pytest.approx(expected_eval_loss(run_dir)[0], rel=1e-5)

@@ -1,0 +1,103 @@
+"""`framer-ds sample EXPORT_DIR [task options]`: the task recorded in the export decides the options
+and the output (video_lora's mp4 is covered in test_video_lora.py; here vit_classification's labels,
+the dispatch, and exports it cannot use)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForImageClassification
+
+from conftest import REPO
+from framer_ds.cli.main import main
+from framer_ds.data.image_folder import ImageFolderDataset
+from framer_ds.engine.export import EXPORT_RECORD
+from framer_ds.tasks.run_config import load_run_config
+from framer_ds.tasks.vit_classification import VitClassificationTask
+from framer_ds.train.loop import run_training
+
+
+@pytest.fixture(scope="module")
+def vit_final(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("vit") / "run"
+    overrides = [
+        f"output_dir={run_dir}",
+        "train.max_steps=40",
+        "train.eval_every=null",
+        "train.max_eval_batches=2",
+    ]
+    run_training(load_run_config(REPO / "configs" / "quickstart.yaml", overrides))
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    return run_dir / "final"
+
+
+def val_images(final: Path, count: int) -> list[Path]:
+    config = load_run_config(final.parent / "config.yaml")
+    root = VitClassificationTask(config).data_root()
+    return sorted((root / "val").glob("*/*.png"))[:count]
+
+
+def test_final_records_the_task_and_the_resolved_config(vit_final):
+    record = json.loads((vit_final / EXPORT_RECORD).read_text())
+    assert record["task"] == "vit_classification"
+    assert record["config"]["train"]["max_steps"] == 40
+    assert record["config"] == json.loads(
+        json.dumps(load_run_config(vit_final.parent / "config.yaml").model_dump(mode="json"))
+    )
+
+
+def test_vit_sample_prints_the_top_labels_the_model_predicts(vit_final, capsys):
+    images = val_images(vit_final, 3)
+    assert (
+        main(["sample", str(vit_final), "--image", *map(str, images), "--top-k", "2", "--device", "cpu"]) == 0
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3
+    model = AutoModelForImageClassification.from_pretrained(vit_final).eval()
+    task = VitClassificationTask(load_run_config(vit_final.parent / "config.yaml"))
+    dataset = ImageFolderDataset([(p, 0) for p in images], task.image_transform(model.config, train=False))
+    for index, (path, line) in enumerate(zip(images, lines, strict=True)):
+        with torch.no_grad():
+            probabilities = model(pixel_values=dataset[index]["pixel_values"][None]).logits.softmax(-1)[0]
+        best = int(probabilities.argmax())
+        name, rest = line.split(": ", 1)
+        assert name == str(path)
+        first, second = rest.split(", ")
+        assert first == f"{model.config.id2label[best]} {float(probabilities[best]):.3f}"
+        assert len(second.split()) == 2
+
+
+def test_sample_help_lists_the_task_options(vit_final, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sample", str(vit_final), "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--image" in out and "--top-k" in out and "(default: 5)" in out and "vit_classification" in out
+
+
+def test_sample_option_errors_name_the_flag(vit_final, capsys, tmp_path):
+    image = val_images(vit_final, 1)[0]
+    assert main(["sample", str(vit_final), "--image", str(image), "--top-k", "0"]) == 1
+    assert "--top-k" in capsys.readouterr().err
+    assert main(["sample", str(vit_final), "--image", str(tmp_path / "missing.png")]) == 1
+    assert "missing.png" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a required option is missing: argparse's usage error
+        main(["sample", str(vit_final)])
+    assert "--image" in capsys.readouterr().err
+
+
+def test_an_export_without_a_record_is_named(tmp_path, capsys):
+    foreign = tmp_path / "someone_elses_model"
+    foreign.mkdir()
+    (foreign / "config.json").write_text("{}")
+    assert main(["sample", str(foreign), "--image", "x.png"]) == 1
+    err = capsys.readouterr().err
+    assert f"no {EXPORT_RECORD}" in err and "another tool or an older framer_ds" in err
+    assert main(["sample", str(tmp_path / "absent")]) == 1
+    assert "not a directory" in capsys.readouterr().err

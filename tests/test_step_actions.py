@@ -1,0 +1,115 @@
+"""The loop as step actions: their order, when each is due, and throughput that excludes their time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from conftest import mlp_config
+from framer_ds.tasks.run_config import load_run_config
+from framer_ds.train import actions as actions_module
+from framer_ds.train import loop
+from framer_ds.train.actions import StepAction, StepContext, Throughput
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_throughput_excludes_time_spent_in_actions(monkeypatch):
+    """Two steps of 1 s each around a 10 s evaluation: 32 samples in 2 s of training, not in 1 s
+    (the old loop restarted its clock after the eval but still counted both steps)."""
+    clock = FakeClock()
+    monkeypatch.setattr(actions_module.time, "perf_counter", clock)
+    meter = Throughput()
+    clock.now += 1.0
+    meter.record(16, 160.0)
+    with meter.paused():
+        clock.now += 10.0
+    clock.now += 1.0
+    meter.record(16, 40.0)
+    assert meter.rates("tokens") == {"samples_per_s": 16.0, "tokens_per_s": 100.0}
+    assert meter.rates(None) == {"samples_per_s": 16.0}
+
+
+class RecordAfterEval(StepAction):
+    """What "keep the best checkpoint" will be: an action that reads the evaluation just made."""
+
+    name = "record"
+    seen: ClassVar[list[tuple[int, dict]]] = []
+
+    def due(self, ctx: StepContext) -> bool:
+        return "eval/loss" in ctx.eval_metrics and ctx.state.global_step % 4 == 0
+
+    def run(self, ctx: StepContext) -> None:
+        RecordAfterEval.seen.append((ctx.state.global_step, dict(ctx.eval_metrics)))
+
+
+def test_a_new_behaviour_is_one_more_action(tmp_path: Path, monkeypatch):
+    config = mlp_config(tmp_path / "c.yaml", tmp_path / "run", train={"max_steps": 8, "eval_every": 4})
+    real = loop.default_actions
+    monkeypatch.setattr(loop, "default_actions", lambda run: [*real(run), RecordAfterEval(None)])
+    RecordAfterEval.seen = []
+    result = loop.run_training(load_run_config(config))
+    assert [step for step, _ in RecordAfterEval.seen] == [4, 8]
+    assert RecordAfterEval.seen[-1][1] == result.eval_metrics  # it ran after the evaluation of its step
+
+
+@pytest.mark.parametrize(
+    ("every", "step", "done", "due"),
+    [
+        (4, 4, False, True),
+        (4, 5, False, False),
+        (4, 5, True, True),
+        (None, 5, True, False),
+        (0, 8, True, False),
+    ],
+)
+def test_every_n_steps_and_at_the_end(every, step, done, due):
+    class Probe(StepAction):
+        name = "probe"
+
+        def run(self, ctx):  # pragma: no cover - only `due` is asked
+            raise AssertionError
+
+    ctx = StepContext.__new__(StepContext)
+    ctx.state = type("S", (), {"global_step": step})()
+    ctx.done = done
+    assert Probe(every).due(ctx) is due
+
+
+def test_every_run_ends_its_accelerator_exactly_once(tmp_path: Path, monkeypatch):
+    """Success and failure alike: trackers finished and the process group destroyed once (the old
+    loop did it only when a tracker was configured, and a rank could abort at interpreter exit)."""
+    from framer_ds.train.faults import NonFiniteLossError
+
+    calls: list[bool] = []
+    real = loop.end_accelerator
+
+    def spy(accelerator, *, failed):
+        calls.append(failed)
+        real(accelerator, failed=failed)
+
+    monkeypatch.setattr(loop, "end_accelerator", spy)
+    good = mlp_config(tmp_path / "good.yaml", tmp_path / "good", train={"max_steps": 2})
+    loop.run_training(load_run_config(good))
+    assert calls == [False]
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    bad = mlp_config(
+        tmp_path / "bad.yaml",
+        tmp_path / "bad",
+        data={"poison_ids": list(range(512))},
+        train={"nonfinite_loss": "abort"},
+    )
+    with pytest.raises(NonFiniteLossError):
+        loop.run_training(load_run_config(bad))
+    assert calls == [False, True]
