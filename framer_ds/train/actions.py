@@ -124,7 +124,7 @@ class LogMetrics(StepAction):
             **memory_stats(),
         }
         if ctx.outcome is not None and ctx.outcome.grad_norm is not None:
-            line["grad_norm"] = ctx.outcome.grad_norm
+            line["grad_norm"] = float(ctx.outcome.grad_norm)
         ctx.logger.log(line, state.global_step)
         ctx.progress.set_postfix(loss=f"{line['loss']:.4f}", refresh=False)
         ctx.loss_total.zero_()

@@ -41,7 +41,7 @@ class StepOutcome:
     items_all_ranks: float | None  # counted items over the window and every rank (summing tasks)
     poisoned: bool  # a non-finite loss on some rank: the step was skipped
     stop_requested: bool  # a stop signal reached some rank
-    grad_norm: float | None
+    grad_norm: torch.Tensor | float | None  # read (a device sync) only when a log line needs it
 
 
 def windows(run: TrainingRun, state: TrainerState) -> Iterator[Window]:
@@ -49,8 +49,8 @@ def windows(run: TrainingRun, state: TrainerState) -> Iterator[Window]:
 
     A window ends at a multiple of `gradient_accumulation_steps` or at the end of the epoch (the last
     window of an epoch may be short), the same boundaries accelerate's `accumulate()` draws. `state`'s
-    epoch and position advance as the batches are consumed. Yields nothing more once the step plan's
-    total is reached (the caller stops asking).
+    epoch and position advance as the batches are consumed. Endless: the caller stops asking once the
+    step plan's total is reached.
     """
     plan, accumulation = run.plan, run.config.train.gradient_accumulation_steps
     while True:
@@ -125,7 +125,7 @@ class OptimizerStep:
                 if boundary and not poisoned:
                     max_norm = run.config.train.max_grad_norm
                     if max_norm > 0:
-                        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
                     run.optimizer.step()
                 run.optimizer.zero_grad(set_to_none=True)
             micro_batches += 1
