@@ -120,7 +120,7 @@ def mlp_config(path: Path, run_dir: Path, **sections) -> Path:
         },
     }
     for key, values in sections.items():
-        config[key].update(values)
+        config.setdefault(key, {}).update(values)
     path.write_text(yaml.safe_dump(config))
     return path
 

@@ -36,6 +36,7 @@ class MlpDataConfig(StrictModel):
     poison_ids: list[int] = Field(default_factory=list, description="Samples whose input is NaN.")
     record_dir: Path | None = Field(None, description="Each rank appends the sample ids it trained on.")
     sleep_per_batch_s: float = 0.0
+    startup_sleep_s: float = Field(0.0, description="Sleep while building the datasets (a slow start-up).")
 
 
 class RegressionSet(Dataset):
@@ -76,6 +77,9 @@ class MlpRegressionTask(Task):
 
     def build_datasets(self):
         data = self.config.data
+        if data.startup_sleep_s:
+            print("building datasets (slowly)", flush=True)
+            time.sleep(data.startup_sleep_s)
         train = RegressionSet(data.num_samples, data.dim, seed=0, poison=set(data.poison_ids))
         return train, RegressionSet(data.eval_samples, data.dim, seed=1, poison=set())
 
@@ -239,4 +243,23 @@ def _install_kill_during_save() -> None:
     Accelerator.save_state = save_state_then_die
 
 
+def _install_blind_rank() -> None:
+    """FRAMER_TEST_BLIND_RANK=R: rank R cannot read what rank 0 writes into the run directory, as on a
+    node whose output_dir is a local disk instead of the shared file system."""
+    blind = os.environ.get("FRAMER_TEST_BLIND_RANK")
+    if blind is None or os.environ.get("RANK") != blind:
+        return
+    from framer_ds.engine import run_dir
+
+    original = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self.name == run_dir.SHARED_MARKER:
+            raise FileNotFoundError(self)
+        return original(self, *args, **kwargs)
+
+    Path.read_text = read_text
+
+
 _install_kill_during_save()
+_install_blind_rank()

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
+from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, RunSetupError
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 1
-    except InputDataError as exc:
+    except (InputDataError, RunSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -32,6 +32,11 @@ class ConfigError(Exception):
         return "\n".join(lines)
 
 
+class RunSetupError(RuntimeError):
+    """The run cannot start where and how it was launched (its directory is in use, not shared by every
+    node): the message names the problem and the fix; the CLI prints it and exits 1."""
+
+
 class InputDataError(RuntimeError):
     """A data file that cannot be used (corrupt, unreadable) found during training: the message names
     the file and the fix; the CLI prints it and exits 1 instead of a bare traceback."""

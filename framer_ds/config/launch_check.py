@@ -208,6 +208,48 @@ def check_accelerate_keys(acc: Cfg, src: str) -> Problems:
     ]
 
 
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_accelerate_counts(acc: Cfg, src: str) -> Problems:
+    """Process and machine counts, the machine rank, the port and the GPU list: values accelerate would
+    take as they are and fail on at launch (num_processes 0), or misread (gpu_ids for fewer GPUs)."""
+    out = []
+    for key in ("num_processes", "num_machines"):
+        if key in acc and not _positive_int(acc[key]):
+            out.append(_p(src, key, f"is {acc[key]!r}; it must be a whole number >= 1"))
+    machines = acc.get("num_machines", 1) if _positive_int(acc.get("num_machines", 1)) else None
+    rank = acc.get("machine_rank", 0)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        out.append(_p(src, "machine_rank", f"is {rank!r}; it must be a whole number >= 0"))
+    elif machines is not None and rank >= machines:
+        msg = f"is {rank} but num_machines is {machines}: machine ranks run 0..{machines - 1}"
+        out.append(_p(src, "machine_rank", msg))
+    port = acc.get("main_process_port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+        out.append(_p(src, "main_process_port", f"is {port!r}; use a free TCP port, e.g. 29500"))
+    gpu_ids, processes = acc.get("gpu_ids"), acc.get("num_processes")
+    if gpu_ids is not None and str(gpu_ids).strip().lower() != "all":
+        ids = [part.strip() for part in str(gpu_ids).split(",") if part.strip()]
+        if not ids or not all(part.isdigit() for part in ids):
+            out.append(
+                _p(src, "gpu_ids", f"is {gpu_ids!r}; write 'all' or a comma list of GPU indices, e.g. 0,1")
+            )
+        elif len(set(ids)) != len(ids):
+            out.append(_p(src, "gpu_ids", f"is {gpu_ids!r}; a GPU is listed twice"))
+        elif _positive_int(processes) and machines and len(ids) != processes // machines:
+            msg = (
+                f"lists {len(ids)} GPU(s) but num_processes {processes} over {machines} machine(s) starts "
+                f"{processes // machines} per machine; make them agree (or write gpu_ids: all)"
+            )
+            out.append(_p(src, "gpu_ids", msg))
+    if _positive_int(processes) and machines and processes % machines:
+        msg = f"{processes} does not split evenly over num_machines {machines}; use a multiple of it"
+        out.append(_p(src, "num_processes", msg))
+    return out
+
+
 def check_accelerate_precision(acc: Cfg, src: str, train: TrainConfig | None) -> Problems:
     """Rule b: the training YAML picks precision; an accelerate YAML saying otherwise misleads."""
     value = acc.get("mixed_precision")
@@ -301,6 +343,7 @@ def check_launch_configs(
             src, explicit = str(accelerate_config), json_path is not None
             yaml_json = _section(acc, "deepspeed_config").get("deepspeed_config_file")
             problems += check_accelerate_keys(acc, src)
+            problems += check_accelerate_counts(acc, src)
             problems += check_accelerate_precision(acc, src, train)
             problems += check_ignored_with_config_file(acc, src, explicit or bool(yaml_json))
             problems += check_plugin_values_match_train(acc, src, train)

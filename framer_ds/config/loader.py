@@ -6,6 +6,7 @@ The task-aware step (which schema validates a mapping) lives next to the registr
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -18,12 +19,29 @@ from pydantic import BaseModel, ValidationError
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 
 
+class ConfigYamlLoader(yaml.SafeLoader):
+    """PyYAML reads YAML 1.1, whose floats need a dot: `1e-4` would be the STRING '1e-4' and only a lax
+    schema would turn it into a number. Configs and overrides are read as YAML 1.2 reads that, so the
+    schemas can refuse every value of the wrong type."""
+
+
+ConfigYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=ConfigYamlLoader)
+
+
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; errors name the file and the parser's position."""
     if not path.is_file():
         raise ConfigError([ConfigProblem(str(path), "file not found; check the path")], str(path))
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem(str(path), f"invalid YAML: {exc}")], str(path)) from None
     if data is None:
@@ -47,7 +65,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[Confi
             )
             continue
         try:
-            value = yaml.safe_load(text)
+            value = parse_yaml(text)
         except yaml.YAMLError as exc:
             problems.append(ConfigProblem(key, f"cannot parse override value {text!r}: {exc}"))
             continue

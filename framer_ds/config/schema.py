@@ -7,16 +7,73 @@ the task (see `framer_ds.tasks.registry`) and combined with this base by `run_co
 
 from __future__ import annotations
 
+import os
+import re
+import types
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+_UNSET_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def expand_path(text: str) -> Path:
+    """`~` and `$VARS` expanded, as a shell would; an unset variable is an error, not a literal `$X`
+    directory (a literal `~` directory was what `output_dir: ~/runs/x` used to create)."""
+    expanded = os.path.expandvars(os.path.expanduser(text))
+    unset = _UNSET_VARIABLE.search(expanded)
+    if unset:
+        name = unset.group(1).strip("{}")
+        raise ValueError(
+            f"environment variable {name} in {text!r} is not set; export it or write the path out"
+        )
+    return Path(expanded)
+
+
+def _from_config_text(annotation: Any, value: Any) -> Any:
+    """The two conversions a strict schema still needs from YAML/JSON text: a string to a `Path`
+    (expanded) and a list to a `tuple`, wherever the annotation has them (inside `| None`, lists)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for member in typing.get_args(annotation):
+            converted = _from_config_text(member, value)
+            if converted is not value:
+                return converted
+        return value
+    if annotation is Path and isinstance(value, str):
+        return expand_path(value)
+    if origin is list and isinstance(value, list):
+        (item,) = typing.get_args(annotation) or (Any,)
+        return [_from_config_text(item, v) for v in value]
+    if origin is tuple and isinstance(value, list):
+        items = typing.get_args(annotation)
+        if len(items) == len(value):
+            return tuple(_from_config_text(a, v) for a, v in zip(items, value, strict=True))
+    return value
 
 
 class StrictModel(BaseModel):
-    """Base for every config section: unknown keys are errors, assignments are validated."""
+    """Base for every config section: unknown keys are errors, assignments are validated, and types are
+    strict: `max_steps: true` or `epochs: 2.5` is an error, never silently 1 or 2. Paths are the one
+    conversion from text (with `~` and `$VARS` expanded), lists become tuples where a tuple is declared."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _paths_and_tuples_from_text(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name) if info.field_name else None
+        return value if field is None else _from_config_text(field.annotation, value)
 
 
 class TrainConfig(StrictModel):
@@ -63,6 +120,18 @@ class TrainConfig(StrictModel):
     resume: str | None = Field(
         None, description="null, 'latest' (newest complete checkpoint in output_dir) or a checkpoint path."
     )
+
+    resume_allow_changes: list[str] = Field(
+        default_factory=list,
+        description="Keys (dotted, e.g. data.root) that may differ from the checkpoint's config on resume "
+        "although they change the model, the data or its order; for harmless edits such as moved files.",
+    )
+
+    @field_validator("resume", mode="after")
+    @classmethod
+    def _expand_resume_path(cls, value: str | None) -> str | None:
+        return value if value in (None, "latest") else str(expand_path(value))
+
     nonfinite_loss: Literal["skip", "abort"] = Field(
         "skip",
         description="A NaN/inf loss: 'skip' drops that optimizer step (counted and logged), 'abort' stops.",

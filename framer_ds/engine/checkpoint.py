@@ -1,4 +1,4 @@
-"""Resumable checkpoints: atomic writes, keep-last-K, and finding the newest COMPLETE one.
+"""Resumable checkpoints: atomic writes with a manifest, keep-last-K, and choosing the one to resume.
 
 `accelerator.save_state` / `load_state` are collectives (DeepSpeed writes one shard per rank), so they
 run on every rank. A checkpoint is first written to `checkpoints/.tmp_step_N` and published as
@@ -19,9 +19,14 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.loader import dump_run_config
+from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.manifest import Verification, verify_checkpoint, write_manifest
+from framer_ds.engine.rank_zero import decided_by_rank_zero
 from framer_ds.storage.atomic import publish_dir, staging_dir
 
 STATE_FILE = "trainer_state.json"
+CHECKPOINT_CONFIG = "config.yaml"  # the resolved config that wrote the checkpoint
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -40,6 +45,14 @@ def checkpoints_root(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
+def step_of(checkpoint: Path) -> int:
+    """The optimizer step in a `step_N` directory's name."""
+    match = _STEP_DIR.match(Path(checkpoint).name)
+    if match is None:
+        raise ValueError(f"{checkpoint} is not named step_N")
+    return int(match.group(1))
+
+
 def complete_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first (incomplete `.tmp_*` directories are ignored)."""
     root = checkpoints_root(output_dir)
@@ -53,38 +66,96 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def resolve_resume(output_dir: Path, resume: str | None) -> Path | None:
-    """`null` -> None, `latest` -> newest complete checkpoint (None if there is none), else a path."""
+@dataclass
+class ResumeChoice:
+    """The checkpoint a run continues from, and what the choice had to say about the others."""
+
+    path: Path | None
+    notes: list[str]
+
+
+def verified(path: Path) -> Verification:
+    """The manifest check plus a readable trainer_state.json (what the loop reads first)."""
+    result = verify_checkpoint(path)
+    if result.ok:
+        try:
+            read_trainer_state(path)
+        except (OSError, ValueError, TypeError) as exc:
+            result.problems.append(f"{path / STATE_FILE} is unreadable ({exc})")
+    return result
+
+
+def choose_resume(output_dir: Path, resume: str | None) -> ResumeChoice:
+    """`null` -> None; `latest` -> the newest checkpoint that verifies (each one skipped is named with
+    its reason; None when there is none at all); a path -> that checkpoint, which must verify.
+    Reads every file of the chosen checkpoint once (sha256): run it on one process."""
     if resume is None:
-        return None
-    if resume == "latest":
-        found = complete_checkpoints(output_dir)
-        return found[-1] if found else None
-    path = Path(resume)
-    if not (path / STATE_FILE).is_file():
+        return ResumeChoice(None, [])
+    if resume != "latest":
+        path = Path(resume)
+        if not (path / STATE_FILE).is_file():
+            raise ConfigError(
+                [
+                    ConfigProblem(
+                        "train.resume",
+                        f"{path} is not a complete framer_ds checkpoint (no {STATE_FILE}); point it at "
+                        "output_dir/checkpoints/step_N or use train.resume=latest",
+                    )
+                ]
+            )
+        check = verified(path)
+        if not check.ok:
+            fix = "resume from another checkpoint (train.resume=latest picks the newest that verifies)"
+            raise ConfigError([ConfigProblem("train.resume", f"{p}; {fix}") for p in check.problems])
+        return ResumeChoice(path, check.warnings)
+    notes: list[str] = []
+    candidates = complete_checkpoints(output_dir)
+    for path in reversed(candidates):
+        check = verified(path)
+        if check.ok:
+            return ResumeChoice(path, [*notes, *check.warnings])
+        notes.append(f"skipped {path.name}: " + "; ".join(check.problems))
+    if candidates:
         raise ConfigError(
-            [
+            [ConfigProblem("train.resume", note) for note in notes]
+            + [
                 ConfigProblem(
                     "train.resume",
-                    f"{path} is not a complete framer_ds checkpoint (no {STATE_FILE}); point it at "
-                    f"output_dir/checkpoints/step_N or use train.resume=latest",
+                    f"none of the {len(candidates)} checkpoints in {checkpoints_root(output_dir)} verifies; "
+                    "restore one from a copy, or start again with --overwrite",
                 )
             ]
         )
-    return path
+    return ResumeChoice(None, notes)
+
+
+def decide_resume(accelerator: Accelerator, output_dir: Path, resume: str | None) -> Path | None:
+    """Rank 0 chooses (and verifies) the checkpoint and every rank gets its choice: ranks deciding on
+    their own could pick different checkpoints when their views of the directory differ. Every rank."""
+
+    def choose() -> str | None:
+        picked = choose_resume(output_dir, resume)
+        for note in picked.notes:
+            print(f"resume: {note}", flush=True)
+        return str(picked.path) if picked.path is not None else None
+
+    chosen = decided_by_rank_zero(accelerator, choose)
+    return Path(chosen) if chosen is not None else None
 
 
 def save_checkpoint(
     accelerator: Accelerator,
-    output_dir: Path,
+    config: RunConfigBase,
     state: TrainerState,
-    keep_last: int,
     extra_artifacts: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write a checkpoint atomically on all ranks; prune to the newest `keep_last`. Call on EVERY rank.
+    """Write a checkpoint atomically on all ranks; prune to the newest `train.keep_last_checkpoints`.
+    Call on EVERY rank.
 
     `extra_artifacts(tmp_dir)` runs on every rank before the rename (e.g. a task writes its LoRA adapter
-    next to the resumable state), so it is published together with the checkpoint or not at all."""
+    next to the resumable state), so it is published together with the checkpoint or not at all. The
+    resolved config (what a resume compares against) and the manifest (written last) go in too."""
+    output_dir, keep_last = Path(config.output_dir), config.train.keep_last_checkpoints
     root = checkpoints_root(output_dir)
     final = root / f"step_{state.global_step}"
     staging = staging_dir(final)  # one name every rank agrees on: each writes its shard into it
@@ -99,6 +170,8 @@ def save_checkpoint(
     if accelerator.is_main_process:
         state.world_size = accelerator.num_processes
         (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        (staging / CHECKPOINT_CONFIG).write_text(dump_run_config(config))
+        write_manifest(staging)
         publish_dir(staging, final)
         for old in complete_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)

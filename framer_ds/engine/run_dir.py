@@ -1,20 +1,29 @@
-"""The run directory: refuse to clobber an existing run, write the resolved config."""
+"""The run directory: one writer at a time, seen by every rank, never clobbered by accident, and kept on
+one timeline when a run resumes from an older checkpoint."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
+import time
 from pathlib import Path
 
 from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, gather_object
 
-from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem, RunSetupError
 from framer_ds.config.loader import dump_run_config
 from framer_ds.config.schema import RunConfigBase
-from framer_ds.engine.checkpoint import complete_checkpoints
+from framer_ds.engine.checkpoint import checkpoints_root, complete_checkpoints, step_of
+from framer_ds.engine.rank_zero import decided_by_rank_zero
+from framer_ds.engine.run_lock import LOCK_NAME, RunLock
 from framer_ds.storage.atomic import atomic_write_text
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final", "samples")
+SHARED_MARKER = ".framer_ds_run_id"
+ABANDONED_DIR = "abandoned"
 
 
 def holds_run(output_dir: Path) -> bool:
@@ -24,52 +33,127 @@ def holds_run(output_dir: Path) -> bool:
 def check_run_dir(config: RunConfigBase) -> None:
     """Fail before any work when a fresh run would overwrite an existing one. Runs on every rank,
     before any rank writes, so no rank sees another's files."""
-    if (
-        config.train.resume == "latest"
-        and holds_run(config.output_dir)
-        and not complete_checkpoints(config.output_dir)
-    ):
+    out = Path(config.output_dir)
+    if config.train.resume == "latest" and (out / "final").exists() and not complete_checkpoints(out):
         raise ConfigError(
             [
                 ConfigProblem(
                     "train.resume",
-                    f"{config.output_dir} holds a run but no complete checkpoint under checkpoints/, so "
-                    "there is nothing to resume. Set train.checkpoint_every for future runs; to start "
-                    "this one again use --overwrite (overwrite_output_dir=true) without train.resume.",
+                    f"{out} holds a finished run (final/) without a checkpoint, so there is nothing to "
+                    "resume. Start it again with --overwrite (overwrite_output_dir=true) without "
+                    "train.resume, or choose another output_dir.",
                 )
             ]
         )
-    if config.train.resume is None and not config.overwrite_output_dir and holds_run(config.output_dir):
+    if config.train.resume is None and not config.overwrite_output_dir and holds_run(out):
         raise ConfigError(
             [
                 ConfigProblem(
                     "output_dir",
-                    f"{config.output_dir} already holds a run. Continue it with train.resume=latest, "
-                    "start over with overwrite_output_dir=true (deletes its checkpoints and metrics), "
-                    "or choose another output_dir.",
+                    f"{out} already holds a run. Continue it with train.resume=latest, start over with "
+                    "overwrite_output_dir=true (deletes its checkpoints and metrics), or choose another "
+                    "output_dir.",
                 )
             ]
         )
 
 
+def claim_run_dir(accelerator: Accelerator, output_dir: Path) -> RunLock | None:
+    """Rank 0 takes the run directory's lock (RunLock) and every rank learns whether it got it; a second
+    run on the same directory fails here on every rank, naming the holder. Returns rank 0's lock."""
+
+    def take() -> bool:
+        lock = RunLock(output_dir)
+        lock.acquire()
+        held.append(lock)
+        return True
+
+    held: list[RunLock] = []
+    decided_by_rank_zero(accelerator, take)
+    return held[0] if held else None
+
+
+def check_shared_run_dir(accelerator: Accelerator, output_dir: Path) -> None:
+    """Every rank must see the files rank 0 writes: rank 0 writes a fresh token, every rank reads it.
+    Without a shared file system checkpoints would be published half on each node (their shards in
+    node-local `.tmp_step_*` never renamed), and each node would resume from its own idea of `latest`."""
+    if accelerator.num_processes == 1:
+        return
+    marker = Path(output_dir) / SHARED_MARKER
+    token = [secrets.token_hex(16) if accelerator.is_main_process else None]
+    if accelerator.is_main_process:
+        atomic_write_text(marker, token[0])
+    broadcast_object_list(token, from_process=0)
+    try:
+        seen = marker.read_text() == token[0]
+    except OSError:
+        seen = False
+    blind = [rank for rank, ok in enumerate(gather_object([seen])) if not ok]
+    if blind:
+        raise RunSetupError(
+            f"ranks {blind} do not see {output_dir} as rank 0 wrote it: output_dir must be on a file system "
+            "every node shares (NFS, Lustre, GPFS), e.g. /shared/runs/NAME, not a node-local disk."
+        )
+
+
 def prepare_run_dir(accelerator: Accelerator, config: RunConfigBase, resume_step: int | None) -> None:
-    """Create output_dir and write config.yaml (rank 0); on resume drop metric lines past the checkpoint."""
+    """On rank 0, with the lock held: clear the directory for --overwrite; on resume put the timeline
+    the run leaves aside and drop metric lines and samples past the resume step; write config.yaml."""
     out = Path(config.output_dir)
     if accelerator.is_main_process:
         if config.overwrite_output_dir:
-            for name in RUN_MARKERS:
-                target = out / name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                elif target.exists():
-                    target.unlink()
+            clear_run_dir(out)
         out.mkdir(parents=True, exist_ok=True)
+        step = resume_step or 0
+        if config.train.resume is not None:
+            if resume_step is None and holds_run(out):
+                print(
+                    f"resume: no checkpoint in {checkpoints_root(out)}: starting from step 0 (the directory "
+                    "keeps its config; metric lines and samples of the interrupted attempt are dropped)",
+                    flush=True,
+                )
+            for moved in set_aside_newer(out, step):
+                print(f"resume: {moved.parent.name}/{moved.name} holds the abandoned timeline", flush=True)
         atomic_write_text(out / "config.yaml", dump_run_config(config))
         metrics = out / "metrics.jsonl"
         if metrics.exists():
-            truncate_metrics_after(metrics, resume_step or 0)
-        drop_samples_after(out / "samples", resume_step or 0)
+            truncate_metrics_after(metrics, step)
+        drop_samples_after(out / "samples", step)
     accelerator.wait_for_everyone()
+
+
+def clear_run_dir(out: Path) -> None:
+    """Everything of the old run goes (tensorboard/, wandb/, preempted.json too, whose old curves and
+    markers would otherwise show in the new run); only the lock the new run holds stays."""
+    if not out.is_dir():
+        return
+    for entry in out.iterdir():
+        if entry.name == LOCK_NAME:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def set_aside_newer(out: Path, step: int) -> list[Path]:
+    """Resuming from step N while later checkpoints exist starts a new timeline: the later ones (and a
+    final/ exported from them) move to `checkpoints/abandoned/<time>_from_step_N/`. Left in place they
+    would be what `latest` picks after the next preemption, and keep-last-K pruning, which keeps the
+    highest step numbers, would delete the NEW checkpoints in their favour."""
+    root = checkpoints_root(out)
+    newer = [path for path in complete_checkpoints(out) if step_of(path) > step]
+    if (out / "final").is_dir() and newer:
+        newer.append(out / "final")
+    if not newer:
+        return []
+    destination = root / ABANDONED_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}_from_step_{step}"
+    destination.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for path in newer:
+        os.replace(path, destination / path.name)
+        moved.append(destination / path.name)
+    return moved
 
 
 def drop_samples_after(samples_dir: Path, step: int) -> None:

@@ -95,18 +95,18 @@ def publish_dir(staging: Path, target: Path, *, replace: bool = True) -> bool:
     """
     staging, target = Path(staging), Path(target)
     fsync_tree(staging)
-    if replace and target.exists():
-        aside = target.with_name(f".old_{target.name}.{_unique_suffix()}")
-        os.replace(target, aside)
+    if replace:
+        if target.exists():
+            os.replace(target, target.with_name(f".old_{target.name}.{_unique_suffix()}"))
         os.replace(staging, target)
         fsync_path(target.parent)
-        shutil.rmtree(aside, ignore_errors=True)
+        # This copy's old version, and one left by a crash between the two renames of an earlier publish.
+        for aside in target.parent.glob(f".old_{target.name}.*"):
+            shutil.rmtree(aside, ignore_errors=True)
         return True
     try:
         os.replace(staging, target)  # onto an absent or empty directory
     except OSError:
-        if replace:
-            raise
         shutil.rmtree(staging, ignore_errors=True)
         return False
     fsync_path(target.parent)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from framer_ds.engine.checkpoint import TrainerState, save_checkpoint
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
 from framer_ds.train.evaluate import evaluate
-from framer_ds.train.faults import Preempted, write_preempted_marker
+from framer_ds.train.faults import Preempted
 from framer_ds.train.run import TrainingRun
 from framer_ds.train.step import StepOutcome
 
@@ -172,20 +172,13 @@ class SaveCheckpoint(StepAction):
 
     def run(self, ctx: StepContext) -> None:
         run, accelerator = ctx.run, ctx.run.accelerator
-        path = save_checkpoint(
-            accelerator,
-            ctx.output_dir,
-            ctx.state,
-            run.config.train.keep_last_checkpoints,
-            extra_artifacts=lambda directory: run.task.checkpoint_artifacts(
-                accelerator, run.model, directory
-            ),
-        )
+
+        def task_artifacts(directory: Path) -> None:
+            run.task.checkpoint_artifacts(accelerator, run.model, directory)
+
+        path = save_checkpoint(accelerator, run.config, ctx.state, extra_artifacts=task_artifacts)
         if ctx.outcome is not None and ctx.outcome.stop_requested:
-            signal_name = ctx.signal_name() or "a stop signal on another rank"
-            if accelerator.is_main_process:
-                write_preempted_marker(ctx.output_dir, ctx.state.global_step, signal_name, path)
-            raise Preempted(ctx.state.global_step, signal_name)
+            raise Preempted(ctx.state.global_step, ctx.signal_name() or "a stop signal on another rank", path)
 
 
 def default_actions(run: TrainingRun) -> list[StepAction]:

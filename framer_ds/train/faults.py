@@ -7,7 +7,9 @@ next collective hangs.
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,36 +31,92 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Preempted(Exception):
-    """Raised after the stop checkpoint is written; the CLI exits with EXIT_PREEMPTED."""
+    """A stop signal ended the run: after the stop checkpoint (`checkpoint`), or during start-up, before
+    training began (`checkpoint` is then the one the run would have resumed from, or None). The run
+    writes preempted.json and the CLI exits with EXIT_PREEMPTED, so a Slurm requeue continues it."""
 
-    def __init__(self, step: int, signal_name: str):
-        self.step = step
-        self.signal_name = signal_name
-        super().__init__(f"stopped by {signal_name} after step {step}; checkpoint written")
+    def __init__(
+        self, step: int, signal_name: str, checkpoint: Path | None = None, during_startup: bool = False
+    ):
+        self.step, self.signal_name, self.checkpoint = step, signal_name, checkpoint
+        self.during_startup = during_startup
+        what = "before training started" if during_startup else f"after step {step}; checkpoint written"
+        super().__init__(f"stopped by {signal_name} {what}")
 
 
 class StopRequest:
-    """Remembers a SIGTERM/SIGUSR1 instead of dying, so the current step finishes and is saved."""
+    """SIGTERM/SIGUSR1 (and the death of the launcher that started this rank) ask the run to stop.
+
+    During start-up (model build, data indexing, DeepSpeed init: minutes on a large model) the stop
+    happens at once, raising `Preempted` wherever the main thread is; once training runs the request is
+    only remembered, so the step in flight finishes and every rank checkpoints it together.
+    """
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.starting = True
+        self.startup_position: tuple[int, Path | None] = (0, None)  # step, checkpoint a resume would use
         self._previous: dict[int, object] = {}
+        self._watchdog: ParentWatchdog | None = None
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        if "LOCAL_RANK" in os.environ:  # started by a launcher (torchrun, accelerate, deepspeed)
+            self._watchdog = ParentWatchdog()
+            self._watchdog.start()
 
     def uninstall(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def training_started(self) -> None:
+        self.starting = False
+
     def _handle(self, signum: int, frame: object) -> None:
-        self.signal_name = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self._watchdog is not None and self._watchdog.parent_died:
+            name = f"{name} (the launcher, pid {self._watchdog.parent_pid}, died)"
+        self.signal_name = name
+        if self.starting:
+            self.starting = False  # a second signal during the unwinding is only remembered
+            step, checkpoint = self.startup_position
+            raise Preempted(step, name, checkpoint, during_startup=True)
 
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
+
+
+class ParentWatchdog:
+    """Stops this rank when the launcher that started it dies: killing `accelerate launch` (SIGKILL, or
+    a SIGTERM it does not pass on) used to leave the ranks running, holding GPUs. An orphan is re-parented,
+    so its parent pid changes; the watchdog then sends this process SIGTERM, which the stop request turns
+    into a checkpoint and exit 75 like any other preemption (or an immediate stop during start-up)."""
+
+    def __init__(self, poll_s: float = 1.0):
+        self.parent_pid = os.getppid()
+        self.parent_died = False
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="framer_ds-parent-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            if os.getppid() != self.parent_pid:
+                self.parent_died = True
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+                return
 
 
 def exchange_flags(accelerator: Accelerator, *flags: bool) -> list[bool]:
@@ -94,7 +152,13 @@ class NonFiniteTracker:
             )
 
 
-def write_preempted_marker(output_dir: Path, step: int, signal_name: str, checkpoint: Path) -> None:
+def write_preempted_marker(output_dir: Path, stop: Preempted) -> None:
     """What the Slurm script reads to decide on a requeue (the launcher may mask the exit status)."""
-    marker = {"step": step, "signal": signal_name, "checkpoint": str(checkpoint), "time": time.time()}
+    marker = {
+        "step": stop.step,
+        "signal": stop.signal_name,
+        "checkpoint": str(stop.checkpoint) if stop.checkpoint is not None else None,
+        "during_startup": stop.during_startup,
+        "time": time.time(),
+    }
     atomic_write_json(Path(output_dir) / PREEMPTED_MARKER, marker)

@@ -6,6 +6,7 @@ happens after a step (log, evaluate, samples, checkpoint) is a list of actions (
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,16 +20,17 @@ from framer_ds.config.errors import ConfigError
 from framer_ds.config.launch_check import check_runtime_environment
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.accelerator import build_accelerator, end_accelerator, frozen_model_init
-from framer_ds.engine.checkpoint import TrainerState, load_checkpoint, read_trainer_state, resolve_resume
+from framer_ds.engine.checkpoint import TrainerState, decide_resume, load_checkpoint, read_trainer_state
 from framer_ds.engine.metrics import MetricsLogger
-from framer_ds.engine.run_dir import check_run_dir, prepare_run_dir
+from framer_ds.engine.resume_changes import resume_changes
+from framer_ds.engine.run_dir import check_run_dir, check_shared_run_dir, claim_run_dir, prepare_run_dir
 from framer_ds.engine.universal import adapt_to_world_size, prepare_resume
 from framer_ds.storage.atomic import publish_dir, staging_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.train.actions import StepContext, Throughput, default_actions, run_due_actions
-from framer_ds.train.faults import NonFiniteTracker, StopRequest
-from framer_ds.train.run import TrainingRun, build_training_run, rebind_scheduler_to_live_optimizer
+from framer_ds.train.faults import NonFiniteTracker, Preempted, StopRequest, write_preempted_marker
+from framer_ds.train.run import TrainingRun, apply_config_after_resume, build_training_run
 from framer_ds.train.step import OptimizerStep, windows
 
 
@@ -42,9 +44,24 @@ class TrainResult:
 def run_training(config: RunConfigBase) -> TrainResult:
     """Train `config.task` as configured; raises ConfigError on bad config before any heavy work.
 
-    Whatever happens after the Accelerator exists (success, a config error found late, a crash, a
-    preemption), its trackers are finished and its process group destroyed exactly once before this
-    returns or raises."""
+    A stop signal is handled from the first line on: during start-up it stops the run at once, later
+    after a checkpoint; either way rank 0 writes preempted.json and `Preempted` reaches the CLI (exit 75).
+    """
+    stop = StopRequest()
+    stop.install()
+    try:
+        return _start(config, stop)
+    except Preempted as preempted:
+        if int(os.environ.get("RANK", "0")) == 0:
+            write_preempted_marker(Path(config.output_dir), preempted)
+        raise
+    finally:
+        stop.uninstall()
+
+
+def _start(config: RunConfigBase, stop: StopRequest) -> TrainResult:
+    """Whatever happens after the Accelerator exists (success, a config error found late, a crash, a
+    preemption), its trackers are finished and its process group destroyed exactly once."""
     task = get_task_class(config.task)(config)
     problems = task.check() + check_runtime_environment(config.train, task.model_has_hidden_size)
     if problems:
@@ -53,19 +70,29 @@ def run_training(config: RunConfigBase) -> TrainResult:
     accelerator = build_accelerator(config, collective_timeout_s=config.train.collective_timeout_s)
     failed = True
     try:
-        result = _run(accelerator, task, config)
+        lock = claim_run_dir(accelerator, config.output_dir)
+        try:
+            result = _run(accelerator, task, config, stop)
+        finally:
+            if lock is not None:
+                lock.release()
         failed = False
         return result
     finally:
         end_accelerator(accelerator, failed=failed)
 
 
-def _run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainResult:
-    resume_path = resolve_resume(config.output_dir, config.train.resume)
+def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: StopRequest) -> TrainResult:
+    check_shared_run_dir(accelerator, config.output_dir)
+    resume_path = decide_resume(accelerator, config.output_dir, config.train.resume)
+    resumed = read_trainer_state(resume_path) if resume_path is not None else None
     load_path = resume_path  # a ZeRO checkpoint resumed at another world size loads from its conversion
     if resume_path is not None:
+        stop.startup_position = (resumed.global_step, resume_path)
+        for line in resume_changes(resume_path, config, resumed, accelerator.num_processes):
+            accelerator.print(f"changed on resume: {line}")
         load_path = prepare_resume(accelerator, resume_path)  # before prepare: may set load_universal
-    prepare_run_dir(accelerator, config, read_trainer_state(resume_path).global_step if resume_path else None)
+    prepare_run_dir(accelerator, config, resumed.global_step if resumed is not None else None)
 
     set_seed(config.train.seed)
     # Runs on the local main process while the others wait: building a model here under ZeRO-3 init
@@ -75,23 +102,24 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainRe
     run = build_training_run(accelerator, task, config)
     state = load_checkpoint(accelerator, load_path) if load_path is not None else TrainerState()
     if load_path is not None:
-        rebind_scheduler_to_live_optimizer(run)
+        apply_config_after_resume(run)
         state = adapt_to_world_size(accelerator, state, load_path, config.train, run.plan.batches_per_epoch)
         accelerator.print(f"resumed from {resume_path} at step {state.global_step}")
     logger = MetricsLogger(accelerator, config)
     try:
-        eval_metrics = _train(run, state, logger)
+        eval_metrics = _train(run, state, logger, stop)
         _export(run, Path(config.output_dir))
     finally:
         logger.close()
     return TrainResult(Path(config.output_dir), state.global_step, eval_metrics)
 
 
-def _train(run: TrainingRun, state: TrainerState, logger: MetricsLogger) -> dict[str, float]:
+def _train(
+    run: TrainingRun, state: TrainerState, logger: MetricsLogger, stop: StopRequest
+) -> dict[str, float]:
     """Optimizer steps until the plan's total, each followed by the actions that are due."""
     accelerator, plan, train_cfg = run.accelerator, run.plan, run.config.train
-    stop = StopRequest()
-    stop.install()
+    stop.training_started()  # from here a stop signal is remembered and answered with a checkpoint
     progress = tqdm(
         total=plan.total_steps,
         initial=state.global_step,
@@ -139,7 +167,6 @@ def _train(run: TrainingRun, state: TrainerState, logger: MetricsLogger) -> dict
                 break
     finally:
         progress.close()
-        stop.uninstall()
     return ctx.eval_metrics
 
 

@@ -85,6 +85,34 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     )
 
 
+def apply_config_after_resume(run: TrainingRun) -> None:
+    """Make the restored optimizer and schedule follow the config that runs now.
+
+    `load_state` restores the param groups (lr, weight decay, betas, eps) and the scheduler's base
+    learning rates of the run that wrote the checkpoint, so a learning rate changed on resume used to be
+    ignored while config.yaml claimed it. The schedule's shape (warmup, total steps, kind) is already
+    the new one: LambdaLR keeps the lambdas it was built with. With an unchanged config this recomputes
+    the same values bit for bit."""
+    rebind_scheduler_to_live_optimizer(run)
+    train = run.config.train
+    inner = getattr(run.scheduler, "scheduler", run.scheduler)
+    live = getattr(run.optimizer, "optimizer", run.optimizer)
+    for group in live.param_groups:
+        group.update(
+            weight_decay=train.weight_decay,
+            betas=(train.adam_beta1, train.adam_beta2),
+            eps=train.adam_epsilon,
+        )
+    lambdas = getattr(inner, "lr_lambdas", None)
+    if lambdas is None:  # not a LambdaLR: keep what was restored
+        return
+    inner.base_lrs = [train.learning_rate] * len(live.param_groups)
+    lrs = [base * fn(inner.last_epoch) for base, fn in zip(inner.base_lrs, lambdas, strict=True)]
+    for group, lr in zip(live.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    inner._last_lr = lrs
+
+
 def rebind_scheduler_to_live_optimizer(run: TrainingRun) -> None:
     """Point the LR scheduler at the optimizer that really steps, after `load_state`.
 

@@ -1,0 +1,91 @@
+"""What a resumed run's config may change from the checkpoint's, and the list a user sees.
+
+Why: a resume used to take whatever the new YAML said and write it to config.yaml, while part of it
+was silently ignored (a new learning rate lost to the restored scheduler) and part of it silently
+broke the run (a new micro-batch size resumed at the wrong data position). Now a change that breaks
+the run's meaning is refused with every difference listed, and the rest is applied and logged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.loader import parse_yaml
+from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.checkpoint import CHECKPOINT_CONFIG, TrainerState
+
+# The model, the data and what decides the data order and its position: changing any of them on
+# resume is a different experiment wearing the old one's checkpoint.
+FROZEN = ("task", "model", "data", "train.micro_batch_size", "train.seed", "train.mixed_precision")
+# How a run is resumed, not what it computes.
+NOT_COMPARED = ("output_dir", "overwrite_output_dir", "train.resume", "train.resume_allow_changes", "imports")
+ACCUMULATION = "train.gradient_accumulation_steps"
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _under(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    return any(key == p or key.startswith(f"{p}.") for p in prefixes)
+
+
+def resume_changes(
+    checkpoint: Path, config: RunConfigBase, state: TrainerState, world_size: int
+) -> list[str]:
+    """The applied changes as "key: old -> new" lines; raises ConfigError listing the refused ones.
+
+    Gradient accumulation may change only together with the number of processes and so that the
+    global batch stays the same (the documented way to resume at another world size)."""
+    recorded_path = Path(checkpoint) / CHECKPOINT_CONFIG
+    if not recorded_path.is_file():
+        return [
+            f"(no {CHECKPOINT_CONFIG} in {checkpoint}: written before framer_ds 0.2, changes not checked)"
+        ]
+    old = _flatten(parse_yaml(recorded_path.read_text()) or {})
+    new = _flatten(config.model_dump(mode="json"))
+    allowed = list(config.train.resume_allow_changes)
+    changed = [
+        (key, old.get(key), new.get(key))
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key) and not _under(key, NOT_COMPARED)
+    ]
+    refused, applied = [], []
+    for key, before, after in changed:
+        line = f"{key}: {before!r} -> {after!r}"
+        if key == ACCUMULATION and _same_global_batch(config, before, state.world_size, world_size):
+            applied.append(line + " (the global batch stays the same at the new number of processes)")
+        elif _under(key, (*FROZEN, ACCUMULATION)) and not _under(key, allowed):
+            refused.append(ConfigProblem(key, f"{before!r} in the checkpoint, {after!r} now"))
+        else:
+            applied.append(line)
+    if refused:
+        raise ConfigError(
+            [
+                *refused,
+                ConfigProblem(
+                    "train.resume",
+                    f"these differ from the config stored in {checkpoint} and would change what the run "
+                    "means (model, data, data order or position). Put them back, start a new run in another "
+                    "output_dir, or, if the change is harmless (e.g. data.root after moving the same files), "
+                    "list the keys in train.resume_allow_changes.",
+                ),
+            ],
+            "resume",
+        )
+    return applied
+
+
+def _same_global_batch(config: RunConfigBase, old_accumulation: Any, old_world: int, new_world: int) -> bool:
+    if not isinstance(old_accumulation, int) or old_world == new_world:
+        return False
+    micro = config.train.micro_batch_size
+    return micro * old_accumulation * old_world == config.train.global_batch_size(new_world)
