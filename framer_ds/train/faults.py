@@ -23,7 +23,8 @@ from framer_ds.storage.atomic import atomic_write_json
 # preemption): the Slurm script requeues on it. 75 = EX_TEMPFAIL, "try again later".
 EXIT_PREEMPTED = 75
 PREEMPTED_MARKER = "preempted.json"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# SIGINT too: Ctrl-C, or `accelerate launch` passing its own SIGINT on to the ranks. A second one aborts.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -45,7 +46,7 @@ class Preempted(Exception):
 
 
 class StopRequest:
-    """SIGTERM/SIGUSR1 (and the death of the launcher that started this rank) ask the run to stop.
+    """SIGTERM/SIGUSR1/SIGINT (and the death of the launcher that started this rank) ask the run to stop.
 
     During start-up (model build, data indexing, DeepSpeed init: minutes on a large model) the stop
     happens at once, raising `Preempted` wherever the main thread is; once training runs the request is
@@ -78,6 +79,8 @@ class StopRequest:
         self.starting = False
 
     def _handle(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGINT and self.signal_name is not None:
+            raise KeyboardInterrupt  # Ctrl-C twice: stop now, without the checkpoint
         name = signal.Signals(signum).name
         if self._watchdog is not None and self._watchdog.parent_died:
             name = f"{name} (the launcher, pid {self._watchdog.parent_pid}, died)"

@@ -416,12 +416,7 @@ def a_signal_during_start_up_can_be_requeued(tmp: Path) -> str:
     return f"exit {proc.returncode}, {took:.1f} s after SIGTERM; marker during_startup; requeue ran 4 steps"
 
 
-@case(
-    "the launcher (`accelerate launch`) is SIGKILLed while 2 ranks train",
-    "both ranks notice the dead parent, checkpoint the step in flight and exit; no orphan keeps running",
-    multi_process=True,
-)
-def killing_the_launcher_leaves_no_orphans(tmp: Path) -> str:
+def _stop_the_launcher_only(tmp: Path, sig: signal.Signals) -> str:
     config, run = mlp(tmp, data={"sleep_per_batch_s": 0.15})
     launcher = start(
         accelerate_launch_cmd("--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config))
@@ -433,17 +428,40 @@ def killing_the_launcher_leaves_no_orphans(tmp: Path) -> str:
         if "framer_ds" in " ".join(p.cmdline())
     ]
     assert len(ranks) == 2
-    launcher.kill()
+    launcher.send_signal(sig)
     _, alive = psutil.wait_procs(ranks, timeout=90)
     for orphan in alive:
         orphan.kill()
-    assert not alive, f"{len(alive)} rank(s) still running 90 s after the launcher died"
-    _, err = launcher.communicate(timeout=30)  # the ranks wrote into the dead launcher's pipes
-    assert "(the launcher, pid" in err and "died)" in err, err[-3000:]
+    assert not alive, f"{len(alive)} rank(s) still running 90 s after the launcher got {sig.name}"
+    _, err = launcher.communicate(timeout=30)  # the ranks wrote into the launcher's pipes
+    # Each rank says why it stopped: its own signal, or "a stop signal on another rank" when the
+    # other rank's came first.
+    stopped = sorted({line.split(" after")[0] for line in err.splitlines() if line.startswith("stopped by")})
+    own = [line for line in stopped if "another rank" not in line]
+    assert own, err[-3000:]
     marker = json.loads((run / "preempted.json").read_text())
     assert Path(marker["checkpoint"]).is_dir() and marker["step"] >= 2
-    step = marker["step"]
-    return f"both ranks checkpointed step_{step} and exited: 'stopped by SIGTERM (the launcher ... died)'"
+    return f"both ranks checkpointed step_{marker['step']} and exited ('{own[0]}')"
+
+
+@case(
+    "the launcher (`accelerate launch`) is SIGKILLed while 2 ranks train",
+    "both ranks notice the dead parent, checkpoint the step in flight and exit; no orphan keeps running",
+    multi_process=True,
+)
+def killing_the_launcher_leaves_no_orphans(tmp: Path) -> str:
+    observed = _stop_the_launcher_only(tmp, signal.SIGKILL)
+    assert "the launcher, pid" in observed and "died" in observed, observed
+    return observed
+
+
+@case(
+    "SIGINT (Ctrl-C) to the launcher only, which passes it on to the ranks",
+    "the ranks checkpoint the step in flight and exit 75 (they used to die with a KeyboardInterrupt)",
+    multi_process=True,
+)
+def interrupting_the_launcher_checkpoints(tmp: Path) -> str:
+    return _stop_the_launcher_only(tmp, signal.SIGINT)
 
 
 @case(
