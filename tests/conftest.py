@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,8 +85,6 @@ def accelerate_launch_cmd(*launch_args: str) -> list[str]:
 
 def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """(training lines, eval lines) of a run's metrics.jsonl."""
-    import json
-
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [x for x in lines if "loss" in x], [x for x in lines if any(k.startswith("eval/") for k in x)]
 
@@ -91,8 +92,6 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
 def write_deepspeed_json(base: str, path: Path, **zero_overrides) -> Path:
     """A shipped DeepSpeed JSON with test tweaks (e.g. stage3_param_persistence_threshold=0 so tiny
     tensors are partitioned too and ZeRO-3 bugs cannot hide behind persistence)."""
-    import json
-
     config = json.loads((REPO / "configs" / "deepspeed" / base).read_text())
     config["zero_optimization"].update(zero_overrides)
     path.write_text(json.dumps(config, indent=2))
@@ -147,11 +146,52 @@ def launch_env() -> dict[str, str]:
     return env
 
 
+def start_process(cmd: list[str], **env: str) -> subprocess.Popen:
+    """A real process in its own session (as Slurm runs a job step, so a test can signal all of it),
+    with the launch environment and its output in pipes."""
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env={**launch_env(), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_step(run_dir: Path, step: int, proc, timeout: float = 240) -> None:
+    """Until metrics.jsonl reaches `step`; fails with the run's stderr if it ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() and any(
+            json.loads(line).get("step", 0) >= step
+            for line in metrics.read_text().splitlines()
+            if line.strip()
+        ):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early:\n{proc.communicate()[1][-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def rank_processes(launcher) -> list:
+    """The training processes a launcher started (python children running framer_ds), oldest first."""
+    import psutil
+
+    found = [
+        p
+        for p in psutil.Process(launcher.pid).children(recursive=True)
+        if any("framer_ds" in part for part in p.cmdline())
+    ]
+    return sorted(found, key=lambda p: p.create_time())
+
+
 def launch_strategy_run(strategy: str, root: Path, name: str, **sections) -> Path:
     """One 2-process run of the MLP task (`mlp_config` + `sections`) under `strategy`; its run dir.
     The ids each rank trained on are recorded in `root/<name>_ids/`."""
-    import subprocess
-
     run_dir = root / name
     record = root / f"{name}_ids"
     record.mkdir()

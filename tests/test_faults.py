@@ -11,55 +11,25 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, mlp_config, read_metrics, strategy_launch_args
+from conftest import (
+    REPO,
+    accelerate_launch_cmd,
+    launch_env,
+    mlp_config,
+    rank_processes,
+    read_metrics,
+    start_process,
+    strategy_launch_args,
+    wait_for_step,
+)
 from framer_ds.cli.main import main as cli_main
 from framer_ds.train.faults import EXIT_PREEMPTED, PREEMPTED_MARKER
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def start(cmd: list[str]) -> subprocess.Popen:
-    """In its own process group, as Slurm runs a job step, so the test can signal all of it."""
-    return subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=launch_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        metrics = run_dir / "metrics.jsonl"
-        if metrics.exists() and any(
-            json.loads(line).get("step", 0) >= step
-            for line in metrics.read_text().splitlines()
-            if line.strip()
-        ):
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended early:\n{proc.communicate()[1][-4000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"step {step} not reached in {timeout}s")
-
-
-def workers(launcher: subprocess.Popen) -> list[psutil.Process]:
-    """The training processes (python children running framer_ds), rank order by start time."""
-    found = [
-        p
-        for p in psutil.Process(launcher.pid).children(recursive=True)
-        if any("framer_ds" in part for part in p.cmdline())
-    ]
-    return sorted(found, key=lambda p: p.create_time())
 
 
 def slow_config(tmp_path: Path, **train) -> tuple[Path, Path]:
@@ -102,7 +72,7 @@ def test_sigterm_to_the_job_checkpoints_and_resumes_exactly(tmp_path, reference_
     """Slurm's time limit: SIGTERM to every process of the job step (launcher and ranks)."""
     config, run_dir = slow_config(tmp_path)
     args = ["--multi_gpu", "--num_processes", "2"]
-    proc = start(accelerate_launch_cmd(*args, "-m", "framer_ds", "train", str(config)))
+    proc = start_process(accelerate_launch_cmd(*args, "-m", "framer_ds", "train", str(config)))
     wait_for_step(run_dir, 3, proc)
     os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -116,9 +86,9 @@ def test_sigusr1_to_one_rank_stops_every_rank(tmp_path, reference_losses):
     """`--signal=USR1@90` may reach one task only: all ranks must still agree to stop together."""
     config, run_dir = slow_config(tmp_path)
     args = strategy_launch_args("zero2", tmp_path)
-    proc = start(accelerate_launch_cmd(*args, "-m", "framer_ds", "train", str(config)))
+    proc = start_process(accelerate_launch_cmd(*args, "-m", "framer_ds", "train", str(config)))
     wait_for_step(run_dir, 3, proc)
-    ranks = workers(proc)
+    ranks = rank_processes(proc)
     assert len(ranks) == 2
     ranks[1].send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=120)
@@ -128,7 +98,7 @@ def test_sigusr1_to_one_rank_stops_every_rank(tmp_path, reference_losses):
 
 def test_single_process_exits_with_the_requeue_status(tmp_path):
     config, run_dir = slow_config(tmp_path)
-    proc = start([sys.executable, "-m", "framer_ds", "train", str(config)])
+    proc = start_process([sys.executable, "-m", "framer_ds", "train", str(config)])
     wait_for_step(run_dir, 2, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -207,12 +177,12 @@ def test_nan_on_one_rank_is_skipped_by_all_ranks(tmp_path, strategy):
 @pytest.mark.distributed
 def test_a_killed_rank_fails_the_job_naming_the_rank(tmp_path):
     config, run_dir = slow_config(tmp_path, collective_timeout_s=60)
-    proc = start(
+    proc = start_process(
         accelerate_launch_cmd("--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config))
     )
     wait_for_step(run_dir, 2, proc)
     killed_at = time.monotonic()
-    workers(proc)[1].kill()
+    rank_processes(proc)[1].kill()
     _, err = proc.communicate(timeout=180)
     assert proc.returncode != 0
     assert time.monotonic() - killed_at < 120, "the job should fail fast, not wait on a dead rank"
