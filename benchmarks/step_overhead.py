@@ -37,6 +37,7 @@ from transformers import ViTConfig, ViTForImageClassification, get_scheduler
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.vit_classification import VitClassificationTask
 from framer_ds.train.loop import run_training
+from framer_ds.train.schedule import plan_steps
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "quickstart.yaml"
@@ -100,7 +101,7 @@ def reset_accelerate() -> None:
 
 def overrides(steps: int, out: Path) -> list[str]:
     """No eval or checkpoint inside the timed steps (the final eval and export come after them)."""
-    no_extras = ["train.eval_every=null", "train.checkpoint_every=null"]
+    no_extras = ["train.eval_every_epochs=null", "train.checkpoint_every_epochs=null"]
     return [f"output_dir={out}", f"train.max_steps={steps}", *no_extras]
 
 
@@ -135,7 +136,10 @@ def run_baseline(steps: int, out: Path) -> Times:
         weight_decay=train.weight_decay,
     )
     scheduler = get_scheduler(
-        train.lr_scheduler, optimizer, num_warmup_steps=train.warmup_steps, num_training_steps=steps
+        train.lr_scheduler,
+        optimizer,
+        num_warmup_steps=plan_steps(len(train_set), train, 1).warmup_steps,
+        num_training_steps=steps,
     )
     loader = DataLoader(train_set, batch_size=train.micro_batch_size, shuffle=True, drop_last=True)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)

@@ -52,8 +52,9 @@ def fresh_accelerate_state():
 TINY_VIT_OVERRIDES = [
     "train.epochs=1",
     "train.micro_batch_size=16",
-    "train.eval_every=null",
-    "train.checkpoint_every=null",
+    "train.eval_every_epochs=null",
+    "train.checkpoint_every_epochs=null",
+    "train.warmup_ratio=null",
     "train.warmup_steps=2",
     "train.max_eval_batches=4",
 ]

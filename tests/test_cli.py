@@ -257,8 +257,9 @@ def test_existing_run_is_refused_then_overwrite_then_resume(quickstart_overrides
     rc, out, err = cli(capsys, *with_checkpoints, "--overwrite")
     assert rc == 0, err
     assert "done: 2 steps" in out
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps[0] == 1 and max(steps) == 2  # started over, not appended to the first run
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "loss" in x] == [1, 2]  # started over, not appended to the first run
+    assert [x["step"] for x in lines if "run_summary" in x] == [0]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_2"]
 
     rc, out, err = cli(

@@ -95,7 +95,8 @@ def test_scan_split_missing_and_no_classes(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         scan_image_folder(root)
     text = problems_text(err)
-    assert "the val/ directory is missing" in text and "Did you mean 'valid'?" in text
+    assert "no val/ or validation/ directory" in text and "Did you mean 'valid'?" in text
+    assert "data.validation_split: 0.1" in text
     assert "train/ has no class directories" in text
     assert "move each into a per-class sub-directory" in text
 
@@ -401,3 +402,33 @@ def test_dataset_and_transform_pickle_for_dataloader_workers(tmp_path: Path) -> 
     a = ds[0]["pixel_values"]
     torch.manual_seed(3)
     assert torch.equal(clone[0]["pixel_values"], a)
+
+
+def test_a_validation_directory_is_found_like_val(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "ds", {"train": {"cat": 2, "dog": 2}, "validation": {"cat": 1, "dog": 1}})
+    index = scan_image_folder(root)
+    assert len(index.val) == 2 and index.validation_source == "validation/"
+    make_folder(root, {"val": {"cat": 1, "dog": 1}})
+    with pytest.raises(ConfigError, match="has both val/ and validation/"):
+        scan_image_folder(root)
+
+
+def test_validation_split_is_stratified_seeded_and_the_same_everywhere(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "ds", {"train": {"cat": 20, "dog": 10, "emu": 2}})
+    index = scan_image_folder(root, validation_split=0.2, split_seed=5)
+    held = {(label, path.name) for path, label in index.val}
+    per_class = [sum(1 for _, label in index.val if label == c) for c in range(3)]
+    assert per_class == [4, 2, 1]  # 20% of each class, at least one, never the whole class
+    assert not held & {(label, path.name) for path, label in index.train}
+    assert len(index.train) + len(index.val) == 32
+    again = scan_image_folder(root, validation_split=0.2, split_seed=5)  # another rank, another run
+    assert again.val == index.val and again.train == index.train
+    other = scan_image_folder(root, validation_split=0.2, split_seed=6)
+    assert other.val != index.val
+    assert index.validation_source == "20% of train/ held out (stratified by class, seed 5)"
+
+
+def test_validation_split_next_to_a_val_directory_is_a_problem(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "ds", {"train": {"cat": 2}, "val": {"cat": 1}})
+    with pytest.raises(ConfigError, match=r"data\.validation_split: is set but"):
+        scan_image_folder(root, validation_split=0.1)

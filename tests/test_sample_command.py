@@ -25,7 +25,7 @@ def vit_final(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("vit") / "run"
     overrides = [
         f"output_dir={run_dir}",
-        "train.max_steps=40",
+        "train.max_steps=120",
         "train.eval_every=null",
         "train.max_eval_batches=2",
     ]
@@ -46,7 +46,7 @@ def val_images(final: Path, count: int) -> list[Path]:
 def test_final_records_the_task_and_the_resolved_config(vit_final):
     record = json.loads((vit_final / EXPORT_RECORD).read_text())
     assert record["task"] == "vit_classification"
-    assert record["config"]["train"]["max_steps"] == 40
+    assert record["config"]["train"]["max_steps"] == 120
     assert record["config"] == json.loads(
         json.dumps(load_run_config(vit_final.parent / "config.yaml").model_dump(mode="json"))
     )
@@ -101,3 +101,33 @@ def test_an_export_without_a_record_is_named(tmp_path, capsys):
     assert f"no {EXPORT_RECORD}" in err and "another tool or an older framer_ds" in err
     assert main(["sample", str(tmp_path / "absent")]) == 1
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_final_works_with_the_transformers_pipeline(vit_final):
+    """`pipeline("image-classification", model=RUN/final)` and AutoImageProcessor give the same labels and
+    scores as the evaluation preprocessing (`framer-ds sample`), with the class names as labels."""
+    from transformers import AutoImageProcessor, pipeline
+
+    classifier = pipeline("image-classification", model=str(vit_final), device="cpu")
+    processor = AutoImageProcessor.from_pretrained(vit_final)
+    model = AutoModelForImageClassification.from_pretrained(vit_final).eval()
+    task = VitClassificationTask(load_run_config(vit_final.parent / "config.yaml"))
+    config = load_run_config(vit_final.parent / "config.yaml")
+    root = VitClassificationTask(config).data_root()
+    images = sorted((root / "train").glob("*/*.png"))[::150][:10]
+    ours = ImageFolderDataset([(p, 0) for p in images], task.image_transform(model.config, train=False))
+    correct = 0
+    for index, path in enumerate(images):
+        with torch.no_grad():
+            expected = model(pixel_values=ours[index]["pixel_values"][None]).logits.softmax(-1)[0]
+            from PIL import Image
+
+            via_processor = processor(images=Image.open(path).convert("RGB"), return_tensors="pt")
+            processed = model(**via_processor).logits.softmax(-1)[0]
+        top = classifier(str(path), top_k=1)[0]
+        best = int(expected.argmax())
+        assert top["label"] == model.config.id2label[best]
+        assert top["score"] == pytest.approx(float(expected[best]), rel=1e-4)
+        torch.testing.assert_close(processed, expected, rtol=1e-4, atol=1e-6)
+        correct += top["label"] == path.parent.name
+    assert correct >= 7, f"{correct} of 10 training images classified correctly"

@@ -96,6 +96,13 @@ class TrainConfig(StrictModel):
         "cosine", description="Decay after warmup (transformers' schedulers)."
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup in optimizer steps.")
+    warmup_ratio: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="Linear warmup as a share of all optimizer steps (instead of warmup_steps), so it "
+        "means the same at any number of processes.",
+    )
     max_grad_norm: float = Field(
         1.0, ge=0, description="Gradient clipping norm; 0 disables. Filled into DeepSpeed's 'auto'."
     )
@@ -113,8 +120,19 @@ class TrainConfig(StrictModel):
     eval_every: int | None = Field(
         None, ge=1, description="Evaluate every N optimizer steps (and always at the end); null = end only."
     )
+    eval_every_epochs: float | None = Field(
+        None,
+        gt=0,
+        description="Evaluate every N epochs (fractions allowed), resolved into optimizer steps once the "
+        "data and the number of processes are known; instead of eval_every.",
+    )
     checkpoint_every: int | None = Field(
         None, ge=1, description="Write a resumable checkpoint every N optimizer steps; null = never."
+    )
+    checkpoint_every_epochs: float | None = Field(
+        None,
+        gt=0,
+        description="Write a checkpoint every N epochs (fractions allowed); instead of checkpoint_every.",
     )
     keep_last_checkpoints: int = Field(2, ge=1, description="Older checkpoints are deleted.")
     resume: str | None = Field(
@@ -145,6 +163,20 @@ class TrainConfig(StrictModel):
     log_every: int = Field(1, ge=1, description="Write a metrics line every N optimizer steps.")
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
     max_eval_batches: int | None = Field(None, ge=1, description="Cap eval cost on huge val sets.")
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainConfig:
+        pairs = (
+            ("eval_every", "eval_every_epochs"),
+            ("checkpoint_every", "checkpoint_every_epochs"),
+            ("warmup_steps", "warmup_ratio"),
+        )
+        both = [
+            f"train.{a} and train.{b}" for a, b in pairs if getattr(self, a) and getattr(self, b) is not None
+        ]
+        if both:
+            raise ValueError(f"set one of {'; one of '.join(both)}: they say the same thing in two units")
+        return self
 
     def global_batch_size(self, data_parallel_size: int) -> int:
         """Samples per optimizer step across all ranks: micro-batch x accumulation x data-parallel ranks."""

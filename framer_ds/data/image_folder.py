@@ -1,4 +1,5 @@
-"""ImageFolder data for `vit_classification`: `ROOT/train/CLASS/*.png` and `ROOT/val/CLASS/*.png`.
+"""ImageFolder data for `vit_classification`: `ROOT/train/CLASS/*.png` and `ROOT/val/CLASS/*.png`
+(or `validation/`, as Hugging Face datasets name it; or a seeded, stratified share of train/).
 
 This replaces torchvision's ImageFolder + transforms (torchvision is deliberately not a dependency:
 its wheels are pinned to one exact torch build and would fight the CPU/CUDA torch the user has).
@@ -30,8 +31,11 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 )
 """Lower-case suffixes counted as images; matching is case-insensitive (`IMG_001.JPG` counts)."""
 
-SPLITS: tuple[str, str] = ("train", "val")
-LAYOUT_HINT = "the expected layout is ROOT/train/CLASS/*.png and ROOT/val/CLASS/*.png"
+VALIDATION_DIRS: tuple[str, str] = ("val", "validation")
+LAYOUT_HINT = (
+    "the expected layout is ROOT/train/CLASS/*.png and ROOT/val/CLASS/*.png (or validation/), "
+    "or set data.validation_split to hold out part of train/"
+)
 
 
 @dataclass
@@ -43,6 +47,7 @@ class ImageFolderIndex:
     classes: list[str]
     train: list[tuple[Path, int]] = field(default_factory=list)
     val: list[tuple[Path, int]] = field(default_factory=list)
+    validation_source: str = "val/"  # where `val` came from, for the run summary
 
     @property
     def num_classes(self) -> int:
@@ -102,9 +107,65 @@ def _missing_class_problems(
     return problems
 
 
-def scan_image_folder(root: Path, verify_images: bool = False) -> ImageFolderIndex:
-    """Index `root` (train/ and val/ splits of class directories) and raise one `ConfigError`
-    listing every layout problem found; with `verify_images`, also every file PIL cannot read."""
+def _validation_dir(root: Path, validation_split: float | None) -> tuple[str | None, list[ConfigProblem]]:
+    """The split directory holding validation images, or None when train/ is to be split."""
+    present = [name for name in VALIDATION_DIRS if (root / name).is_dir()]
+    if len(present) == 2:
+        return None, [
+            ConfigProblem(
+                str(root),
+                "has both val/ and validation/; keep one (they would be two different validation sets)",
+            )
+        ]
+    if present and validation_split is not None:
+        return present[0], [
+            ConfigProblem(
+                "data.validation_split",
+                f"is set but {root / present[0]}/ exists; drop data.validation_split to use that directory, "
+                "or move it away to hold out part of train/ instead",
+            )
+        ]
+    if present:
+        return present[0], []
+    if validation_split is not None:
+        return None, []
+    found = sorted(p.name for p in root.iterdir() if p.is_dir())
+    return None, [
+        ConfigProblem(
+            str(root / "val"),
+            f"no val/ or validation/ directory (found: {found or 'nothing'}).{did_you_mean('val', found)} "
+            f"Create one, or set data.validation_split: 0.1 to hold out 10% of train/.",
+        )
+    ]
+
+
+def hold_out(
+    items: list[tuple[Path, int]], fraction: float, seed: int
+) -> tuple[list[tuple[Path, int]], list[tuple[Path, int]]]:
+    """(train, validation): `fraction` of each class, drawn with `seed` from the path-sorted items, so
+    every rank and every run with the same seed holds out the same images. At least one image of a
+    class with two or more stays on each side."""
+    rng = np.random.default_rng(seed)
+    by_class: dict[int, list[tuple[Path, int]]] = {}
+    for item in items:
+        by_class.setdefault(item[1], []).append(item)
+    train, val = [], []
+    for label in sorted(by_class):
+        members = by_class[label]
+        order = rng.permutation(len(members))
+        count = min(max(round(len(members) * fraction), 1), len(members) - 1) if len(members) > 1 else 0
+        held = set(order[:count].tolist())
+        for index, item in enumerate(members):
+            (val if index in held else train).append(item)
+    return train, val
+
+
+def scan_image_folder(
+    root: Path, verify_images: bool = False, validation_split: float | None = None, split_seed: int = 0
+) -> ImageFolderIndex:
+    """Index `root` (train/ and val/ or validation/ splits of class directories, or train/ alone with a
+    `validation_split`) and raise one `ConfigError` listing every layout problem found; with
+    `verify_images`, also every file PIL cannot read."""
     root = Path(root).expanduser()
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"
@@ -119,9 +180,10 @@ def scan_image_folder(root: Path, verify_images: bool = False) -> ImageFolderInd
             source=str(root),
         )
 
-    problems: list[ConfigProblem] = []
+    val_dir, problems = _validation_dir(root, validation_split)
+    splits = ["train"] + ([val_dir] if val_dir else [])
     classes_by_split: dict[str, list[str]] = {}
-    for split in SPLITS:
+    for split in splits:
         split_dir = root / split
         if not split_dir.is_dir():
             present = sorted(p.name for p in root.iterdir() if p.is_dir())
@@ -152,15 +214,15 @@ def scan_image_folder(root: Path, verify_images: bool = False) -> ImageFolderInd
         classes_by_split[split] = class_names
 
     train_classes = classes_by_split.get("train", [])
-    val_classes = classes_by_split.get("val", [])
-    if "train" in classes_by_split and "val" in classes_by_split and train_classes and val_classes:
-        problems += _missing_class_problems(train_classes, val_classes, "train", "val", root)
-        problems += _missing_class_problems(val_classes, train_classes, "val", "train", root)
+    val_classes = classes_by_split.get(val_dir, []) if val_dir else []
+    if val_dir and train_classes and val_classes:
+        problems += _missing_class_problems(train_classes, val_classes, "train", val_dir, root)
+        problems += _missing_class_problems(val_classes, train_classes, val_dir, "train", root)
 
     # The union, so labels exist even while a train/val mismatch is being reported above.
     classes = sorted(set(train_classes) | set(val_classes))
     label_of = {name: i for i, name in enumerate(classes)}
-    items: dict[str, list[tuple[Path, int]]] = {split: [] for split in SPLITS}
+    items: dict[str, list[tuple[Path, int]]] = {split: [] for split in splits}
     for split, class_names in classes_by_split.items():
         for name in class_names:
             images = _list_images(root / split / name)
@@ -175,7 +237,7 @@ def scan_image_folder(root: Path, verify_images: bool = False) -> ImageFolderInd
             items[split] += [(path, label_of[name]) for path in images]
 
     if verify_images:
-        for split in SPLITS:
+        for split in splits:
             for path, _ in items[split]:
                 reason = verify_image(path)
                 if reason is not None:
@@ -189,7 +251,11 @@ def scan_image_folder(root: Path, verify_images: bool = False) -> ImageFolderInd
 
     if problems:
         raise ConfigError(problems, source=str(root))
-    return ImageFolderIndex(root=root, classes=classes, train=items["train"], val=items["val"])
+    if val_dir:
+        return ImageFolderIndex(root, classes, items["train"], items[val_dir], f"{val_dir}/")
+    train, val = hold_out(items["train"], validation_split, split_seed)
+    source = f"{validation_split:.0%} of train/ held out (stratified by class, seed {split_seed})"
+    return ImageFolderIndex(root, classes, train, val, source)
 
 
 class ImageTransform:

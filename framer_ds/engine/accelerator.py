@@ -97,6 +97,31 @@ def frozen_model_init(accelerator: Accelerator) -> Iterator[None]:
             hf_deepspeed.set_hf_deepspeed_config(config)
 
 
+def describe_strategy(accelerator: Accelerator) -> str:
+    """What the launch really gave, in words: the run summary shows it, because a launch that quietly
+    runs something else (`accelerate launch --cpu --num_processes 2` starts ONE process) is otherwise
+    only noticed in the throughput."""
+    device = "GPU" if accelerator.device.type == "cuda" else accelerator.device.type.upper()
+    processes = accelerator.num_processes
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        zero = plugin.deepspeed_config.get("zero_optimization", {})
+        offload = [
+            f"{what} offload ({device_})"
+            for what, key in (("optimizer", "offload_optimizer"), ("parameter", "offload_param"))
+            if (device_ := (zero.get(key) or {}).get("device", "none")) not in (None, "none")
+        ]
+        return " + ".join(
+            [f"DeepSpeed ZeRO-{plugin.zero_stage} on {processes} {device} process(es)", *offload]
+        )
+    if processes > 1:
+        return f"DDP on {processes} {device} processes"
+    note = ""
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" and "WORLD_SIZE" not in os.environ:
+        note = " (`accelerate launch --cpu` starts one; for N CPU processes: --multi_gpu --num_processes N)"
+    return f"single {device} process{note}"
+
+
 def uses_deepspeed(accelerator: Accelerator) -> bool:
     return accelerator.state.deepspeed_plugin is not None
 

@@ -22,12 +22,15 @@ from framer_ds.config.schema import RunConfigBase
 class MetricsLogger:
     """Append-only JSON lines on rank 0, mirrored to accelerate's trackers."""
 
-    def __init__(self, accelerator: Accelerator, config: RunConfigBase):
+    def __init__(
+        self, accelerator: Accelerator, config: RunConfigBase, summary: dict[str, Any], start_step: int
+    ):
         self.accelerator = accelerator
         self.path = Path(config.output_dir) / "metrics.jsonl"
         self._file = None
         if accelerator.is_main_process:
             self._file = self.path.open("a", buffering=1)
+            self._file.write(json.dumps({"step": start_step, "run_summary": summary}) + "\n")
         if accelerator.log_with:
             init_kwargs: dict[str, Any] = {}
             if config.log.wandb is not None:
@@ -39,9 +42,8 @@ class MetricsLogger:
                     "entity": wandb.entity,
                 }
             project = config.log.wandb.project if config.log.wandb else Path(config.output_dir).name
-            accelerator.init_trackers(
-                project, config=_flatten(config.model_dump(mode="json")), init_kwargs=init_kwargs
-            )
+            tracked = {**config.model_dump(mode="json"), "run_summary": summary}
+            accelerator.init_trackers(project, config=_flatten(tracked), init_kwargs=init_kwargs)
 
     def log(self, values: dict[str, float], step: int) -> None:
         if self._file is not None:

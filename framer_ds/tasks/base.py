@@ -83,6 +83,11 @@ class Task(ABC):
             f"train: {len(train)} samples; eval: {len(evaluation) if evaluation is not None else 0} samples"
         )
 
+    def data_summary(self) -> dict[str, str]:
+        """Lines for the run summary about where the data came from (e.g. how validation was made).
+        Called after `build_datasets`."""
+        return {}
+
     @property
     def model_has_hidden_size(self) -> bool:
         """Whether DeepSpeed's "auto" bucket sizes could be derived from the model config."""

@@ -54,6 +54,13 @@ class VitDataConfig(StrictModel):
     random_crop_padding: int = Field(0, ge=0, description="Train augmentation: pad then random crop.")
     hflip: bool = Field(False, description="Train augmentation: random horizontal flip.")
     verify_images: bool = Field(False, description="Open every image at start and report corrupt files.")
+    validation_split: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Without a val/ or validation/ directory: hold out this share of train/, stratified by "
+        "class and seeded with train.seed (the same images on every rank and every run).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> VitDataConfig:
@@ -146,12 +153,13 @@ class VitClassificationTask(Task):
 
     def data_report(self) -> str:
         """Every image is opened (verify_images), so corrupt files are listed before a job queues."""
-        index = scan_image_folder(self.data_root(), verify_images=True)
+        index = self._scan(verify_images=True)
         counts = {split: len(items) for split, items in (("train", index.train), ("val", index.val))}
         per_class = [sum(1 for _, label in index.train if label == i) for i in range(index.num_classes)]
         return (
             f"{self.data_root()}: {index.num_classes} classes; train {counts['train']} images, "
-            f"val {counts['val']} images; train images per class min {min(per_class)}, max {max(per_class)}; "
+            f"val {counts['val']} images ({index.validation_source}); train images per class min "
+            f"{min(per_class)}, max {max(per_class)}; "
             "all images decode"
         )
 
@@ -159,10 +167,19 @@ class VitClassificationTask(Task):
         if self.config.data.builtin == "digits":
             ensure_digits_imagefolder(default_cache_dir())
 
-    def _scan(self) -> ImageFolderIndex:
-        if self.index is None:
-            self.index = scan_image_folder(self.data_root(), verify_images=self.config.data.verify_images)
+    def _scan(self, verify_images: bool | None = None) -> ImageFolderIndex:
+        data = self.config.data
+        if self.index is None or verify_images:
+            self.index = scan_image_folder(
+                self.data_root(),
+                verify_images=data.verify_images if verify_images is None else verify_images,
+                validation_split=data.validation_split,
+                split_seed=self.config.train.seed,
+            )
         return self.index
+
+    def data_summary(self) -> dict[str, str]:
+        return {"validation": self._scan().validation_source}
 
     def normalisation(self, num_channels: int) -> tuple[list[float], list[float]]:
         """(mean, std) per channel: the configured ones, else 0.5 each."""
@@ -224,14 +241,28 @@ class VitClassificationTask(Task):
         }
 
     def export(self, accelerator, model, out_dir: Path) -> None:
+        """`save_pretrained` weights (id2label holds the class names) plus the image processor that
+        preprocesses as evaluation did (size, bicubic resize, normalisation), so
+        `transformers.pipeline("image-classification", model=RUN/final)` works as it is."""
         save_pretrained_gathered(accelerator, model, out_dir)
         if accelerator.is_main_process:
+            from transformers.image_utils import PILImageResampling
+
             ViTImageProcessor = image_processor_class("ViTImageProcessor")
             arch = self.vit_config()
             mean, std = self.normalisation(arch.num_channels)
             ViTImageProcessor(
-                size={"height": arch.image_size, "width": arch.image_size}, image_mean=mean, image_std=std
+                size={"height": arch.image_size, "width": arch.image_size},
+                resample=PILImageResampling.BICUBIC,  # ImageTransform's resize
+                image_mean=mean,
+                image_std=std,
             ).save_pretrained(out_dir)
+            if arch.num_channels != 3:
+                accelerator.print(
+                    f"note: final/ holds a {arch.num_channels}-channel model; it loads with "
+                    "AutoModelForImageClassification and `framer-ds sample`, but transformers' image "
+                    "pipelines feed RGB images: train with model.config.num_channels: 3 for pipeline use"
+                )
 
     @torch.no_grad()
     def sample(self, export_dir: Path, options: VitSampleCommandOptions) -> str:

@@ -184,12 +184,11 @@ class SaveCheckpoint(StepAction):
 def default_actions(run: TrainingRun) -> list[StepAction]:
     """In order: the log line first (it covers the step just taken), the checkpoint last (it captures
     what the others did, and a stop signal ends the run there)."""
-    train = run.config.train
     return [
-        LogMetrics(train.log_every),
-        Evaluate(train.eval_every),
+        LogMetrics(run.config.train.log_every),
+        Evaluate(run.plan.eval_every),
         WriteSamples(run.task.sample_every()),
-        SaveCheckpoint(train.checkpoint_every),
+        SaveCheckpoint(run.plan.checkpoint_every),
     ]
 
 

@@ -32,6 +32,7 @@ from framer_ds.train.actions import StepContext, Throughput, default_actions, ru
 from framer_ds.train.faults import NonFiniteTracker, Preempted, StopRequest, write_preempted_marker
 from framer_ds.train.run import TrainingRun, apply_config_after_resume, build_training_run
 from framer_ds.train.step import OptimizerStep, windows
+from framer_ds.train.summary import format_summary, run_summary
 
 
 @dataclass
@@ -105,7 +106,9 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
         apply_config_after_resume(run)
         state = adapt_to_world_size(accelerator, state, load_path, config.train, run.plan.batches_per_epoch)
         accelerator.print(f"resumed from {resume_path} at step {state.global_step}")
-    logger = MetricsLogger(accelerator, config)
+    summary = run_summary(run, state, resume_path)
+    accelerator.print(format_summary(summary))
+    logger = MetricsLogger(accelerator, config, summary, state.global_step)
     try:
         eval_metrics = _train(run, state, logger, stop)
         _export(run, Path(config.output_dir))

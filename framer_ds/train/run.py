@@ -28,6 +28,15 @@ class TrainingRun:
     train_loader: DataLoader
     eval_loader: DataLoader | None
     plan: StepPlan
+    train_examples: int
+    eval_examples: int
+    trainable_parameters: int
+    total_parameters: int
+
+
+def _numel(parameter: torch.nn.Parameter) -> int:
+    """Elements of a parameter, also when ZeRO-3 built it partitioned (its local shape is then (0,))."""
+    return int(getattr(parameter, "ds_numel", parameter.numel()))
 
 
 def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainingRun:
@@ -39,6 +48,8 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise RuntimeError(f"task {task.name!r} built a model with no trainable parameters")
+    counts = (sum(map(_numel, trainable)), sum(map(_numel, model.parameters())))
+    sizes = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = torch.optim.AdamW(
         trainable,
         lr=train_cfg.learning_rate,
@@ -64,7 +75,7 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     scheduler = get_scheduler(
         train_cfg.lr_scheduler,
         optimizer,
-        num_warmup_steps=train_cfg.warmup_steps,
+        num_warmup_steps=plan.warmup_steps,
         num_training_steps=plan.total_steps,
     )
     if eval_loader is not None:
@@ -81,7 +92,17 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
             f"{len(train_loader)}; please report this with your launch command"
         )
     return TrainingRun(
-        accelerator, task, config, model, optimizer, scheduler, train_loader, eval_loader, plan
+        accelerator,
+        task,
+        config,
+        model,
+        optimizer,
+        scheduler,
+        train_loader,
+        eval_loader,
+        plan,
+        *sizes,
+        *counts,
     )
 
 

@@ -1,4 +1,6 @@
-"""How many optimizer steps a run takes, computed before `prepare` so the LR schedule can be built."""
+"""How many optimizer steps a run takes, and its cadences in steps, computed before `prepare` so the LR
+schedule can be built. Cadences given in epochs (and warmup as a share) are resolved here, once the
+data and the number of processes are known, so a config means the same on 1, 2 or 16 processes."""
 
 from __future__ import annotations
 
@@ -15,6 +17,15 @@ class StepPlan:
     updates_per_epoch: int  # optimizer steps per epoch
     total_steps: int
     global_batch: int  # samples per optimizer step across all ranks
+    eval_every: int | None = None  # optimizer steps, from train.eval_every or train.eval_every_epochs
+    checkpoint_every: int | None = None
+    warmup_steps: int = 0
+
+
+def _in_steps(steps: int | None, epochs: float | None, updates_per_epoch: int) -> int | None:
+    if epochs is None:
+        return steps
+    return max(1, round(epochs * updates_per_epoch))
 
 
 def plan_steps(num_samples: int, train: TrainConfig, world_size: int) -> StepPlan:
@@ -33,4 +44,13 @@ def plan_steps(num_samples: int, train: TrainConfig, world_size: int) -> StepPla
         )
     updates_per_epoch = math.ceil(batches_per_epoch / train.gradient_accumulation_steps)
     total = train.max_steps if train.max_steps is not None else train.epochs * updates_per_epoch
-    return StepPlan(batches_per_epoch, updates_per_epoch, total, train.global_batch_size(world_size))
+    warmup = math.ceil(total * train.warmup_ratio) if train.warmup_ratio is not None else train.warmup_steps
+    return StepPlan(
+        batches_per_epoch,
+        updates_per_epoch,
+        total,
+        train.global_batch_size(world_size),
+        eval_every=_in_steps(train.eval_every, train.eval_every_epochs, updates_per_epoch),
+        checkpoint_every=_in_steps(train.checkpoint_every, train.checkpoint_every_epochs, updates_per_epoch),
+        warmup_steps=warmup,
+    )

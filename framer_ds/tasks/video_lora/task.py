@@ -72,6 +72,7 @@ class VideoLoraTask(Task):
         self.accelerator = None
         self._raw_eval_or_train: Dataset | None = None  # pixel clips, for sampling inputs
         self._sample_inputs = None
+        self._validation_note: str | None = None
 
     # --- paths and pre-flight ------------------------------------------------------------------------
 
@@ -176,11 +177,19 @@ class VideoLoraTask(Task):
         n_val = int(len(ids) * fraction)
         return set(sorted(ids)[:: max(1, len(ids) // n_val)][:n_val]) if n_val else set()
 
+    def _describe_held_out(self, held: int, total: int, what: str) -> str:
+        fraction = self.config.data.val_fraction
+        return f"{held} of {total} {what} held out (every k-th, data.val_fraction {fraction})"
+
+    def data_summary(self) -> dict[str, str]:
+        return {"validation": self._validation_note} if self._validation_note else {}
+
     def build_datasets(self):
         data = self.config.data
         if self.uses_pairs:
             pairs = scan_image_pairs(self.data_root())
             val_ids = self._held_out([pid for pid, _, _ in pairs], data.val_fraction)
+            self._validation_note = self._describe_held_out(len(val_ids), len(pairs), "image pairs")
             size = {"height": data.height, "width": data.width, "num_frames": data.num_frames}
             train = ImagePairDataset([p for p in pairs if p[0] not in val_ids], hflip=data.hflip, **size)
             val = ImagePairDataset([p for p in pairs if p[0] in val_ids], **size) if val_ids else None
@@ -188,6 +197,7 @@ class VideoLoraTask(Task):
         index = self._index()
         records = sorted(index.records, key=lambda r: r.video_id)
         val_ids = self._held_out([r.video_id for r in records], data.val_fraction)
+        self._validation_note = self._describe_held_out(len(val_ids), len(records), "videos")
         common = {
             "num_frames": data.num_frames,
             "height": data.height,
