@@ -419,3 +419,18 @@ def test_gradient_checkpointing_really_checkpoints(quickstart_overrides, capsys,
         assert calls["checkpoint"] >= 4 * 2, calls
     else:
         assert calls["checkpoint"] == 0, calls
+
+
+def test_train_help_explains_overrides_and_where_every_key_is(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "train.max_steps=20" in out and "framer-ds config show TASK" in out and "docs/config.md" in out
+
+
+def test_config_show_lists_every_key_with_default_and_description(capsys):
+    assert main(["config", "show", "vit_classification"]) == 0
+    out = capsys.readouterr().out
+    assert "train.eval_every_epochs: float | null = null" in out and "data.validation_split" in out
+    assert main(["config", "show", "vit_clasification"]) == 1
+    assert "Did you mean 'vit_classification'" in capsys.readouterr().err

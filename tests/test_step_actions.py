@@ -11,7 +11,7 @@ from conftest import mlp_config
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train import actions as actions_module
 from framer_ds.train import loop
-from framer_ds.train.actions import StepAction, StepContext, Throughput
+from framer_ds.train.actions import Cadence, StepAction, StepContext, Throughput
 
 
 class FakeClock:
@@ -54,7 +54,7 @@ class RecordAfterEval(StepAction):
 def test_a_new_behaviour_is_one_more_action(tmp_path: Path, monkeypatch):
     config = mlp_config(tmp_path / "c.yaml", tmp_path / "run", train={"max_steps": 8, "eval_every": 4})
     real = loop.default_actions
-    monkeypatch.setattr(loop, "default_actions", lambda run: [*real(run), RecordAfterEval(None)])
+    monkeypatch.setattr(loop, "default_actions", lambda run: [*real(run), RecordAfterEval(Cadence())])
     RecordAfterEval.seen = []
     result = loop.run_training(load_run_config(config))
     assert [step for step, _ in RecordAfterEval.seen] == [4, 8]
@@ -81,7 +81,24 @@ def test_every_n_steps_and_at_the_end(every, step, done, due):
     ctx = StepContext.__new__(StepContext)
     ctx.state = type("S", (), {"global_step": step})()
     ctx.done = done
-    assert Probe(every).due(ctx) is due
+    assert Probe(Cadence(every)).due(ctx) is due
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "done", "due"),
+    [
+        (0.49, 0.51, False, True),
+        (0.3, 0.49, False, False),
+        (0.5, 0.7, False, False),
+        (0.9, 1.0, False, True),
+        (0.6, 0.7, True, True),
+        (0.0, 0.5, False, True),
+    ],
+)
+def test_every_half_epoch_fires_on_the_step_that_crosses_it(before, now, done, due):
+    ctx = StepContext.__new__(StepContext)
+    ctx.epoch_before, ctx.epoch_now, ctx.done = before, now, done
+    assert Cadence(epochs=0.5).due(ctx) is due
 
 
 def test_every_run_ends_its_accelerator_exactly_once(tmp_path: Path, monkeypatch):
@@ -113,3 +130,27 @@ def test_every_run_ends_its_accelerator_exactly_once(tmp_path: Path, monkeypatch
     with pytest.raises(NonFiniteLossError):
         loop.run_training(load_run_config(bad))
     assert calls == [False, True]
+
+
+def test_warnings_and_log_records_print_above_the_progress_bar(monkeypatch):
+    """While the bar is drawn, library warnings and log records go through tqdm.write, which clears
+    the bar, prints, and redraws it (a plain print lands in the middle of the bar's line)."""
+    import logging
+    import warnings
+
+    from tqdm.std import tqdm
+
+    from framer_ds.train import console
+
+    written: list[str] = []
+    monkeypatch.setattr(tqdm, "write", classmethod(lambda cls, s, file=None, **kw: written.append(s)))
+    library = logging.getLogger("framer_test_library")
+    library.addHandler(logging.StreamHandler())
+    bar = tqdm(total=3, disable=False)
+    with console.above_the_progress_bar(), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("a library warning", UserWarning, stacklevel=1)
+        library.warning("a library log record")
+    bar.close()
+    assert any("a library warning" in line for line in written)
+    assert any("a library log record" in line for line in written)

@@ -8,7 +8,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, RunSetupError
+
+OVERRIDES_HELP = """overrides:
+  Any config key can be set after the config path as a dotted key=value; values are read as YAML:
+    framer-ds train CONFIG train.max_steps=20 train.learning_rate=1e-4 log.wandb=null
+    framer-ds train CONFIG model.lora.rank=32 data.root=/data/clips train.resume=latest
+  Every key, with its type, default and description:
+    framer-ds config show TASK      (framer-ds tasks lists the tasks)
+    docs/config.md                  (the same reference for every built-in task)
+  A misspelled key is an error that suggests the key you meant; all problems are listed at once.
+
+distributed:
+  accelerate launch --config_file configs/accelerate_4gpu.yaml -m framer_ds train CONFIG
+  (--deepspeed_config_file configs/deepspeed/zero3.json swaps the strategy)
+"""
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    train = sub.add_parser("train", help="train a task from a YAML config")
+    train = sub.add_parser(
+        "train",
+        help="train a task from a YAML config",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train the task a YAML config names (configs/ has one per task; each starts with the "
+        "command that runs it).",
+        epilog=OVERRIDES_HELP,
+    )
     _add_config_args(train)
     train.add_argument(
         "--overwrite", action="store_true", help="start over in an output_dir that already holds a run"
@@ -222,11 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     try:
+        check_torchvision()
         return COMMANDS[args.command](args)
     except ConfigError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 1
-    except (InputDataError, RunSetupError) as exc:
+    except (InputDataError, RunSetupError, MissingDependencyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

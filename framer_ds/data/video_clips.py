@@ -19,15 +19,17 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Literal
 
-import av
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
+from framer_ds.compat import LazyModule
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.video_index import VideoIndex, VideoRecord
+
+av = LazyModule("av", "decoding video clips (video_lora data)")
 
 logger = logging.getLogger(__name__)
 

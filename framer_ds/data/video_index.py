@@ -22,10 +22,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import av
-
+from framer_ds.compat import LazyModule
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.storage.atomic import atomic_write_text
+
+av = LazyModule("av", "indexing videos (video_lora data)")
 
 VIDEO_EXTENSIONS: frozenset[str] = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm"})
 PAIR_EXTENSIONS: frozenset[str] = frozenset({".png", ".jpg", ".jpeg", ".webp"})

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-import av
 import numpy as np
 import torch
 
+from framer_ds.compat import LazyModule
 from framer_ds.storage.atomic import atomic_file
+
+av = LazyModule("av", "writing mp4 videos (video samples)")
 
 
 def to_uint8_frames(frames: torch.Tensor) -> np.ndarray:

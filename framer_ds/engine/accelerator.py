@@ -22,6 +22,7 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
 from accelerate.utils import ProjectConfiguration
 
+from framer_ds.compat import require
 from framer_ds.config.schema import RunConfigBase
 
 
@@ -31,10 +32,14 @@ def deepspeed_requested() -> bool:
 
 
 def tracker_names(config: RunConfigBase) -> list[str]:
+    """The configured trackers, each checked to import (a missing wandb or tensorboard is named here,
+    with how to install it, not deep inside accelerate)."""
     names = []
     if config.log.wandb is not None:
+        require("wandb", "W&B logging (log.wandb)")
         names.append("wandb")
     if config.log.tensorboard:
+        require("tensorboard", "TensorBoard logging (log.tensorboard)")
         names.append("tensorboard")
     return names
 

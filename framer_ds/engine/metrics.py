@@ -16,6 +16,7 @@ import psutil
 import torch
 from accelerate import Accelerator
 
+from framer_ds.compat import require
 from framer_ds.config.schema import RunConfigBase
 
 
@@ -61,8 +62,7 @@ class MetricsLogger:
             relative = [str(Path(p).relative_to(self.path.parent)) for p in paths]
             self._file.write(json.dumps({"step": step, f"media/{name}": relative}) + "\n")
         if self.accelerator.log_with and any(t.name == "wandb" for t in self.accelerator.trackers):
-            import wandb
-
+            wandb = require("wandb", "logging media to W&B (log.wandb)")
             media = [_wandb_media(wandb, Path(p)) for p in paths]
             self.accelerator.get_tracker("wandb", unwrap=True).log({name: media}, step=step)
 

@@ -9,6 +9,7 @@ are collectives under ZeRO-3; only the writing inside them is rank 0's.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -18,8 +19,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from framer_ds.config.schema import TrainConfig
 from framer_ds.engine.checkpoint import TrainerState, save_checkpoint
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
+from framer_ds.train.console import say
 from framer_ds.train.evaluate import evaluate
 from framer_ds.train.faults import Preempted
 from framer_ds.train.run import TrainingRun
@@ -77,11 +80,37 @@ class StepContext:
     loss_items: torch.Tensor
     outcome: StepOutcome | None = None  # the step just taken
     done: bool = False  # the last step of the run
+    epoch_before: float = 0.0  # position in epochs before and after the step just taken
+    epoch_now: float = 0.0
     eval_metrics: dict[str, float] = field(default_factory=dict)  # the latest evaluation
 
     @property
     def output_dir(self) -> Path:
         return Path(self.run.config.output_dir)
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """Every `steps` optimizer steps, or every `epochs` epochs (fractions allowed), plus after the last
+    step; never when neither is set. An epoch cadence fires on the step that crosses the next multiple
+    of `epochs`, so it lands at the same point of the data on 1 or 16 processes, where a step count
+    converted once would drift by rounding (22 of 45 steps is not half an epoch)."""
+
+    steps: int | None = None
+    epochs: float | None = None
+
+    def due(self, ctx: StepContext) -> bool:
+        if self.epochs is not None:
+            before, now = ctx.epoch_before / self.epochs, ctx.epoch_now / self.epochs
+            return ctx.done or math.floor(now + 1e-9) > math.floor(before + 1e-9)
+        return bool(self.steps) and (ctx.done or ctx.state.global_step % self.steps == 0)
+
+    def describe(self, updates_per_epoch: int, otherwise: str) -> str:
+        if self.epochs is not None:
+            return f"every {self.epochs:g} epochs (about {self.epochs * updates_per_epoch:.3g} steps)"
+        if self.steps:
+            return f"every {self.steps} steps ({self.steps / updates_per_epoch:.3g} epochs)"
+        return otherwise
 
 
 class StepAction(ABC):
@@ -90,12 +119,11 @@ class StepAction(ABC):
     name: str
     counts_as_training_time = False  # most actions pause the throughput clock
 
-    def __init__(self, every: int | None):
-        self.every = every
+    def __init__(self, cadence: Cadence):
+        self.cadence = cadence
 
     def due(self, ctx: StepContext) -> bool:
-        """Every `every` optimizer steps, and always after the last one (never when `every` is falsy)."""
-        return bool(self.every) and (ctx.done or ctx.state.global_step % self.every == 0)
+        return self.cadence.due(ctx)
 
     @abstractmethod
     def run(self, ctx: StepContext) -> None: ...
@@ -145,7 +173,7 @@ class Evaluate(StepAction):
             run.accelerator, run.task, run.model, run.eval_loader, run.config.train.max_eval_batches
         )
         ctx.logger.log(ctx.eval_metrics, ctx.state.global_step)
-        run.accelerator.print(_format_metrics(ctx.state.global_step, ctx.eval_metrics))
+        say(run.accelerator, _format_metrics(ctx.state.global_step, ctx.eval_metrics))
 
 
 class WriteSamples(StepAction):
@@ -181,14 +209,23 @@ class SaveCheckpoint(StepAction):
             raise Preempted(ctx.state.global_step, ctx.signal_name() or "a stop signal on another rank", path)
 
 
+def evaluation_cadence(train: TrainConfig) -> Cadence:
+    return Cadence(train.eval_every, train.eval_every_epochs)
+
+
+def checkpoint_cadence(train: TrainConfig) -> Cadence:
+    return Cadence(train.checkpoint_every, train.checkpoint_every_epochs)
+
+
 def default_actions(run: TrainingRun) -> list[StepAction]:
     """In order: the log line first (it covers the step just taken), the checkpoint last (it captures
     what the others did, and a stop signal ends the run there)."""
+    train = run.config.train
     return [
-        LogMetrics(run.config.train.log_every),
-        Evaluate(run.plan.eval_every),
-        WriteSamples(run.task.sample_every()),
-        SaveCheckpoint(run.plan.checkpoint_every),
+        LogMetrics(Cadence(train.log_every)),
+        Evaluate(evaluation_cadence(train)),
+        WriteSamples(Cadence(run.task.sample_every())),
+        SaveCheckpoint(checkpoint_cadence(train)),
     ]
 
 

@@ -29,6 +29,7 @@ from framer_ds.storage.atomic import publish_dir, staging_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.train.actions import StepContext, Throughput, default_actions, run_due_actions
+from framer_ds.train.console import above_the_progress_bar, say
 from framer_ds.train.faults import NonFiniteTracker, Preempted, StopRequest, write_preempted_marker
 from framer_ds.train.run import TrainingRun, apply_config_after_resume, build_training_run
 from framer_ds.train.step import OptimizerStep, windows
@@ -141,35 +142,39 @@ def _train(
         signal_name=lambda: stop.signal_name,
         loss_total=torch.zeros((), device=device),
         loss_items=torch.zeros((), device=device),
+        epoch_now=state.epoch + state.batches_in_epoch / plan.batches_per_epoch,
     )
     actions = default_actions(run)
     nonfinite = NonFiniteTracker(train_cfg.nonfinite_loss, train_cfg.max_consecutive_nonfinite)
     step = OptimizerStep(run, lambda: stop.requested)
     run.model.train()
-    try:
-        for window in windows(run, state):
-            if state.global_step >= plan.total_steps:
-                break
-            outcome = step(window, state.global_step)
-            nonfinite.record_window(outcome.poisoned, state.global_step)
-            if outcome.poisoned:
-                accelerator.print(f"non-finite loss: optimizer step {state.global_step + 1} skipped")
-                logger.log({"nonfinite_skipped_steps": float(nonfinite.skipped_total)}, state.global_step)
-                continue
-            run.scheduler.step()
-            state.global_step += 1
-            samples = plan.global_batch // train_cfg.gradient_accumulation_steps * outcome.micro_batches
-            state.samples_seen += samples
-            ctx.throughput.record(samples, outcome.items_all_ranks)
-            ctx.loss_total += outcome.loss_total
-            ctx.loss_items += outcome.loss_items
-            ctx.outcome, ctx.done = outcome, state.global_step >= plan.total_steps
-            progress.update(1)
-            run_due_actions(actions, ctx)
-            if ctx.done:
-                break
-    finally:
-        progress.close()
+    with above_the_progress_bar():
+        try:
+            for window in windows(run, state):
+                if state.global_step >= plan.total_steps:
+                    break
+                outcome = step(window, state.global_step)
+                nonfinite.record_window(outcome.poisoned, state.global_step)
+                if outcome.poisoned:
+                    say(accelerator, f"non-finite loss: optimizer step {state.global_step + 1} skipped")
+                    logger.log({"nonfinite_skipped_steps": float(nonfinite.skipped_total)}, state.global_step)
+                    continue
+                run.scheduler.step()
+                ctx.epoch_before = ctx.epoch_now
+                ctx.epoch_now = state.epoch + state.batches_in_epoch / plan.batches_per_epoch
+                state.global_step += 1
+                samples = plan.global_batch // train_cfg.gradient_accumulation_steps * outcome.micro_batches
+                state.samples_seen += samples
+                ctx.throughput.record(samples, outcome.items_all_ranks)
+                ctx.loss_total += outcome.loss_total
+                ctx.loss_items += outcome.loss_items
+                ctx.outcome, ctx.done = outcome, state.global_step >= plan.total_steps
+                progress.update(1)
+                run_due_actions(actions, ctx)
+                if ctx.done:
+                    break
+        finally:
+            progress.close()
     return ctx.eval_metrics
 
 

@@ -1,6 +1,6 @@
-"""How many optimizer steps a run takes, and its cadences in steps, computed before `prepare` so the LR
-schedule can be built. Cadences given in epochs (and warmup as a share) are resolved here, once the
-data and the number of processes are known, so a config means the same on 1, 2 or 16 processes."""
+"""How many optimizer steps a run takes, computed before `prepare` so the LR schedule can be built;
+warmup given as a share of the steps is resolved here, once the data and the number of processes
+are known, so a config means the same on 1, 2 or 16 processes."""
 
 from __future__ import annotations
 
@@ -17,15 +17,7 @@ class StepPlan:
     updates_per_epoch: int  # optimizer steps per epoch
     total_steps: int
     global_batch: int  # samples per optimizer step across all ranks
-    eval_every: int | None = None  # optimizer steps, from train.eval_every or train.eval_every_epochs
-    checkpoint_every: int | None = None
-    warmup_steps: int = 0
-
-
-def _in_steps(steps: int | None, epochs: float | None, updates_per_epoch: int) -> int | None:
-    if epochs is None:
-        return steps
-    return max(1, round(epochs * updates_per_epoch))
+    warmup_steps: int = 0  # from train.warmup_steps or train.warmup_ratio
 
 
 def plan_steps(num_samples: int, train: TrainConfig, world_size: int) -> StepPlan:
@@ -50,7 +42,5 @@ def plan_steps(num_samples: int, train: TrainConfig, world_size: int) -> StepPla
         updates_per_epoch,
         total,
         train.global_batch_size(world_size),
-        eval_every=_in_steps(train.eval_every, train.eval_every_epochs, updates_per_epoch),
-        checkpoint_every=_in_steps(train.checkpoint_every, train.checkpoint_every_epochs, updates_per_epoch),
         warmup_steps=warmup,
     )

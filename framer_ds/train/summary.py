@@ -8,6 +8,7 @@ from typing import Any
 
 from framer_ds.engine.accelerator import describe_strategy
 from framer_ds.engine.checkpoint import TrainerState
+from framer_ds.train.actions import checkpoint_cadence, evaluation_cadence
 from framer_ds.train.run import TrainingRun
 
 
@@ -30,23 +31,15 @@ def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None
         "trainable parameters": run.trainable_parameters,
         "total parameters": run.total_parameters,
         "warmup steps": plan.warmup_steps,
-        "evaluate": _cadence(plan.eval_every, plan.updates_per_epoch, "at the end")
+        "evaluate": evaluation_cadence(train).describe(plan.updates_per_epoch, "at the end")
         if run.eval_loader is not None
         else "never (no eval set)",
-        "checkpoint": _cadence(
-            plan.checkpoint_every, plan.updates_per_epoch, "only when stopped by a signal"
-        ),
+        "checkpoint": checkpoint_cadence(train).describe(plan.updates_per_epoch, "only on a stop signal"),
         "start": f"step {state.global_step} from {resumed_from}"
         if resumed_from is not None
         else "step 0 (new run)",
     }
     return summary
-
-
-def _cadence(steps: int | None, per_epoch: int, otherwise: str) -> str:
-    if not steps:
-        return otherwise
-    return f"every {steps} steps ({steps / per_epoch:.3g} epochs)"
 
 
 def format_summary(summary: dict[str, Any]) -> str:
