@@ -30,7 +30,7 @@ def tiny_config(tmp_path, *overrides):
 
 
 @pytest.mark.slow
-def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path):
+def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path, capsys):
     config = tiny_config(tmp_path, "train.max_steps=20", "train.eval_every=10", "train.checkpoint_every=10")
     run_training(config)
     run = tmp_path / "run"
@@ -52,6 +52,8 @@ def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path):
     assert any("conv_in" in name for name in adapter)  # the widened input conv travels with the LoRA
     metadata = json.loads((final / EXPORT_METADATA).read_text())
     assert metadata["mode"] == "interpolation" and metadata["conv_in_extra_channels"] == 1
+    # model.fps is null: the adapter records what training conditioned on (12 fps clips at stride 2)
+    assert metadata["fps"] == 6.0 and metadata["fps_range"] == [6.0, 6.0]
 
     # a plain diffusers + peft script: base UNet, widen conv_in, load the adapter
     task = VideoLoraTask(config)
@@ -75,11 +77,34 @@ def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path):
     args = ["sample", str(final), "--image", str(tmp_path / "first.png"), "--out", str(out), "--steps", "3"]
     assert main(args) == 1  # an interpolation adapter needs the last frame too
     assert main([*args, "--last-image", str(tmp_path / "last.png")]) == 0
+    assert "conditioned on 6 fps" in capsys.readouterr().out  # the trained fps, not SVD's default 7
     import av
 
     with av.open(str(out)) as container:
         decoded = list(container.decode(video=0))
     assert len(decoded) == 4 and (decoded[0].width, decoded[0].height) == (64, 64)
+    tuned_options = ["--num-frames", "3", "--motion-bucket-id", "60", "--fps", "9", "--noise-aug", "0.05"]
+    more = [*args, "--last-image", str(tmp_path / "last.png"), *tuned_options, "--min-guidance", "1.5"]
+    assert main([*more, "--max-guidance", "2.5", "--decode-chunk-size", "2", "--resize", "pad"]) == 0
+    with av.open(str(out)) as container:
+        assert len(list(container.decode(video=0))) == 3
+
+    # `framer-ds export --merge`: the merged UNet loads with diffusers alone and computes as base+adapter
+    merged = tmp_path / "merged_unet"
+    assert main(["export", str(final), "--out", str(merged)]) == 1  # without --merge: named, not a no-op
+    assert main(["export", str(final), "--merge", "--out", str(merged)]) == 0
+    assert "UNetSpatioTemporalConditionModel.from_pretrained" in capsys.readouterr().out
+    plain = UNetSpatioTemporalConditionModel.from_pretrained(merged)
+    x, kwargs = torch.randn(1, 4, 9, 8, 8), {"added_time_ids": torch.tensor([[6.0, 127.0, 0.02]])}
+    kwargs["encoder_hidden_states"] = torch.randn(1, 1, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            plain(x, torch.tensor([0.3]), **kwargs).sample,
+            tuned(x, torch.tensor([0.3]), **kwargs).sample,
+            rtol=1e-4,
+            atol=1e-5,
+        )
+    assert main(["export", str(final), "--merge", "--out", str(merged)]) == 1  # never overwrites
 
 
 def test_adapter_round_trip_gives_identical_unet_outputs(tmp_path):
@@ -136,12 +161,22 @@ def test_corrupt_and_too_short_videos_are_skipped_and_reported(tmp_path):
     from framer_ds.data.synthetic_video import write_moving_shape_clip
 
     write_moving_shape_clip(root / "short.mp4", frames=3, width=96, height=80, fps=12, seed=9)
-    task = VideoLoraTask(tiny_config(tmp_path, "data.builtin=null", f"data.root={root}"))
-    index = task._index()
-    assert len(index.records) == 4
+    write_moving_shape_clip(root / "five.mp4", frames=5, width=96, height=80, fps=12, seed=8)
+    task = VideoLoraTask(
+        tiny_config(tmp_path, "data.builtin=null", f"data.root={root}", "data.val_fraction=0")
+    )
+    index = task._data().index()
+    assert len(index.records) == 5  # five.mp4 is too short for stride 2 (7 frames) but fits stride 1
     reasons = {path.name: reason for path, reason in index.rejected}
     assert set(reasons) == {"broken.mp4", "short.mp4"}
     assert "too short" in reasons["short.mp4"]
+    # the stride is capped for five.mp4, counted in the run summary and the data report
+    train, _ = task.build_datasets()
+    assert task.data_summary()["stride"].startswith("1 of 5 videos are too short for stride 2")
+    assert "stride: 1 of 5 videos" in task.data_report()
+    five = next(i for i, r in enumerate(train.records) if r.video_id.startswith("five"))
+    assert train[five]["fps"] == 12.0 and train[five]["pixel_values"].shape[0] == 4  # stride 1 -> 12 fps
+    assert sorted(set(task.trained_fps)) == [6.0, 12.0]  # 12 fps at stride 2, and five.mp4 at stride 1
 
 
 @pytest.mark.distributed
@@ -332,3 +367,83 @@ def test_latent_cache_key_follows_what_decides_the_tensors(tmp_path):
         "model.edm.cond_noise_std=0.4",
     ):
         assert key(changed) != base, changed
+
+
+@pytest.mark.slow
+def test_image_to_video_adapter_merges_into_a_pipeline_that_runs(tmp_path, capsys):
+    """`framer-ds export --merge` of an image-to-video adapter: a diffusers directory that
+    `StableVideoDiffusionPipeline.from_pretrained` loads and runs, with the LoRA in its UNet."""
+    from diffusers import StableVideoDiffusionPipeline
+    from PIL import Image
+
+    from framer_ds.cli.main import main
+
+    config = tiny_config(
+        tmp_path,
+        "model.mode=image_to_video",
+        "model.samples.every=0",
+        "train.max_steps=3",
+        "train.eval_every=null",
+        "train.checkpoint_every=null",
+        "model.lora.include_feed_forward=true",
+    )
+    run_training(config)
+    final, out = tmp_path / "run" / "final", tmp_path / "merged"
+    adapter = load_file(final / "adapter_model.safetensors")
+    assert any(".ff_in.net.2." in name for name in adapter)  # temporal feed-forward layers adapted too
+    assert main(["export", str(final), "--merge", "--out", str(out)]) == 0
+    assert "StableVideoDiffusionPipeline.from_pretrained" in capsys.readouterr().out
+    pipe = StableVideoDiffusionPipeline.from_pretrained(out)
+    task = VideoLoraTask(config)
+    base = UNetSpatioTemporalConditionModel.from_pretrained(task.svd_path(), subfolder="unet")
+    tuned = PeftModel.from_pretrained(base, final).merge_and_unload()
+    for name, weight in tuned.state_dict().items():
+        torch.testing.assert_close(pipe.unet.state_dict()[name], weight)
+    frames = pipe(
+        Image.new("RGB", (64, 64), (120, 40, 200)),
+        height=64,
+        width=64,
+        num_frames=4,
+        num_inference_steps=2,
+        decode_chunk_size=2,
+        output_type="np",
+    ).frames[0]
+    assert frames.shape == (4, 64, 64, 3)
+
+
+def test_sampling_encodes_with_the_vae_dtype_training_uses(tmp_path):
+    """SVD's VAE overflows in fp16: with force_upcast the pipeline encodes in fp32, and so do training
+    and `framer-ds sample` (one rule: svd_conditioning.vae_dtype)."""
+    from framer_ds.diffusion.svd_conditioning import vae_dtype
+    from framer_ds.tasks.video_lora.inference import load_pipeline_with_adapter
+
+    config = tiny_config(tmp_path)
+    task = VideoLoraTask(config)
+    task.prepare_data()
+    model = task.build_model()
+    model.save_pretrained(tmp_path / "adapter")
+    (tmp_path / "adapter" / EXPORT_METADATA).write_text(
+        json.dumps({"base_model": str(task.svd_path()), "mode": "interpolation", "conv_in_extra_channels": 1})
+    )
+    pipe, _ = load_pipeline_with_adapter(tmp_path / "adapter", "cpu", torch.float16)
+    assert pipe.vae.config.force_upcast and pipe.vae.dtype == torch.float32
+    assert pipe.unet.dtype == torch.float16
+    assert vae_dtype(pipe.vae.config, torch.bfloat16) == torch.bfloat16
+
+
+def test_sample_frames_are_framed_as_training_frames(tmp_path):
+    """--resize crop (default) is the training loader's resize-and-centre-crop; stretch ignores the
+    aspect ratio; pad letterboxes with black."""
+    from PIL import Image
+
+    from framer_ds.data.video_clips import resize_and_crop
+    from framer_ds.tasks.video_lora.inference import load_frame
+
+    pixels = torch.randint(0, 256, (64, 128, 3), dtype=torch.uint8)
+    Image.fromarray(pixels.numpy()).save(tmp_path / "wide.png")
+    crop = load_frame(tmp_path / "wide.png", 64, 64, "cpu")
+    torch.testing.assert_close(crop, resize_and_crop(pixels[None], 64, 64, random_crop=False)[0] * 2 - 1)
+    stretch = load_frame(tmp_path / "wide.png", 64, 64, "cpu", "stretch")
+    assert not torch.allclose(stretch, crop)
+    pad = load_frame(tmp_path / "wide.png", 64, 64, "cpu", "pad")
+    assert (pad[:, :16] == -1).all() and (pad[:, -16:] == -1).all() and not (pad[:, 16:48] == -1).all()

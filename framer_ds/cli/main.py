@@ -86,6 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     docs = config_sub.add_parser("docs", help="the config reference of every built-in task, as markdown")
     docs.add_argument("--write", type=Path, metavar="PATH", help="write it to PATH (docs/config.md)")
 
+    export = sub.add_parser(
+        "export",
+        help="write another form of a trained model (e.g. a video_lora adapter merged into SVD)",
+        description="Write another form of an export (a run's final/): the task recorded in it decides "
+        "what; run `framer-ds export RUN/final --help` to list its options.",
+    )
+    export.add_argument("export_dir", type=Path, help="a run's final/ (or checkpoints/step_N/adapter/)")
+    export.add_argument(
+        "task_options", nargs=argparse.REMAINDER, metavar="...", help="the options of the export's task"
+    )
+
     checkpoint = sub.add_parser("checkpoint", help="checkpoint tools")
     checkpoint_sub = checkpoint.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")
     universal = checkpoint_sub.add_parser(
@@ -156,20 +167,37 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
+def _task_command(args: argparse.Namespace, command: str) -> int:
+    """`framer-ds sample|export EXPORT_DIR [task options]`: the task recorded in the export supplies the
+    options model (its fields become the flags) and does the work."""
     from framer_ds.cli.options import build_options_parser, parse_options
     from framer_ds.tasks.run_config import load_exported_task
 
     task = load_exported_task(args.export_dir)
-    options_model = type(task).sample_options
+    options_model = type(task).sample_options if command == "sample" else type(task).export_options
+    if options_model is None:
+        return _print(task.export_command(args.export_dir, None))
     parser = build_options_parser(
         options_model,
-        prog=f"framer-ds sample {args.export_dir}",
+        prog=f"framer-ds {command} {args.export_dir}",
         description=f"{task.name}: {options_model.__doc__ or ''}".strip(),
     )
     options = parse_options(options_model, parser, args.task_options)
-    print(task.sample(args.export_dir, options))
+    run = task.sample if command == "sample" else task.export_command
+    return _print(run(args.export_dir, options))
+
+
+def _print(text: str) -> int:
+    print(text)
     return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    return _task_command(args, "sample")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    return _task_command(args, "export")
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -224,6 +252,7 @@ COMMANDS = {
     "validate": cmd_validate,
     "data": cmd_data,
     "sample": cmd_sample,
+    "export": cmd_export,
     "config": cmd_config,
     "checkpoint": cmd_checkpoint,
     "tasks": cmd_tasks,
@@ -235,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Options may sit between overrides (`train CFG a=1 --overwrite b=2`); argparse's nargs="*" stops
     # at the first option, so the remaining key=value items arrive as "unknown" and are taken here.
     args, extra = parser.parse_known_args(argv)
-    if args.command == "sample":  # everything after the export directory belongs to its task
+    if args.command in ("sample", "export"):  # everything after the export directory belongs to its task
         args.task_options = [*args.task_options, *extra]
         extra = []
     stray = [item for item in extra if item.startswith("-") or "=" not in item]

@@ -158,18 +158,25 @@ class ClipSampler:
 
     @property
     def min_frames(self) -> int:
-        """Frames a video needs for a clip at the largest stride: pass it to `build_video_index`."""
+        """Frames a clip spans at the largest stride (a shorter video gets a smaller stride)."""
         return (self.num_frames - 1) * self.strides[1] + 1
+
+    def allowed_strides(self, record: VideoRecord) -> tuple[int, int]:
+        """(lo, hi) strides for this record: the configured ones, capped to the largest that fits it (a
+        video too short for the largest stride still gives clips, at a smaller stride); hi 0 = none."""
+        lo, hi = self.strides
+        if self.num_frames > 1:
+            hi = min(hi, (record.usable_frames - 1) // (self.num_frames - 1))
+        if record.usable_frames < self.num_frames:
+            hi = 0
+        return min(lo, hi), hi
 
     def sample(self, record: VideoRecord) -> tuple[int, int]:
         """(start frame, stride); a stride too large for this record is capped to the largest that fits."""
-        lo, hi = self.strides
+        lo, hi = self.allowed_strides(record)
         avail = record.usable_frames
-        if self.num_frames > 1:
-            hi = min(hi, (avail - 1) // (self.num_frames - 1))
-        if hi < 1 or avail < self.num_frames:
-            raise VideoReadError(f"{record.path} has {avail} usable frames, a clip needs {self.min_frames}")
-        lo = min(lo, hi)
+        if hi < 1:
+            raise VideoReadError(f"{record.path} has {avail} usable frames, a clip needs {self.num_frames}")
         random = self.mode == "random"
         stride = int(torch.randint(lo, hi + 1, (1,)).item()) if random and hi > lo else (lo + hi) // 2
         slack = avail - ((self.num_frames - 1) * stride + 1)
@@ -178,6 +185,21 @@ class ClipSampler:
         else:
             offset = slack // 2 if self.mode == "center" else 0
         return record.first_frame + offset, stride
+
+
+def capped_records(records: list[VideoRecord], sampler: ClipSampler) -> list[VideoRecord]:
+    """Records too short for the largest configured stride: their clips use a smaller one."""
+    return [r for r in records if sampler.allowed_strides(r)[1] < sampler.strides[1]]
+
+
+def conditioning_fps(records: list[VideoRecord], sampler: ClipSampler) -> list[float]:
+    """Every fps value training conditions on (source fps / stride, each allowed stride of each record):
+    what a sampler should default to when the config left `model.fps` to the data."""
+    values = []
+    for record in records:
+        lo, hi = sampler.allowed_strides(record)
+        values += [record.source_fps / stride for stride in range(max(lo, 1), hi + 1)]
+    return values
 
 
 def resize_and_crop(

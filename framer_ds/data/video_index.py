@@ -279,7 +279,7 @@ def build_video_index(
     """Probe every video under `root` (or every manifest row), reusing cached probes of files whose
     size and mtime are unchanged; unusable files go to `rejected`, they never raise."""
     if min_frames < 1:
-        raise ValueError(f"min_frames must be >= 1, got {min_frames}; use ClipSampler(...).min_frames.")
+        raise ValueError(f"min_frames must be >= 1, got {min_frames}; use the clip's num_frames.")
     root = Path(root).expanduser()
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"

@@ -59,6 +59,15 @@ def vae_posterior(vae: torch.nn.Module, images: Tensor, tile_size: int | None = 
     return DiagonalGaussianDistribution(_TiledEncoder(vae, tile_size)._tiled_encode(images))
 
 
+def vae_dtype(vae_config, compute_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the frozen VAE runs in: the pipeline's `needs_upcasting` (the SVD VAE overflows in fp16,
+    so with `config.force_upcast` it encodes in fp32). Training and `framer-ds sample` both use this, so
+    a sample conditions on latents encoded as the training ones were."""
+    if compute_dtype == torch.float16 and getattr(vae_config, "force_upcast", False):
+        return torch.float32
+    return compute_dtype
+
+
 def _per_sample(value: Tensor | float, batch: int, device: torch.device | str | None = None) -> Tensor:
     t = torch.as_tensor(value, dtype=torch.float32, device=device).reshape(-1)
     return t.expand(batch) if t.numel() == 1 else t

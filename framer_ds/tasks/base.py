@@ -57,6 +57,8 @@ class Task(ABC):
     """What a summing task counts; the loop logs `<name>_per_s` next to `samples_per_s`."""
     sample_options: ClassVar[type[SampleCommandOptions]] = SampleCommandOptions
     """The options of `framer-ds sample` for this task (its flags are made from the fields)."""
+    export_options: ClassVar[type[StrictModel] | None] = None
+    """The options of `framer-ds export` (e.g. merging an adapter into its base); None: no such command."""
 
     def __init__(self, config: RunConfigBase):
         self.config = config
@@ -167,6 +169,17 @@ class Task(ABC):
         self.export(accelerator, model, out_dir)
         if accelerator.is_main_process:
             write_export_record(out_dir, self.name, self.config.model_dump(mode="json"))
+
+    def export_command(self, export_dir: Path, options: StrictModel) -> str:
+        """`framer-ds export EXPORT_DIR ...`: another form of an export (a merged model); returns what to
+        print. Tasks with `export_options` implement it."""
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    str(export_dir), f"task {self.name!r} has no `framer-ds export`; final/ is its export"
+                )
+            ]
+        )
 
     def sample(self, export_dir: Path, options: SampleCommandOptions) -> str:
         """Generate from an export of this task (`framer-ds sample`); returns what to print."""

@@ -11,7 +11,8 @@ from framer_ds.config.schema import StrictModel
 from framer_ds.diffusion.edm import COND_NOISE_MEAN, COND_NOISE_STD, P_MEAN, P_STD
 
 ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
-FEED_FORWARD_TARGETS = ["ff.net.0.proj", "ff.net.2"]
+# The spatial blocks' `ff` and the temporal blocks' `ff_in` and `ff` (peft matches name suffixes).
+FEED_FORWARD_TARGETS = ["ff.net.0.proj", "ff.net.2", "ff_in.net.0.proj", "ff_in.net.2"]
 PROJECTION_TARGETS = ["proj_in", "proj_out"]
 
 

@@ -1,36 +1,80 @@
-"""`framer-ds sample` for video_lora: base SVD + a framer_ds LoRA adapter -> an mp4."""
+"""Using a video_lora adapter outside training: `framer-ds sample` (base SVD + adapter -> an mp4) and
+`framer-ds export --merge` (a diffusers directory with the LoRA merged in).
+
+Both read the adapter's metadata (`framer_ds_video_lora.json`: mode, size, the fps and motion bucket
+training conditioned on), so a sample conditions as training did without the user repeating it.
+"""
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from pydantic import Field
 
-from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
+from framer_ds.config.schema import StrictModel
+from framer_ds.data.video_clips import resize_and_crop
+from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
 
 EXPORT_METADATA = "framer_ds_video_lora.json"
+DEFAULT_FPS = 7  # SVD's pipeline default, for adapters trained before the fps was recorded
 
 
 class VideoSampleCommandOptions(SampleCommandOptions):
-    """`framer-ds sample RUN/final --image first.png [--last-image last.png] --out video.mp4`."""
+    """`framer-ds sample RUN/final --image first.png [--last-image last.png] --out video.mp4`; every
+    conditioning value defaults to what training used (the adapter's metadata)."""
 
-    image: Path = Field(description="The first frame (resized to the trained size).")
+    image: Path = Field(description="The first frame.")
     last_image: Path | None = Field(None, description="The last frame: required by interpolation adapters.")
     out: Path = Field(description="The .mp4 to write.")
+    resize: Literal["crop", "stretch", "pad"] = Field(
+        "crop",
+        description="How a frame of another shape becomes the trained size: 'crop' scales to cover and "
+        "centre-crops (as the training loader does), 'stretch' ignores the aspect ratio, 'pad' fits "
+        "inside and pads with black.",
+    )
     steps: int = Field(25, ge=1, description="Euler sampling steps.")
     seed: int = Field(0, description="Seeds the sampling noise.")
     fps: float | None = Field(
-        None, gt=0, description="fps conditioning and output rate; default: the trained value, else 7."
+        None, gt=0, description="fps conditioning and output rate; default: the trained fps."
+    )
+    motion_bucket_id: int | None = Field(
+        None, ge=0, le=255, description="SVD's motion conditioning; default: the trained value."
+    )
+    noise_aug: float = Field(
+        0.02, ge=0, description="Noise added to the conditioning frames (SVD's noise_aug_strength)."
+    )
+    min_guidance: float = Field(1.0, ge=0, description="Classifier-free guidance at the first frame.")
+    max_guidance: float = Field(3.0, ge=0, description="Classifier-free guidance at the last frame.")
+    num_frames: int | None = Field(None, ge=2, description="Frames to generate; default: the trained count.")
+    decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
+
+
+class VideoExportCommandOptions(StrictModel):
+    """`framer-ds export RUN/final --merge --out DIR [--base SVD_DIR]`: the LoRA merged into the UNet."""
+
+    merge: bool = Field(
+        False,
+        description="Merge the adapter into the base weights (the only export besides final/ itself, "
+        "which already is the unmerged adapter).",
+    )
+    out: Path = Field(description="A new directory for the merged model.")
+    base: Path | None = Field(None, description="The base SVD directory; default: the one training used.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="Dtype of the weights written."
     )
 
 
-def read_adapter_metadata(adapter_dir: Path) -> dict:
+def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:
     path = Path(adapter_dir) / EXPORT_METADATA
     if not path.is_file():
         raise ConfigError(
@@ -45,35 +89,71 @@ def read_adapter_metadata(adapter_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtype):
+def trained_fps_metadata(config_fps: float | None, trained: list[float]) -> dict[str, Any]:
+    """What the adapter records about fps: the configured value, or the median (and range) of the fps
+    values training conditioned on when `model.fps` was null (each clip's source fps / stride)."""
+    if config_fps is not None:
+        return {"fps": config_fps, "fps_source": "model.fps"}
+    if not trained:
+        return {"fps": None, "fps_source": "unknown"}
+    return {
+        "fps": statistics.median(trained),
+        "fps_range": [min(trained), max(trained)],
+        "fps_source": "median of the training clips' fps (source fps / stride)",
+    }
+
+
+def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtype, base: Path | None = None):
     """StableVideoDiffusionPipeline whose UNet has the adapter merged (conv_in widened first for an
-    interpolation adapter, exactly as in training)."""
+    interpolation adapter, exactly as in training). The VAE runs in the dtype training encoded with
+    (fp32 where SVD's VAE would overflow in fp16: `svd_conditioning.vae_dtype`)."""
     from diffusers import EulerDiscreteScheduler, StableVideoDiffusionPipeline
     from peft import PeftModel
 
+    from framer_ds.diffusion.svd_conditioning import vae_dtype
     from framer_ds.diffusion.tiny_svd import load_svd_components
 
     metadata = read_adapter_metadata(adapter_dir)
-    unet, vae, image_encoder, feature_extractor = load_svd_components(metadata["base_model"], dtype=dtype)
+    base = Path(base or metadata["base_model"])
+    unet, vae, image_encoder, feature_extractor = load_svd_components(base, dtype=dtype)
     if metadata["conv_in_extra_channels"]:
         widen_conv_in(unet, metadata["conv_in_extra_channels"])
     unet = PeftModel.from_pretrained(unet, adapter_dir).merge_and_unload()
-    scheduler = EulerDiscreteScheduler.from_pretrained(metadata["base_model"], subfolder="scheduler")
+    scheduler = EulerDiscreteScheduler.from_pretrained(base, subfolder="scheduler")
     pipe = StableVideoDiffusionPipeline(
         vae=vae,
         image_encoder=image_encoder,
         unet=unet,
         scheduler=scheduler,
         feature_extractor=feature_extractor,
-    )
-    return pipe.to(device), metadata
+    ).to(device)
+    pipe.vae.to(dtype=vae_dtype(pipe.vae.config, dtype))
+    return pipe, metadata
 
 
-def load_frame(path: Path, height: int, width: int, device: str) -> torch.Tensor:
-    """An image file -> [3,H,W] in [-1,1] (resized with antialiasing to the trained size)."""
-    image = Image.open(path).convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
-    array = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 127.5 - 1.0
-    return array.to(device)
+def load_frame(path: Path, height: int, width: int, device: str, resize: str = "crop") -> torch.Tensor:
+    """An image file -> [3,H,W] in [-1,1] at the trained size; 'crop' is the training loader's own
+    resize-and-centre-crop, so a sample starts from a frame framed as the training clips were."""
+    try:
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert("RGB")).copy()
+    except (OSError, ValueError) as exc:
+        raise InputDataError(f"cannot read the image {path} ({type(exc).__name__}: {exc})") from exc
+    frames = torch.from_numpy(pixels)[None]  # [1,H,W,3] uint8
+    if resize == "crop":
+        out = resize_and_crop(frames, height, width, random_crop=False)[0]
+    else:
+        chw = frames.permute(0, 3, 1, 2).float() / 255.0
+        if resize == "stretch":
+            out = F.interpolate(chw, size=(height, width), mode="bilinear", antialias=True)[0]
+        else:  # pad: fit inside, black borders
+            scale = min(height / chw.shape[-2], width / chw.shape[-1])
+            size = (max(1, round(chw.shape[-2] * scale)), max(1, round(chw.shape[-1] * scale)))
+            inner = F.interpolate(chw, size=size, mode="bilinear", antialias=True)[0]
+            out = torch.zeros(3, height, width)
+            top, left = (height - size[0]) // 2, (width - size[1]) // 2
+            out[:, top : top + size[0], left : left + size[1]] = inner
+    return (out.clamp(0, 1) * 2 - 1).to(device)
 
 
 def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str:
@@ -83,25 +163,68 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
 
     device = options.resolved_device()
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    pipe, meta = load_pipeline_with_adapter(adapter_dir, device, dtype)
-    if (meta["mode"] == "interpolation") != (options.last_image is not None):
-        need = "required" if meta["mode"] == "interpolation" else "not used"
-        problem = ConfigProblem("--last-image", f"this is a {meta['mode']} adapter: --last-image is {need}")
+    metadata = read_adapter_metadata(adapter_dir)
+    if (metadata["mode"] == "interpolation") != (options.last_image is not None):
+        need = "required" if metadata["mode"] == "interpolation" else "not used"
+        problem = ConfigProblem(
+            "--last-image", f"this is a {metadata['mode']} adapter: --last-image is {need}"
+        )
         raise ConfigError([problem], "sample")
-    size = (meta["height"], meta["width"])
-    first = load_frame(options.image, *size, device)
-    last = load_frame(options.last_image, *size, device) if options.last_image else None
-    fps = options.fps or meta.get("fps") or 7
+    size = (metadata["height"], metadata["width"])
+    first = load_frame(options.image, *size, device, options.resize)
+    last = load_frame(options.last_image, *size, device, options.resize) if options.last_image else None
+    pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
+    fps = options.fps or metadata.get("fps") or DEFAULT_FPS
+    num_frames = options.num_frames or metadata["num_frames"]
     frames = sample_video(
         SamplerParts.from_pipeline(pipe),
         first,
         last,
-        meta["num_frames"],
+        num_frames,
         fps,
-        meta["motion_bucket_id"],
+        options.motion_bucket_id if options.motion_bucket_id is not None else metadata["motion_bucket_id"],
+        noise_aug_strength=options.noise_aug,
         num_inference_steps=options.steps,
+        min_guidance_scale=options.min_guidance,
+        max_guidance_scale=options.max_guidance,
         generator=torch.Generator(device=device).manual_seed(options.seed),
+        decode_chunk_size=options.decode_chunk_size,
     )
     pixels = to_uint8_frames(frames)
     write_video(options.out, pixels, fps)
-    return f"wrote {options.out}: {len(pixels)} frames at {size[1]}x{size[0]}, {fps} fps"
+    return f"wrote {options.out}: {len(pixels)} frames at {size[1]}x{size[0]}, conditioned on {fps:g} fps"
+
+
+def export_merged(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
+    """An image-to-video adapter -> a full StableVideoDiffusionPipeline directory; an interpolation one
+    -> the merged UNet only (the stock pipeline cannot feed its first+last-frame conditioning)."""
+    if not options.merge:
+        problem = ConfigProblem(
+            "--merge",
+            f"{adapter_dir} already is the unmerged export (a peft adapter); pass --merge to write the "
+            "base model with the adapter merged in",
+        )
+        raise ConfigError([problem], "export")
+    out = Path(options.out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(
+            [ConfigProblem("--out", f"{out} exists and is not empty; choose a new directory")], "export"
+        )
+    dtype = getattr(torch, options.dtype)
+    pipe, metadata = load_pipeline_with_adapter(adapter_dir, "cpu", dtype, options.base)
+    with building_dir(out) as staging:
+        if metadata["mode"] == "interpolation":
+            pipe.unet.save_pretrained(staging, safe_serialization=True)
+            loader = "UNetSpatioTemporalConditionModel.from_pretrained"
+            what = "the merged UNet (9 input channels, which the stock pipeline cannot feed)"
+        else:
+            pipe.vae.to(dtype=dtype)
+            pipe.save_pretrained(staging, safe_serialization=True)
+            loader = "StableVideoDiffusionPipeline.from_pretrained"
+            what = "a full Stable Video Diffusion pipeline with the LoRA merged"
+        (staging / EXPORT_METADATA).write_text(json.dumps({**metadata, "merged": True}, indent=2))
+    if not publish_dir(staging, out, replace=False):
+        raise ConfigError(
+            [ConfigProblem("--out", f"{out} appeared while writing; choose a new directory")], "export"
+        )
+    return f"wrote {out}: {what}; load it with {loader}({str(out)!r})"

@@ -10,7 +10,6 @@ import gc
 import json
 import math
 import zlib
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,13 +19,8 @@ from torch.utils.data import Dataset, default_collate
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, cache_key, fill_cache
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.data.video_clips import ImagePairDataset, VideoClipDataset, validate_svd_size
-from framer_ds.data.video_index import (
-    VideoIndex,
-    build_video_index,
-    format_report,
-    require_usable,
-    scan_image_pairs,
+from framer_ds.data.video_clips import (
+    validate_svd_size,
 )
 from framer_ds.diffusion import edm
 from framer_ds.engine.accelerator import frozen_model_init
@@ -38,12 +32,16 @@ from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora.cache_fingerprints import source_fingerprint, weights_fingerprint
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
+from framer_ds.tasks.video_lora.data_setup import VideoLoraData, layout_problems
 from framer_ds.tasks.video_lora.encoding import EncodedClip, FrozenEncoders, encode_clips, encode_pairs
 from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
 from framer_ds.tasks.video_lora.inference import (
     EXPORT_METADATA,
+    VideoExportCommandOptions,
     VideoSampleCommandOptions,
+    export_merged,
     sample_to_file,
+    trained_fps_metadata,
 )
 from framer_ds.tasks.video_lora.unet_lora import apply_lora, widen_conv_in
 
@@ -63,6 +61,7 @@ class VideoLoraTask(Task):
     DataConfig = VideoLoraDataConfig
     full_precision_keys = frozenset({"fps", "cond_sigma"})  # added time ids; bf16 rounds 29.97 to 30
     sample_options = VideoSampleCommandOptions
+    export_options = VideoExportCommandOptions
 
     def __init__(self, config):
         super().__init__(config)
@@ -72,7 +71,8 @@ class VideoLoraTask(Task):
         self.accelerator = None
         self._raw_eval_or_train: Dataset | None = None  # pixel clips, for sampling inputs
         self._sample_inputs = None
-        self._validation_note: str | None = None
+        self._data_notes: dict[str, str] = {}
+        self.trained_fps: list[float] = []  # the fps values training conditions on (model.fps null)
 
     # --- paths and pre-flight ------------------------------------------------------------------------
 
@@ -85,10 +85,6 @@ class VideoLoraTask(Task):
     def data_root(self) -> Path:
         data = self.config.data
         return default_cache_dir() / "synthetic_clips" if data.builtin else Path(data.root)
-
-    def min_frames(self) -> int:
-        data = self.config.data
-        return (data.num_frames - 1) * data.max_stride + 1
 
     @property
     def uses_pairs(self) -> bool:
@@ -113,38 +109,8 @@ class VideoLoraTask(Task):
             problems.append(
                 ConfigProblem("data.root", f"{data.root} does not exist; point it at a video folder.")
             )
-        return problems + self._layout_problems()
-
-    def _layout_problems(self) -> list[ConfigProblem]:
-        model, data = self.config.model, self.config.data
-        if not self.uses_pairs:
-            return []
-        problems = []
-        if model.mode != "interpolation":
-            problems.append(
-                ConfigProblem(
-                    "data.layout",
-                    "image_pairs give a first and a last frame: set model.mode: interpolation, or use "
-                    "videos for image_to_video.",
-                )
-            )
-        if data.builtin is not None or data.manifest is not None:
-            problems.append(
-                ConfigProblem(
-                    "data.layout",
-                    "image_pairs read {id}_start/{id}_end images under data.root: set data.root and "
-                    "drop data.builtin / data.manifest.",
-                )
-            )
-        if model.fps is None:
-            problems.append(
-                ConfigProblem(
-                    "model.fps",
-                    "image pairs carry no frame rate: set model.fps to the rate the interpolated clip "
-                    "should play at (e.g. 7).",
-                )
-            )
-        return problems
+        model = self.config.model
+        return problems + layout_problems(self.config.data, model.mode, model.fps)
 
     def prepare_data(self) -> None:
         if self.config.model.builtin == "tiny_svd":
@@ -156,69 +122,20 @@ class VideoLoraTask(Task):
 
     # --- data ----------------------------------------------------------------------------------------
 
-    def _index(self) -> VideoIndex:
-        data = self.config.data
-        index = build_video_index(
-            self.data_root(), data.manifest, self.min_frames(), cache_dir=default_cache_dir() / "video_index"
-        )
-        require_usable(index, "data.root")
-        return index
+    def _data(self) -> VideoLoraData:
+        return VideoLoraData(self.config.data, self.data_root(), self.config.model.fps)
 
     def data_report(self) -> str:
-        """Counts, durations, resolutions and every rejected file with its reason."""
-        if self.uses_pairs:
-            pairs = scan_image_pairs(self.data_root())
-            return f"{self.data_root()}: {len(pairs)} image pairs ({{id}}_start + {{id}}_end)"
-        return format_report(self._index())
-
-    @staticmethod
-    def _held_out(ids: list[str], fraction: float) -> set[str]:
-        """Every k-th item is held out: deterministic and spread over the whole folder."""
-        n_val = int(len(ids) * fraction)
-        return set(sorted(ids)[:: max(1, len(ids) // n_val)][:n_val]) if n_val else set()
-
-    def _describe_held_out(self, held: int, total: int, what: str) -> str:
-        fraction = self.config.data.val_fraction
-        return f"{held} of {total} {what} held out (every k-th, data.val_fraction {fraction})"
+        """Counts, durations, resolutions, capped strides and every rejected file with its reason."""
+        return self._data().report()
 
     def data_summary(self) -> dict[str, str]:
-        return {"validation": self._validation_note} if self._validation_note else {}
+        return self._data_notes
 
     def build_datasets(self):
-        data = self.config.data
-        if self.uses_pairs:
-            pairs = scan_image_pairs(self.data_root())
-            val_ids = self._held_out([pid for pid, _, _ in pairs], data.val_fraction)
-            self._validation_note = self._describe_held_out(len(val_ids), len(pairs), "image pairs")
-            size = {"height": data.height, "width": data.width, "num_frames": data.num_frames}
-            train = ImagePairDataset([p for p in pairs if p[0] not in val_ids], hflip=data.hflip, **size)
-            val = ImagePairDataset([p for p in pairs if p[0] in val_ids], **size) if val_ids else None
-            return train, val
-        index = self._index()
-        records = sorted(index.records, key=lambda r: r.video_id)
-        val_ids = self._held_out([r.video_id for r in records], data.val_fraction)
-        self._validation_note = self._describe_held_out(len(val_ids), len(records), "videos")
-        common = {
-            "num_frames": data.num_frames,
-            "height": data.height,
-            "width": data.width,
-            "stride": data.stride,
-            "stride_range": data.stride_range,
-        }
-        train_records = [r for r in records if r.video_id not in val_ids]
-        train = VideoClipDataset(
-            replace(index, records=train_records),
-            hflip=data.hflip,
-            random_crop=data.random_crop,
-            train=True,
-            **common,
-        )
-        if not val_ids:
-            return train, None
-        val = VideoClipDataset(
-            replace(index, records=[r for r in records if r.video_id in val_ids]), train=False, **common
-        )
-        return train, val
+        built = self._data().build()
+        self._data_notes, self.trained_fps = built.notes, built.conditioning_fps
+        return built.train, built.val
 
     # --- models --------------------------------------------------------------------------------------
 
@@ -256,10 +173,13 @@ class VideoLoraTask(Task):
                 module.requires_grad_(False).eval()
             self.vae, self.image_encoder = vae, encoder
         dtype = compute_dtype(accelerator)
-        for module in (self.vae, self.image_encoder):
+        for module, wanted in (
+            (self.vae, _svd().vae_dtype(self.vae.config, dtype)),
+            (self.image_encoder, dtype),
+        ):
             module.to(accelerator.device)
-            if module.dtype != dtype:  # diffusers warns on every dtype-carrying .to(), even a no-op
-                module.to(dtype=dtype)
+            if module.dtype != wanted:  # diffusers warns on every dtype-carrying .to(), even a no-op
+                module.to(dtype=wanted)
         return self.vae, self.image_encoder
 
     def _release_frozen(self) -> None:
@@ -491,7 +411,7 @@ class VideoLoraTask(Task):
                 "num_frames": data.num_frames,
                 "height": data.height,
                 "width": data.width,
-                "fps": options.fps,
+                **trained_fps_metadata(options.fps, self.trained_fps),
                 "motion_bucket_id": options.motion_bucket_id,
             }
             (Path(out_dir) / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2))
@@ -499,3 +419,7 @@ class VideoLoraTask(Task):
     def sample(self, export_dir: Path, options: VideoSampleCommandOptions) -> str:
         """An mp4 from the adapter in `export_dir` (a run's final/ or a checkpoint's adapter/)."""
         return sample_to_file(export_dir, options)
+
+    def export_command(self, export_dir: Path, options: VideoExportCommandOptions) -> str:
+        """The base SVD with the adapter merged in: a diffusers pipeline (image-to-video) or UNet."""
+        return export_merged(export_dir, options)

@@ -1,0 +1,152 @@
+"""The data side of video_lora: which layout, which videos, the held-out split, and what the summary and
+the adapter record about them (capped strides, the fps values training conditions on)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from torch.utils.data import Dataset
+
+from framer_ds.config.errors import ConfigProblem
+from framer_ds.data.video_clips import (
+    ClipSampler,
+    ImagePairDataset,
+    VideoClipDataset,
+    capped_records,
+    conditioning_fps,
+)
+from framer_ds.data.video_index import (
+    VideoIndex,
+    VideoRecord,
+    build_video_index,
+    format_report,
+    require_usable,
+    scan_image_pairs,
+)
+from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.video_lora.config import VideoLoraDataConfig
+
+
+def layout_problems(data: VideoLoraDataConfig, mode: str, fps: float | None) -> list[ConfigProblem]:
+    """What the image-pairs layout needs from the rest of the config, all at once."""
+    if data.layout != "image_pairs":
+        return []
+    problems = []
+    if mode != "interpolation":
+        problems.append(
+            ConfigProblem(
+                "data.layout",
+                "image_pairs give a first and a last frame: set model.mode: interpolation, or use "
+                "videos for image_to_video.",
+            )
+        )
+    if data.builtin is not None or data.manifest is not None:
+        problems.append(
+            ConfigProblem(
+                "data.layout",
+                "image_pairs read {id}_start/{id}_end images under data.root: set data.root and "
+                "drop data.builtin / data.manifest.",
+            )
+        )
+    if fps is None:
+        problems.append(
+            ConfigProblem(
+                "model.fps",
+                "image pairs carry no frame rate: set model.fps to the rate the interpolated clip "
+                "should play at (e.g. 7).",
+            )
+        )
+    return problems
+
+
+def held_out(ids: list[str], fraction: float) -> set[str]:
+    """Every k-th item is held out: deterministic and spread over the whole folder."""
+    n_val = int(len(ids) * fraction)
+    return set(sorted(ids)[:: max(1, len(ids) // n_val)][:n_val]) if n_val else set()
+
+
+@dataclass
+class BuiltData:
+    train: Dataset
+    val: Dataset | None
+    notes: dict[str, str] = field(default_factory=dict)  # for the run summary
+    conditioning_fps: list[float] = field(default_factory=list)  # what training conditions on
+
+
+@dataclass
+class VideoLoraData:
+    config: VideoLoraDataConfig
+    root: Path
+    fixed_fps: float | None  # model.fps
+
+    @property
+    def sampler(self) -> ClipSampler:
+        return ClipSampler(self.config.num_frames, self.config.stride, self.config.stride_range)
+
+    def index(self) -> VideoIndex:
+        # Indexed at stride 1: a video too short for the largest stride still gives clips at a smaller one.
+        data = self.config
+        found = build_video_index(
+            self.root, data.manifest, data.num_frames, cache_dir=default_cache_dir() / "video_index"
+        )
+        require_usable(found, "data.root")
+        return found
+
+    def report(self) -> str:
+        if self.config.layout == "image_pairs":
+            pairs = scan_image_pairs(self.root)
+            return f"{self.root}: {len(pairs)} image pairs ({{id}}_start + {{id}}_end)"
+        found = self.index()
+        note = self.stride_note(found.records)
+        return format_report(found) + (f"\n  stride: {note}" if note else "")
+
+    def stride_note(self, records: list[VideoRecord]) -> str | None:
+        sampler = self.sampler
+        capped = capped_records(records, sampler)
+        if not capped:
+            return None
+        return (
+            f"{len(capped)} of {len(records)} videos are too short for stride {sampler.strides[1]} at "
+            f"{self.config.num_frames} frames: their clips use the largest stride that fits"
+        )
+
+    def _split_note(self, held: int, total: int, what: str) -> str:
+        return f"{held} of {total} {what} held out (every k-th, data.val_fraction {self.config.val_fraction})"
+
+    def build(self) -> BuiltData:
+        data = self.config
+        if data.layout == "image_pairs":
+            pairs = scan_image_pairs(self.root)
+            val_ids = held_out([pid for pid, _, _ in pairs], data.val_fraction)
+            size = {"height": data.height, "width": data.width, "num_frames": data.num_frames}
+            train = ImagePairDataset([p for p in pairs if p[0] not in val_ids], hflip=data.hflip, **size)
+            val = ImagePairDataset([p for p in pairs if p[0] in val_ids], **size) if val_ids else None
+            notes = {"validation": self._split_note(len(val_ids), len(pairs), "image pairs")}
+            return BuiltData(train, val, notes, [self.fixed_fps] if self.fixed_fps else [])
+        found = self.index()
+        records = sorted(found.records, key=lambda r: r.video_id)
+        val_ids = held_out([r.video_id for r in records], data.val_fraction)
+        train_records = [r for r in records if r.video_id not in val_ids]
+        notes = {"validation": self._split_note(len(val_ids), len(records), "videos")}
+        if (note := self.stride_note(records)) is not None:
+            notes["stride"] = note
+        common = {
+            "num_frames": data.num_frames,
+            "height": data.height,
+            "width": data.width,
+            "stride": data.stride,
+            "stride_range": data.stride_range,
+        }
+        train = VideoClipDataset(
+            replace(found, records=train_records),
+            hflip=data.hflip,
+            random_crop=data.random_crop,
+            train=True,
+            **common,
+        )
+        val = None
+        if val_ids:
+            val_records = [r for r in records if r.video_id in val_ids]
+            val = VideoClipDataset(replace(found, records=val_records), train=False, **common)
+        return BuiltData(train, val, notes, conditioning_fps(train_records, self.sampler))
