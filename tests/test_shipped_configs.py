@@ -75,8 +75,8 @@ def test_vit_large_imagenet_is_the_documented_fine_tuning_setting():
         4,
     )
     assert train.gradient_checkpointing and train.keep_last_checkpoints == 3 and train.num_workers == 8
-    assert train.lr_scheduler == "cosine" and train.warmup_steps > 0 and 1e-5 <= train.learning_rate <= 1e-4
-    assert train.eval_every >= 1000 and train.checkpoint_every >= 1000
+    assert train.lr_scheduler == "cosine" and train.warmup_ratio > 0 and 1e-5 <= train.learning_rate <= 1e-4
+    assert train.eval_every_epochs == train.checkpoint_every_epochs == 0.25
     assert train.max_eval_batches is None
     assert config.log.wandb is not None and config.log.wandb.project == "framer_ds"
     assert config.log.tensorboard
