@@ -27,33 +27,12 @@ launch=(accelerate launch --config_file "$ACCELERATE_CONFIG")
 [ -n "$DEEPSPEED_CONFIG" ] && launch+=(--deepspeed_config_file "$DEEPSPEED_CONFIG")
 launch+=(-m framer_ds train "$CONFIG" "output_dir=$OUTPUT_DIR" train.resume=latest "$@")
 
+# sbatch runs a copy of this script from its spool directory: the helpers are found from the submit
+# directory (the repo root, as every path above).
+# shellcheck source=scripts/lib/stop_signals.sh
+source scripts/lib/stop_signals.sh || { echo "run sbatch from the framer_ds repo root" >&2; exit 2; }
+
 rm -f "$OUTPUT_DIR/preempted.json"
 echo "[framer_ds] job ${SLURM_JOB_ID:-local} restart ${SLURM_RESTART_COUNT:-0}: ${launch[*]}"
-"${launch[@]}" &
-launcher=$!
-
-# The launcher (torchrun) would die on USR1; the ranks are its children and checkpoint on it.
-# shellcheck disable=SC2329  # invoked by the traps below
-forward_stop() {
-    echo "[framer_ds] $1 received: asking the ranks to checkpoint and stop"
-    pkill "-$1" -P "$launcher" || kill "-$1" "$launcher"
-}
-trap 'forward_stop USR1' USR1
-trap 'forward_stop TERM' TERM
-
-status=0
-while true; do
-    wait "$launcher"
-    status=$?
-    # wait returns >128 when a trapped signal interrupts it; keep waiting while the launcher lives.
-    kill -0 "$launcher" 2>/dev/null || break
-done
-
-if [ -f "$OUTPUT_DIR/preempted.json" ]; then
-    echo "[framer_ds] stopped at a checkpoint: $(cat "$OUTPUT_DIR/preempted.json" | tr -d '\n')"
-    if [ -n "${SLURM_JOB_ID:-}" ]; then
-        scontrol requeue "$SLURM_JOB_ID" && echo "[framer_ds] requeued job $SLURM_JOB_ID"
-    fi
-    exit 0
-fi
-exit "$status"
+run_forwarding_stop ranks "${launch[@]}"
+finish_job "$OUTPUT_DIR" $?

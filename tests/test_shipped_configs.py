@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from framer_ds.cli.main import build_parser, main
+from framer_ds.cli.main import LAUNCH_FLAGS, build_parser, main
 from framer_ds.config.launch_check import check_launch_configs
+from framer_ds.launch.environment import hostfile_launch_problems
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -168,7 +169,8 @@ def _model_has_hidden_size(config) -> bool:
 @pytest.mark.parametrize("accelerate_yaml", ACCELERATE_YAMLS, ids=_ids(ACCELERATE_YAMLS))
 def test_training_yaml_agrees_with_accelerate_yaml(train_yaml, accelerate_yaml, monkeypatch):
     """Includes the DeepSpeed JSON each YAML names (paths are relative to the repo root, where you
-    launch). No combination conflicts: the accelerate YAMLs leave precision to train.mixed_precision."""
+    launch) and the launch flags its header passes (a multi-node YAML's head node and machine rank).
+    No combination conflicts: the accelerate YAMLs leave precision to train.mixed_precision."""
     monkeypatch.chdir(REPO)
     config = load_run_config(train_yaml)
     problems = check_launch_configs(
@@ -176,8 +178,25 @@ def test_training_yaml_agrees_with_accelerate_yaml(train_yaml, accelerate_yaml, 
         Path(_rel(accelerate_yaml)),
         None,
         model_has_hidden_size=_model_has_hidden_size(config),
+        launch_flags=_header_launch_flags(accelerate_yaml),
     )
+    problems += hostfile_launch_problems(None, Path(_rel(accelerate_yaml)))
     assert [str(p) for p in problems] == []
+
+
+def _header_launch_flags(accelerate_yaml: Path) -> dict:
+    """The `accelerate launch` flags the YAML's header command passes, as the YAML keys they beat."""
+    launch, _ = _parse_launch(_command_of(_first_line(accelerate_yaml).lstrip("#")))
+    flags = {key: getattr(launch, key) for key in LAUNCH_FLAGS}
+    return {
+        key: int(v) if isinstance(v, str) and v.isdigit() else v for key, v in flags.items() if v is not None
+    }
+
+
+def test_multi_node_yamls_need_the_head_node_from_the_launch():
+    """Without --main_process_ip accelerate gives torchrun the string 'None' and every node hangs."""
+    found = check_launch_configs(None, Path(_rel(CONFIGS / "accelerate_multinode.yaml")))
+    assert [p.where.split(": ")[-1] for p in found] == ["main_process_ip"]
 
 
 @pytest.mark.parametrize("train_yaml", TRAINING_YAMLS, ids=_ids(TRAINING_YAMLS))
@@ -192,6 +211,7 @@ def test_every_deepspeed_json_swaps_in_cleanly(train_yaml, ds_json, accelerate_y
         Path(_rel(accelerate_yaml)),
         Path(_rel(ds_json)),
         model_has_hidden_size=_model_has_hidden_size(config),
+        launch_flags=_header_launch_flags(accelerate_yaml),
     )
     assert [str(p) for p in problems] == []
 

@@ -33,13 +33,20 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# `accelerate launch` flags that `validate` accepts too, so a launch script checks what it will pass.
+LAUNCH_FLAGS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="framer-ds",
+        allow_abbrev=False,
         description="Fine-tune video-diffusion LoRAs, ViTs and TTS LMs with Accelerate + DeepSpeed.",
         epilog="Distributed: accelerate launch --config_file configs/accelerate_4gpu.yaml "
         "-m framer_ds train CONFIG",
     )
+    # DeepSpeed's launcher passes --local_rank=N before the command; the rank is in the environment too.
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser(
@@ -54,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--overwrite", action="store_true", help="start over in an output_dir that already holds a run"
     )
+    train.add_argument(
+        "--deepspeed-config",
+        type=Path,
+        metavar="JSON",
+        help="DeepSpeed JSON when launched by `deepspeed` or `torchrun` (accelerate launch passes "
+        "--deepspeed_config_file itself)",
+    )
 
     validate = sub.add_parser(
         "validate", help="check a training YAML (and launch configs) without loading weights or data"
@@ -61,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(validate)
     validate.add_argument("--accelerate-config", type=Path, help="accelerate YAML to cross-check")
     validate.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON to cross-check")
+    validate.add_argument(
+        "--hostfile", type=Path, help="DeepSpeed hostfile of a multi-node launch to cross-check"
+    )
+    flags = validate.add_argument_group(
+        "accelerate launch flags", "the values the launch passes; they beat the accelerate YAML's keys"
+    )
+    for flag in LAUNCH_FLAGS:
+        flags.add_argument(f"--{flag.replace('_', '-')}", dest=flag, metavar="VALUE")
 
     data = sub.add_parser("data", help="dataset tools")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
@@ -83,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
     show = config_sub.add_parser("show", help="print every key of a task's config")
     show.add_argument("task", help="a registered task (`framer-ds tasks` lists them)")
+    get = config_sub.add_parser(
+        "get", help="one resolved value of a training YAML (with overrides), e.g. for a launch script"
+    )
+    get.add_argument("key", help="dotted key, e.g. output_dir or train.micro_batch_size")
+    _add_config_args(get)
     docs = config_sub.add_parser("docs", help="the config reference of every built-in task, as markdown")
     docs.add_argument("--write", type=Path, metavar="PATH", help="write it to PATH (docs/config.md)")
 
@@ -108,6 +135,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     universal.add_argument("checkpoint", type=Path, help="output_dir/checkpoints/step_N")
 
+    env = sub.add_parser(
+        "env",
+        help="versions, devices and limits; under a launcher also a rendezvous smoke test over all ranks",
+        description="Report this machine (versions, GPUs, ulimit -l, free disk, accelerate's default "
+        "config). Run under the launcher a job will use (accelerate launch / torchrun / deepspeed / srun) "
+        "to also check that every rank reaches every other: all-reduce, a 64 MiB broadcast and its "
+        "bandwidth, one line per rank; a failure exits non-zero with the backend's error and a hint.",
+    )
+    env.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    env.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for every rank (default 60)"
+    )
+    env.add_argument("--output-dir", type=Path, help="report the free disk there (default: here)")
+
+    hosts = sub.add_parser(
+        "hosts", help="the hosts a DeepSpeed hostfile gives, one per line: MACHINE_RANK HOST SLOTS"
+    )
+    hosts.add_argument("hostfile", type=Path)
+    hosts.add_argument("--include", help="DeepSpeed's filter, e.g. node-a@node-b:0,1")
+    hosts.add_argument("--exclude", help="DeepSpeed's filter, e.g. node-c")
+    hosts.add_argument(
+        "--num-gpus", type=int, help="keep the first N slots of each host (deepspeed --num_gpus)"
+    )
+    hosts.add_argument(
+        "--same-slots", action="store_true", help="fail unless every host runs the same number (accelerate)"
+    )
+
     sub.add_parser("tasks", help="list registered tasks")
     return parser
 
@@ -119,6 +173,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides) + (["overwrite_output_dir=true"] if args.overwrite else [])
     config = load_run_config(args.config, overrides)
+    if args.deepspeed_config is not None:
+        from framer_ds.launch.environment import use_deepspeed_json
+
+        use_deepspeed_json(args.deepspeed_config)
     try:
         result = run_training(config)
     except Preempted as stop:
@@ -140,15 +198,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.overrides)
     task = get_task_class(config.task)(config)
+    # Numbers stay strings when they are not numbers, so the checks name the bad value.
+    launch_flags = {
+        flag: int(value) if value.isdigit() else value
+        for flag in LAUNCH_FLAGS
+        if (value := getattr(args, flag)) is not None
+    }
     problems = task.check() + check_launch_configs(
         config.train,
         accelerate_config=args.accelerate_config,
         deepspeed_config=args.deepspeed_config,
         model_has_hidden_size=task.model_has_hidden_size,
+        launch_flags=launch_flags,
     )
+    if args.hostfile is not None or args.accelerate_config is not None:
+        from framer_ds.launch.environment import hostfile_launch_problems
+
+        problems += hostfile_launch_problems(args.hostfile, args.accelerate_config, launch_flags)
     if problems:
         raise ConfigError(problems, str(args.config))
-    checked = [str(p) for p in (args.config, args.accelerate_config, args.deepspeed_config) if p is not None]
+    launch_files = (args.config, args.accelerate_config, args.deepspeed_config, args.hostfile)
+    checked = [str(p) for p in launch_files if p is not None]
     print(f"OK: {', '.join(checked)} valid (task {config.task}, output_dir {config.output_dir})")
     return 0
 
@@ -205,15 +275,56 @@ def cmd_config(args: argparse.Namespace) -> int:
     from framer_ds.storage.atomic import atomic_write_text
     from framer_ds.tasks.config_docs import config_docs_markdown, task_reference
     from framer_ds.tasks.registry import get_task_class
+    from framer_ds.tasks.run_config import load_run_config, resolved_value
 
     if args.config_command == "show":
         get_task_class(args.task)  # an unknown task gets the registry's "did you mean"
         print(render_text(task_reference(args.task)), end="")
+    elif args.config_command == "get":
+        print(resolved_value(load_run_config(args.config, args.overrides), args.key))
     elif args.write is not None:
         atomic_write_text(args.write, config_docs_markdown())
         print(f"wrote {args.write}")
     else:
         print(config_docs_markdown(), end="")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    import json
+
+    from framer_ds.launch.env_report import format_machine_report, machine_report
+    from framer_ds.launch.smoke import SmokeTestFailed, format_smoke_test, launched, run_smoke_test
+
+    report: dict = {"machine": machine_report(args.output_dir)}
+    rank = int(os.environ.get("RANK", "0"))
+    if launched():
+        try:
+            report["distributed"] = run_smoke_test(args.timeout)
+        except SmokeTestFailed as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    if rank == 0:
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print(format_machine_report(report["machine"]))
+            if "distributed" in report:
+                print(format_smoke_test(report["distributed"]))
+            else:
+                print(
+                    "distributed: not launched (to test it: run under accelerate launch, torchrun, "
+                    "deepspeed or srun)"
+                )
+    return 0
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    from framer_ds.launch.hostfile import load_hosts
+
+    hosts = load_hosts(args.hostfile, args.include, args.exclude, args.num_gpus, args.same_slots)
+    for rank, host in enumerate(hosts):
+        print(rank, host.name, ",".join(map(str, host.slots)))
     return 0
 
 
@@ -254,6 +365,8 @@ COMMANDS = {
     "sample": cmd_sample,
     "export": cmd_export,
     "config": cmd_config,
+    "env": cmd_env,
+    "hosts": cmd_hosts,
     "checkpoint": cmd_checkpoint,
     "tasks": cmd_tasks,
 }

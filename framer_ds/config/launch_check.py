@@ -247,7 +247,32 @@ def check_accelerate_counts(acc: Cfg, src: str) -> Problems:
     if _positive_int(processes) and machines and processes % machines:
         msg = f"{processes} does not split evenly over num_machines {machines}; use a multiple of it"
         out.append(_p(src, "num_processes", msg))
-    return out
+    return out + check_multi_machine_rendezvous(acc, src)
+
+
+def uses_deepspeed_runner(acc: Cfg) -> bool:
+    """Several machines under DeepSpeed with a launcher other than `standard`: accelerate hands the job to
+    DeepSpeed's own runner, which reads `deepspeed_hostfile` and reaches every host itself (pdsh/ssh)."""
+    launcher = _section(acc, "deepspeed_config").get("deepspeed_multinode_launcher", "pdsh")
+    machines = acc.get("num_machines", 1)
+    return _is_deepspeed(acc) and _positive_int(machines) and machines > 1 and launcher != "standard"
+
+
+def check_multi_machine_rendezvous(acc: Cfg, src: str) -> Problems:
+    """Static rendezvous over several machines needs the head node's address on every node: accelerate
+    passes the literal string 'None' to torchrun otherwise, and each node waits for a head that never
+    answers."""
+    machines = acc.get("num_machines", 1)
+    if not _positive_int(machines) or machines == 1 or uses_deepspeed_runner(acc):
+        return []
+    if acc.get("main_process_ip") in (None, ""):
+        msg = (
+            f"is missing but num_machines is {machines}: every node must name the head node; pass "
+            "--main_process_ip HEAD to accelerate launch and --main-process-ip HEAD to framer-ds validate "
+            "(slurm/train_multinode.sh and scripts/train/launch.sh do both)"
+        )
+        return [_p(src, "main_process_ip", msg)]
+    return []
 
 
 def check_accelerate_precision(acc: Cfg, src: str, train: TrainConfig | None) -> Problems:
@@ -333,13 +358,17 @@ def check_launch_configs(
     accelerate_config: Path | None = None,
     deepspeed_config: Path | None = None,
     model_has_hidden_size: bool = False,
+    launch_flags: Mapping[str, Any] | None = None,
 ) -> list[ConfigProblem]:
-    """Every problem across the three configs; `deepspeed_config` mirrors --deepspeed_config_file."""
+    """Every problem across the three configs; `deepspeed_config` mirrors --deepspeed_config_file and
+    `launch_flags` the `accelerate launch` flags that beat the YAML's keys (num_processes, num_machines,
+    machine_rank, main_process_ip, main_process_port)."""
     problems: Problems = []
     json_path = Path(deepspeed_config) if deepspeed_config is not None else None
     if accelerate_config is not None:
         acc, problems = load_yaml_file(Path(accelerate_config))
         if acc is not None:
+            acc = {**acc, **(launch_flags or {})}
             src, explicit = str(accelerate_config), json_path is not None
             yaml_json = _section(acc, "deepspeed_config").get("deepspeed_config_file")
             problems += check_accelerate_keys(acc, src)

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from framer_ds import __version__
-from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.loader import apply_overrides, describe_validation_error, read_yaml_mapping
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.export import EXPORT_RECORD, read_export_record
@@ -80,6 +80,31 @@ def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfi
     if problems:
         raise ConfigError(problems, str(path))
     return config
+
+
+def resolved_value(config: RunConfigBase, dotted_key: str) -> str:
+    """One value of a validated config as a shell script reads it: paths and scalars as text, sections
+    and lists as JSON. An unknown key gets the schema's "did you mean"."""
+    value: Any = config
+    for depth, part in enumerate(dotted_key.split(".")):
+        fields = type(value).model_fields if isinstance(value, BaseModel) else {}
+        if part not in fields:
+            where = ".".join(dotted_key.split(".")[: depth + 1])
+            if not fields:
+                message = f"{where.rsplit('.', 1)[0]} is a value, not a section"
+            else:
+                message = "is not a config key." + (
+                    did_you_mean(part, list(fields)) or f" (keys: {', '.join(fields)})"
+                )
+            raise ConfigError([ConfigProblem(where, message)], "config get")
+        value = getattr(value, part)
+    if isinstance(value, BaseModel):
+        return value.model_dump_json(indent=2)
+    if isinstance(value, list | dict):
+        import json
+
+        return json.dumps(value, default=str)
+    return str(value)
 
 
 def load_exported_task(export_dir: Path) -> Task:

@@ -92,7 +92,7 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
     if resume_path is not None:
         stop.startup_position = (resumed.global_step, resume_path)
         for line in resume_changes(resume_path, config, resumed, accelerator.num_processes):
-            accelerator.print(f"changed on resume: {line}")
+            say(accelerator, f"changed on resume: {line}")
         load_path = prepare_resume(accelerator, resume_path)  # before prepare: may set load_universal
     prepare_run_dir(accelerator, config, resumed.global_step if resumed is not None else None)
 
@@ -106,9 +106,9 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
     if load_path is not None:
         apply_config_after_resume(run)
         state = adapt_to_world_size(accelerator, state, load_path, config.train, run.plan.batches_per_epoch)
-        accelerator.print(f"resumed from {resume_path} at step {state.global_step}")
+        say(accelerator, f"resumed from {resume_path} at step {state.global_step}")
     summary = run_summary(run, state, resume_path)
-    accelerator.print(format_summary(summary))
+    say(accelerator, format_summary(summary))
     logger = MetricsLogger(accelerator, config, summary, state.global_step)
     try:
         eval_metrics = _train(run, state, logger, stop)
@@ -128,7 +128,7 @@ def _train(
         total=plan.total_steps,
         initial=state.global_step,
         desc="train",
-        disable=not accelerator.is_local_main_process,
+        disable=not accelerator.is_main_process,
         dynamic_ncols=True,
         mininterval=0.5,
     )

@@ -1,0 +1,1 @@
+"""Launch environments: hostfiles, the DeepSpeed and torchrun launchers, and `framer-ds env`."""

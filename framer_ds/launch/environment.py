@@ -1,0 +1,70 @@
+"""What a launch brings with it: DeepSpeed without accelerate's CLI, and a hostfile checked against
+the accelerate YAML."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.launch_check import load_yaml_file, uses_deepspeed_runner
+from framer_ds.launch.hostfile import hostfile_problems
+
+
+def use_deepspeed_json(path: Path) -> None:
+    """`deepspeed --num_gpus N --module framer_ds train CONFIG --deepspeed-config Z.json` and the same
+    under torchrun: set what `accelerate launch --deepspeed_config_file Z.json` sets, so the Accelerator
+    builds the same DeepSpeed plugin from the environment, and the same runtime checks read the JSON.
+    Called once, before the Accelerator exists."""
+    path = Path(path)
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        given = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "the accelerate YAML's")
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "--deepspeed-config",
+                    f"accelerate launch already passes a DeepSpeed config ({given}); drop --deepspeed-config "
+                    "and use accelerate's --deepspeed_config_file to swap it",
+                )
+            ],
+            "launch",
+        )
+    if not path.is_file():
+        raise ConfigError(
+            [ConfigProblem("--deepspeed-config", f"{path} not found; check the path")], "launch"
+        )
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(path)
+
+
+def hostfile_launch_problems(
+    hostfile: Path | None, accelerate_config: Path | None, launch_flags: Mapping[str, Any] | None = None
+) -> list[ConfigProblem]:
+    """The hostfile of a launch (given, or the accelerate YAML's `deepspeed_hostfile` when accelerate hands
+    the job to DeepSpeed's runner) and the process and machine counts against it."""
+    acc: dict[str, Any] = {}
+    if accelerate_config is not None:
+        loaded, _ = load_yaml_file(accelerate_config)  # its own problems are reported by the YAML checks
+        acc = {**(loaded or {}), **(launch_flags or {})}
+    if hostfile is None and acc and uses_deepspeed_runner(acc):
+        section = acc.get("deepspeed_config") or {}
+        named = section.get("deepspeed_hostfile")
+        if not named:
+            launcher = section.get("deepspeed_multinode_launcher", "unset (= pdsh)")
+            where = f"{accelerate_config}: deepspeed_config.deepspeed_hostfile"
+            msg = (
+                "is missing: with several machines and deepspeed_multinode_launcher "
+                f"{launcher}, "
+                "accelerate hands the launch to DeepSpeed's runner, which reads the hosts from it; name a "
+                "hostfile (configs/accelerate_hostfile.yaml), or set deepspeed_multinode_launcher: standard "
+                "and start one launch per node (configs/accelerate_multinode.yaml)"
+            )
+            return [ConfigProblem(where, msg)]
+        hostfile = Path(named)
+    if hostfile is None:
+        return []
+    counts = [acc.get(key) for key in ("num_processes", "num_machines")]
+    counts = [v if isinstance(v, int) and not isinstance(v, bool) else None for v in counts]
+    return hostfile_problems(hostfile, *counts)
