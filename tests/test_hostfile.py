@@ -191,3 +191,23 @@ def test_smoke_test_names_an_unresolvable_head_at_once(monkeypatch):
         run_smoke_test(timeout_s=60)
     assert "MASTER_PORT is taken" in hint_for("EADDRINUSE, message: address already in use")
     assert "NCCL_SOCKET_IFNAME" in hint_for("NCCL error: unhandled system error")
+
+
+def test_validate_applies_the_yaml_include_filter_before_counting(tmp_path, monkeypatch, capsys):
+    """accelerate passes deepspeed_inclusion_filter to DeepSpeed's runner: the counts are of what is left,
+    and a filter naming an unknown host or slot is reported."""
+    monkeypatch.chdir(REPO)
+    acc = yaml.safe_load((REPO / "configs/accelerate_hostfile.yaml").read_text())
+    hostfile = write(tmp_path, "node-a slots=4\nnode-b slots=4\nnode-c slots=4\n")
+    acc["deepspeed_config"] |= {
+        "deepspeed_hostfile": str(hostfile),
+        "deepspeed_inclusion_filter": "node-a@node-c",
+    }
+    (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc))
+    assert (
+        main(["validate", "configs/quickstart.yaml", "--accelerate-config", str(tmp_path / "acc.yaml")]) == 0
+    )
+    acc["deepspeed_config"]["deepspeed_inclusion_filter"] = "node-a@node-z:9"
+    (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc))
+    found = _validate(capsys, "--accelerate-config", str(tmp_path / "acc.yaml"))
+    assert len(found) == 1 and "'node-z' is not in the hostfile" in found[0]

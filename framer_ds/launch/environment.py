@@ -67,4 +67,6 @@ def hostfile_launch_problems(
         return []
     counts = [acc.get(key) for key in ("num_processes", "num_machines")]
     counts = [v if isinstance(v, int) and not isinstance(v, bool) else None for v in counts]
-    return hostfile_problems(hostfile, *counts)
+    section = acc.get("deepspeed_config") or {}
+    filters = [section.get(f"deepspeed_{kind}_filter") for kind in ("inclusion", "exclusion")]
+    return hostfile_problems(hostfile, *counts, *[str(f) if f else None for f in filters])

@@ -159,9 +159,18 @@ def _unequal_slots(hosts: list[Host], where: str) -> list[ConfigProblem]:
     return [ConfigProblem(where, msg)]
 
 
-def hostfile_problems(path: Path, num_processes: int | None, num_machines: int | None) -> list[ConfigProblem]:
-    """For `framer-ds validate --hostfile`: the file, and whether the accelerate YAML's counts match it."""
+def hostfile_problems(
+    path: Path,
+    num_processes: int | None,
+    num_machines: int | None,
+    include: str | None = None,
+    exclude: str | None = None,
+) -> list[ConfigProblem]:
+    """For `framer-ds validate --hostfile`: the file, the include/exclude filter, and whether the
+    accelerate YAML's counts match the hosts and slots left after filtering."""
     hosts, problems = parse_hostfile(path)
+    if not problems and hosts:
+        hosts, problems = select_hosts(hosts, include, exclude)
     if problems or not hosts:
         return problems
     total = sum(h.processes for h in hosts)
