@@ -47,6 +47,13 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> subprocess
     return proc
 
 
+def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """A launch left running (to be signalled), its output merged in one pipe."""
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
 @pytest.fixture(scope="module")
 def reference_losses(tmp_path_factory) -> list[float]:
     """`accelerate launch` on one machine, 2 processes, ZeRO-2: what every launcher must reproduce."""
@@ -104,14 +111,7 @@ def test_slurm_multinode_usr1_checkpoints_every_node_and_requeues(cluster, tmp_p
         "ENV_CHECK": "0",
     }
     env["MASTER_PORT"] = str(free_port())
-    job = subprocess.Popen(
-        ["sbatch", "--nodes=2", "slurm/train_multinode.sh", *MANY_STEPS],
-        cwd=REPO,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    job = start(["sbatch", "--nodes=2", "slurm/train_multinode.sh", *MANY_STEPS], env)
     wait_for_step(run_dir, 3, job)
     job.send_signal(signal.SIGUSR1)  # Slurm's B:USR1 goes to the batch shell only
     out, _ = job.communicate(timeout=180)
@@ -144,14 +144,7 @@ def test_launch_sh_over_pdsh_stops_every_host_at_a_checkpoint(cluster, tmp_path)
     run_dir = tmp_path / "run"
     env = {**cluster, "HOSTFILE": str(tmp_path / "hostfile"), "CONFIG": QUICKSTART}
     env |= {"OUTPUT_DIR": str(run_dir), "MASTER_PORT": str(free_port())}
-    launcher = subprocess.Popen(
-        ["bash", "scripts/train/launch.sh", *MANY_STEPS],
-        cwd=REPO,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    launcher = start(["bash", "scripts/train/launch.sh", *MANY_STEPS], env)
     wait_for_step(run_dir, 3, launcher)
     launcher.send_signal(signal.SIGTERM)
     out, _ = launcher.communicate(timeout=180)

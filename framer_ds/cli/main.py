@@ -33,6 +33,14 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_export_args(parser: argparse.ArgumentParser) -> None:
+    """`sample` and `export` read an export; its recorded task parses the rest."""
+    parser.add_argument("export_dir", type=Path, help="a run's final/ (or checkpoints/step_N/adapter/)")
+    parser.add_argument(
+        "task_options", nargs=argparse.REMAINDER, metavar="...", help="the options of the export's task"
+    )
+
+
 # `accelerate launch` flags that `validate` accepts too, so a launch script checks what it will pass.
 LAUNCH_FLAGS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
 
@@ -96,10 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "step_N/adapter/). The task recorded in it decides the options: run "
         "`framer-ds sample RUN/final --help` to list them.",
     )
-    sample.add_argument("export_dir", type=Path, help="a run's final/ (or checkpoints/step_N/adapter/)")
-    sample.add_argument(
-        "task_options", nargs=argparse.REMAINDER, metavar="...", help="the options of the export's task"
-    )
+    _add_export_args(sample)
 
     config = sub.add_parser("config", help="every config key: its type, default and description")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
@@ -119,10 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write another form of an export (a run's final/): the task recorded in it decides "
         "what; run `framer-ds export RUN/final --help` to list its options.",
     )
-    export.add_argument("export_dir", type=Path, help="a run's final/ (or checkpoints/step_N/adapter/)")
-    export.add_argument(
-        "task_options", nargs=argparse.REMAINDER, metavar="...", help="the options of the export's task"
-    )
+    _add_export_args(export)
 
     checkpoint = sub.add_parser("checkpoint", help="checkpoint tools")
     checkpoint_sub = checkpoint.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")

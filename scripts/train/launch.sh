@@ -36,18 +36,29 @@ PYTHON=${PYTHON:-$(command -v python)}
 overrides=("$@")
 [ -n "${OUTPUT_DIR:-}" ] && overrides+=("output_dir=$OUTPUT_DIR")
 
+# The `accelerate launch` flags, and the same values for `framer-ds validate`, which checks them first.
+start_launch_args() {
+    launch_args=(--config_file "$ACCELERATE_CONFIG")
+    validate_args=(--accelerate-config "$ACCELERATE_CONFIG")
+    if [ -n "$DEEPSPEED_CONFIG" ]; then
+        launch_args+=(--deepspeed_config_file "$DEEPSPEED_CONFIG")
+        validate_args+=(--deepspeed-config "$DEEPSPEED_CONFIG")
+    fi
+}
+launch_flag() {  # NAME VALUE: accelerate's --NAME, validate's --NAME-with-dashes
+    launch_args+=("--$1" "$2")
+    validate_args+=("--${1//_/-}" "$2")
+}
+
 if [ -z "${HOSTFILE:-}" ]; then
     ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-configs/accelerate_4gpu.yaml}
     if [ -z "${NUM_GPUS:-}" ]; then
         NUM_GPUS=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
         [ "$NUM_GPUS" -ge 1 ] || NUM_GPUS=1
     fi
-    launch_args=(--config_file "$ACCELERATE_CONFIG" --num_processes "$NUM_GPUS" --main_process_port "$MASTER_PORT")
-    validate_args=(--accelerate-config "$ACCELERATE_CONFIG" --num-processes "$NUM_GPUS" --main-process-port "$MASTER_PORT")
-    if [ -n "$DEEPSPEED_CONFIG" ]; then
-        launch_args+=(--deepspeed_config_file "$DEEPSPEED_CONFIG")
-        validate_args+=(--deepspeed-config "$DEEPSPEED_CONFIG")
-    fi
+    start_launch_args
+    launch_flag num_processes "$NUM_GPUS"
+    launch_flag main_process_port "$MASTER_PORT"
     "$PYTHON" -m framer_ds validate "$CONFIG" "${overrides[@]}" "${validate_args[@]}"
     echo "+ accelerate launch ${launch_args[*]} -m framer_ds train $CONFIG ${overrides[*]}"
     exec "$PYTHON" -m accelerate.commands.launch "${launch_args[@]}" -m framer_ds train "$CONFIG" "${overrides[@]}"
@@ -74,14 +85,11 @@ TOTAL=$((NODES * PER_NODE))
 MASTER_ADDR=${MASTER_ADDR:-${hosts[0]}}
 OUTPUT_DIR_OF_RUN=${OUTPUT_DIR:-$("$PYTHON" -m framer_ds config get output_dir "$CONFIG" "${overrides[@]}")}
 
-launch_args=(--config_file "$ACCELERATE_CONFIG" --num_machines "$NODES" --num_processes "$TOTAL"
-             --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
-validate_args=(--accelerate-config "$ACCELERATE_CONFIG" --num-machines "$NODES" --num-processes "$TOTAL"
-               --main-process-ip "$MASTER_ADDR" --main-process-port "$MASTER_PORT")
-if [ -n "$DEEPSPEED_CONFIG" ]; then
-    launch_args+=(--deepspeed_config_file "$DEEPSPEED_CONFIG")
-    validate_args+=(--deepspeed-config "$DEEPSPEED_CONFIG")
-fi
+start_launch_args
+launch_flag num_machines "$NODES"
+launch_flag num_processes "$TOTAL"
+launch_flag main_process_ip "$MASTER_ADDR"
+launch_flag main_process_port "$MASTER_PORT"
 "$PYTHON" -m framer_ds validate "$CONFIG" "${overrides[@]}" "${validate_args[@]}"
 
 # Fail fast, naming the host, before any node waits at the rendezvous for one that never comes.
