@@ -16,7 +16,9 @@ INSTALL = {
     "av": "av>=12",
     "wandb": "wandb>=0.19",
     "tensorboard": "tensorboard>=2.15",
-    "snac": "snac",
+    "snac": "snac>=1.2",
+    "soundfile": "soundfile>=0.12",
+    "datasets": "datasets>=2.19",
     "torchvision": "torchvision",
 }
 

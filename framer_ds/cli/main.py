@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
     check = data_sub.add_parser("check", help="validate a config's dataset before launch and print a report")
     _add_config_args(check)
+    encode = data_sub.add_parser(
+        "encode-audio",
+        help="encode a config's audio files with its codec into the cache training reads (resumable)",
+    )
+    _add_config_args(encode)
 
     sample = sub.add_parser(
         "sample",
@@ -234,6 +239,9 @@ def cmd_data(args: argparse.Namespace) -> int:
     problems = task.check()
     if problems:
         raise ConfigError(problems, str(args.config))
+    if args.data_command == "encode-audio":
+        print(task.encode_data())
+        return 0
     task.prepare_data()
     print(task.data_report())
     return 0

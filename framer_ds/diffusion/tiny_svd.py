@@ -26,7 +26,7 @@ from diffusers import (
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from framer_ds.compat import image_processor_class
-from framer_ds.storage.atomic import building_dir, publish_dir
+from framer_ds.storage.atomic import build_once
 
 MARKER = ".framer_tiny_svd_complete"
 EMBED_DIM = 32  # CLIP projection_dim == UNet cross_attention_dim (1024 in the real model)
@@ -116,19 +116,12 @@ def create_tiny_svd(path: Path, seed: int = 0) -> Path:
     written into a sibling temp folder that is renamed into place, so a crash or a concurrent creator
     (e.g. several test workers) never leaves a half-written checkpoint behind.
     """
-    path = Path(path)
-    if (path / MARKER).is_file():
-        return path
-    if path.exists() and any(path.iterdir()):
-        raise FileExistsError(f"{path} exists but is not a finished tiny SVD checkpoint; remove it")
-    with building_dir(path) as staging:
+
+    def build(staging: Path) -> None:
         _build_pipeline(seed).save_pretrained(staging)
         _fix_processor_class(staging)
-        (staging / MARKER).write_text(json.dumps({"seed": seed}) + "\n")
-    # Lost a race to another creator: fine when theirs is finished.
-    if not publish_dir(staging, path, replace=False) and not (path / MARKER).is_file():
-        raise FileExistsError(f"{path} exists but is not a finished tiny SVD checkpoint; remove it")
-    return path
+
+    return build_once(path, MARKER, build, "tiny SVD checkpoint")
 
 
 def load_svd_components(

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +125,20 @@ def building_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def build_once(path: Path, marker: str, build: Callable[[Path], None], what: str) -> Path:
+    """A cached directory built by `build(staging)` exactly once: a finished one carries `marker` and is
+    returned as is; a crash or a concurrent builder (test workers, ranks of several nodes) never leaves
+    a half-written one, and a lost race is fine when the winner finished."""
+    path = Path(path)
+    if (path / marker).is_file():
+        return path
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(f"{path} exists but is not a finished {what}; remove it")
+    with building_dir(path) as staging:
+        build(staging)
+        (staging / marker).write_text("complete\n")
+    if not publish_dir(staging, path, replace=False) and not (path / marker).is_file():
+        raise FileExistsError(f"{path} exists but is not a finished {what}; remove it")
+    return path

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase, StrictModel, run_config_class
@@ -35,9 +36,25 @@ class SampleCommandOptions(StrictModel):
     )
 
     def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return resolve_device(self.device)
+
+
+def resolve_device(name: str) -> str:
+    """'auto' -> the GPU when there is one, else the CPU; any other name as given."""
+    if name != "auto":
+        return name
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class TrainingLoss:
+    """What `training_loss` returns when the task also reports parts of its loss (e.g. text vs audio
+    tokens): the loss to back-propagate, and per part a (summed loss, items) pair on the device. The loop
+    sums the pairs over the steps since the last log line and all ranks, and logs sum / items under
+    each name, so a part is exact however the micro-batches split it."""
+
+    loss: torch.Tensor
+    parts: dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
 class Task(ABC):
@@ -55,6 +72,8 @@ class Task(ABC):
     accumulation window on all ranks, so unequal micro-batches weigh every item equally."""
     loss_items_name: ClassVar[str] = "tokens"
     """What a summing task counts; the loop logs `<name>_per_s` next to `samples_per_s`."""
+    loss_parts: ClassVar[tuple[str, ...]] = ()
+    """Names of the parts `training_loss` reports in a `TrainingLoss` (logged next to `loss`)."""
     sample_options: ClassVar[type[SampleCommandOptions]] = SampleCommandOptions
     """The options of `framer-ds sample` for this task (its flags are made from the fields)."""
     export_options: ClassVar[type[StrictModel] | None] = None
@@ -77,6 +96,17 @@ class Task(ABC):
         """Create cached data the task needs (runs on the local main process before the others read)."""
         return None
 
+    def encode_data(self) -> str:
+        """`framer-ds data encode-audio`: encode raw media into the cache training reads, ahead of a run
+        (e.g. on a CPU node); returns what was done. Tasks with nothing to encode keep this error."""
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "task", f"task {self.name!r} has no media to encode (tts_lm with data.format audio has)"
+                )
+            ]
+        )
+
     def data_report(self) -> str:
         """What `framer-ds data check` prints: counts and anything rejected. Raises ConfigError when
         the data is unusable. Tasks override it with a richer report."""
@@ -85,7 +115,7 @@ class Task(ABC):
             f"train: {len(train)} samples; eval: {len(evaluation) if evaluation is not None else 0} samples"
         )
 
-    def data_summary(self) -> dict[str, str]:
+    def data_summary(self) -> dict[str, Any]:
         """Lines for the run summary about where the data came from (e.g. how validation was made).
         Called after `build_datasets`."""
         return {}
@@ -129,10 +159,18 @@ class Task(ABC):
         Called on EVERY rank; returns the written files on the main process."""
         return []
 
+    def train_sampler(self, train_set: Dataset) -> Sampler | None:
+        """The order of the training samples, or None for a seeded shuffle. A sampler must yield every
+        index of `train_set` once per epoch (len(train_set) in all), the same on every rank (accelerate
+        splits its batches between the ranks), and follow `set_epoch(epoch)`, so resuming mid-epoch
+        replays the same order; e.g. length-grouped batches or a mixing ratio."""
+        return None
+
     @abstractmethod
-    def training_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    def training_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | TrainingLoss:
         """Scalar loss for one micro-batch: its mean, or with `loss_reduction = "sum"` its sum over the
-        items `count_loss_items` counts. Never divided by accumulation: the loop and accelerate do that."""
+        items `count_loss_items` counts. Never divided by accumulation: the loop and accelerate do that.
+        A `TrainingLoss` also carries the parts named in `loss_parts`."""
 
     def count_loss_items(self, batch: Any) -> int | torch.Tensor:
         """Items the summed loss of `batch` runs over (e.g. labels != -100). Read before the forward,

@@ -10,7 +10,11 @@ from framer_ds.tasks.base import Task
 _TASKS: dict[str, type[Task]] = {}
 
 # Modules that register the built-in tasks; imported lazily so `framer_ds.config` stays light.
-BUILTIN_TASK_MODULES = ("framer_ds.tasks.vit_classification", "framer_ds.tasks.video_lora.task")
+BUILTIN_TASK_MODULES = (
+    "framer_ds.tasks.vit_classification",
+    "framer_ds.tasks.video_lora.task",
+    "framer_ds.tasks.tts_lm.task",
+)
 
 
 def register_task(cls: type[Task]) -> type[Task]:

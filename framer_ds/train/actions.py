@@ -78,6 +78,7 @@ class StepContext:
     signal_name: Callable[[], str | None]
     loss_total: torch.Tensor  # since the last log line, this rank
     loss_items: torch.Tensor
+    part_totals: torch.Tensor | None = None  # the task's loss parts since the last log line, this rank
     outcome: StepOutcome | None = None  # the step just taken
     done: bool = False  # the last step of the run
     epoch_before: float = 0.0  # position in epochs before and after the step just taken
@@ -137,10 +138,11 @@ class LogMetrics(StepAction):
 
     def run(self, ctx: StepContext) -> None:
         accelerator, run = ctx.run.accelerator, ctx.run
-        totals = torch.stack([ctx.loss_total, ctx.loss_items])
+        parts = ctx.part_totals if ctx.part_totals is not None else ctx.loss_total.new_zeros(0)
+        totals = torch.cat([torch.stack([ctx.loss_total, ctx.loss_items]), parts])
         if accelerator.num_processes > 1:
             totals = accelerator.reduce(totals, reduction="sum")
-        loss_total, loss_items = totals.tolist()
+        loss_total, loss_items, *part_values = totals.tolist()
         state, plan = ctx.state, run.plan
         summing = run.task.loss_reduction == "sum"
         line = {
@@ -151,12 +153,22 @@ class LogMetrics(StepAction):
             **ctx.throughput.rates(run.task.loss_items_name if summing else None),
             **memory_stats(),
         }
+        for index, name in enumerate(run.task.loss_parts):
+            part_sum, part_items = part_values[2 * index : 2 * index + 2]
+            if part_items > 0:
+                line[name] = part_sum / part_items
         if ctx.outcome is not None and ctx.outcome.grad_norm is not None:
             line["grad_norm"] = float(ctx.outcome.grad_norm)
         ctx.logger.log(line, state.global_step)
-        ctx.progress.set_postfix(loss=f"{line['loss']:.4f}", refresh=False)
+        postfix = {"loss": f"{line['loss']:.4f}"}
+        if summing:
+            rate = f"{run.task.loss_items_name}_per_s"
+            postfix[rate] = f"{line[rate]:.4g}"
+        ctx.progress.set_postfix(postfix, refresh=False)
         ctx.loss_total.zero_()
         ctx.loss_items.zero_()
+        if ctx.part_totals is not None:
+            ctx.part_totals.zero_()
         ctx.throughput.reset()
 
 

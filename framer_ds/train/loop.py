@@ -168,6 +168,12 @@ def _train(
                 ctx.throughput.record(samples, outcome.items_all_ranks)
                 ctx.loss_total += outcome.loss_total
                 ctx.loss_items += outcome.loss_items
+                if outcome.part_totals is not None:
+                    ctx.part_totals = (
+                        outcome.part_totals
+                        if ctx.part_totals is None
+                        else ctx.part_totals + outcome.part_totals
+                    )
                 ctx.outcome, ctx.done = outcome, state.global_step >= plan.total_steps
                 progress.update(1)
                 run_due_actions(actions, ctx)

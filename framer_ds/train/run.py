@@ -66,9 +66,11 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     }
     # The loader's own generator: PyTorch otherwise draws each epoch iterator's base seed from the
     # global RNG, which on resume would shift the dropout/augmentation stream restored by load_state.
+    sampler = task.train_sampler(train_set)
+    order = {"sampler": sampler} if sampler is not None else {"shuffle": True}
     shuffle_generator = torch.Generator().manual_seed(train_cfg.seed)
     train_loader = DataLoader(
-        train_set, shuffle=True, drop_last=True, generator=shuffle_generator, **loader_kwargs
+        train_set, drop_last=True, generator=shuffle_generator, **order, **loader_kwargs
     )
     eval_loader = DataLoader(eval_set, shuffle=False, **loader_kwargs) if eval_set is not None else None
     plan = plan_steps(len(train_set), train_cfg, accelerator.num_processes)

@@ -19,6 +19,7 @@ import torch
 from framer_ds.engine.accelerator import accumulation_step, uses_deepspeed
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.precision import to_compute_dtype
+from framer_ds.tasks.base import TrainingLoss
 from framer_ds.train.faults import NonFiniteLossError, exchange_flags
 from framer_ds.train.run import TrainingRun
 
@@ -42,6 +43,7 @@ class StepOutcome:
     poisoned: bool  # a non-finite loss on some rank: the step was skipped
     stop_requested: bool  # a stop signal reached some rank
     grad_norm: torch.Tensor | float | None  # read (a device sync) only when a log line needs it
+    part_totals: torch.Tensor | None = None  # (summed loss, items) per task loss part, flattened
 
 
 def windows(run: TrainingRun, state: TrainerState) -> Iterator[Window]:
@@ -103,6 +105,7 @@ class OptimizerStep:
             scale = accumulation * accelerator.num_processes / max(items_all_ranks, 1.0)
         device = accelerator.device
         loss_total, loss_items = torch.zeros((), device=device), torch.zeros((), device=device)
+        part_totals = torch.zeros(2 * len(task.loss_parts), device=device) if task.loss_parts else None
         poisoned = stop = False
         grad_norm = None
         micro_batches = 0
@@ -110,7 +113,7 @@ class OptimizerStep:
             boundary = index == window.size - 1
             batch = to_compute_dtype(accelerator, batch, task.full_precision_keys)
             with accumulation_step(accelerator, model, boundary):
-                loss = task.training_loss(model, batch)
+                loss, parts = split_training_loss(task.training_loss(model, batch))
                 bad, stop = exchange_flags(
                     accelerator, not bool(torch.isfinite(loss.detach()).all()), self.stop_requested()
                 )
@@ -119,6 +122,8 @@ class OptimizerStep:
                     self._last_finite_batch = batch
                     loss_total += loss.detach().float()
                     loss_items += counts[index] if self.summing else 1.0
+                    if part_totals is not None:
+                        part_totals += _flat_parts(task.loss_parts, parts, device)
                     accelerator.backward(loss * scale if self.summing else loss)
                 elif boundary and uses_deepspeed(accelerator):
                     self._close_poisoned_deepspeed_window(step)
@@ -134,7 +139,9 @@ class OptimizerStep:
                 f"the training loader yielded {micro_batches} of the {window.size} micro-batches planned for "
                 f"optimizer step {step + 1}; the dataset's length changed while training"
             )
-        return StepOutcome(loss_total, loss_items, micro_batches, items_all_ranks, poisoned, stop, grad_norm)
+        return StepOutcome(
+            loss_total, loss_items, micro_batches, items_all_ranks, poisoned, stop, grad_norm, part_totals
+        )
 
     def _close_poisoned_deepspeed_window(self, step: int) -> None:
         """DeepSpeed steps inside the boundary `backward`, so a poisoned window cannot simply skip it.
@@ -152,13 +159,32 @@ class OptimizerStep:
         saved = [group["lr"] for group in optimizer.param_groups]
         for group in optimizer.param_groups:
             group["lr"] = 0.0
-        zero_loss = run.task.training_loss(run.model, self._last_finite_batch) * 0.0
+        zero_loss = split_training_loss(run.task.training_loss(run.model, self._last_finite_batch))[0] * 0.0
         run.accelerator.backward(zero_loss)
         inner = getattr(run.scheduler, "scheduler", run.scheduler)
         inner.last_epoch -= 1
         for group, lr in zip(optimizer.param_groups, saved, strict=True):
             group["lr"] = lr
         inner._last_lr = saved
+
+
+def split_training_loss(result: torch.Tensor | TrainingLoss) -> tuple[torch.Tensor, dict]:
+    """(loss, parts) from what a task's `training_loss` returned."""
+    if isinstance(result, TrainingLoss):
+        return result.loss, result.parts
+    return result, {}
+
+
+def _flat_parts(names: tuple[str, ...], parts: dict, device: torch.device) -> torch.Tensor:
+    """[sum_0, items_0, sum_1, items_1, ...] in `names` order, detached; a missing part adds nothing."""
+    values = []
+    for name in names:
+        total, items = parts.get(name, (0.0, 0.0))
+        values += [
+            torch.as_tensor(total, device=device).detach().float(),
+            torch.as_tensor(items, device=device).float(),
+        ]
+    return torch.stack(values)
 
 
 def _sum_over_ranks(accelerator, value: float) -> float:

@@ -43,9 +43,11 @@ def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    width = max(map(len, summary))
+    """The printed form; nested tables (e.g. length statistics) stay in metrics.jsonl and W&B only."""
+    shown = {key: value for key, value in summary.items() if not isinstance(value, dict)}
+    width = max(map(len, shown))
     rows = [
         f"  {key:<{width}} : {f'{value:,}' if isinstance(value, int) else value}"
-        for key, value in summary.items()
+        for key, value in shown.items()
     ]
     return "\n".join(["***** Running training *****", *rows])

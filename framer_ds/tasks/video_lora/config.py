@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from framer_ds.config.lora import LoraBase
 from framer_ds.config.schema import StrictModel
 from framer_ds.diffusion.edm import COND_NOISE_MEAN, COND_NOISE_STD, P_MEAN, P_STD
 
@@ -16,21 +17,13 @@ FEED_FORWARD_TARGETS = ["ff.net.0.proj", "ff.net.2", "ff_in.net.0.proj", "ff_in.
 PROJECTION_TARGETS = ["proj_in", "proj_out"]
 
 
-class LoraOptions(StrictModel):
-    rank: int = Field(16, ge=1, description="LoRA rank r: trainable size and capacity grow with it.")
-    alpha: float = Field(
-        16.0, gt=0, description="LoRA scaling numerator: the update is scaled by alpha / rank."
-    )
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA branch input.")
+class LoraOptions(LoraBase):
     target_modules: list[str] = Field(
         default_factory=lambda: list(ATTENTION_TARGETS),
         description="Module name suffixes (attention by default).",
     )
     include_feed_forward: bool = Field(False, description="Also adapt the transformer feed-forward layers.")
     include_projections: bool = Field(False, description="Also adapt proj_in / proj_out.")
-    init: Literal["gaussian", "default", "pissa", "olora"] = Field(
-        "gaussian", description="peft init_lora_weights."
-    )
 
     def targets(self) -> list[str]:
         found = list(self.target_modules)

@@ -45,7 +45,7 @@ def apply_lora(unet: torch.nn.Module, options: LoraOptions, train_conv_in: bool)
         lora_alpha=options.alpha,
         lora_dropout=options.dropout,
         target_modules=options.targets(),
-        init_lora_weights=True if options.init == "default" else options.init,
+        init_lora_weights=options.peft_init(),
         modules_to_save=["conv_in"] if train_conv_in else None,
     )
     return get_peft_model(unet, config)

@@ -1,0 +1,1 @@
+"""The `tts_lm` task: a causal LM trained on text followed by SNAC audio tokens."""

@@ -1,0 +1,200 @@
+"""The `model:` and `data:` sections of a tts_lm run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from framer_ds.config.lora import LoraBase
+from framer_ds.config.schema import StrictModel
+
+LLM_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+LLM_MLP = ["gate_proj", "up_proj", "down_proj"]
+
+
+class TtsLoraOptions(LoraBase):
+    target_modules: list[str] = Field(
+        default_factory=lambda: LLM_ATTENTION + LLM_MLP,
+        description="Module name suffixes (Llama/Granite/Qwen names; LFM2 uses others: check "
+        "`model.named_modules()`).",
+    )
+    export: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="final/: 'merged' = a plain model (AutoModelForCausalLM.from_pretrained loads it); "
+        "'adapter' = the peft adapter with the trained embeddings and head (load the base, resize it to "
+        "the tokenizer, then PeftModel.from_pretrained).",
+    )
+
+
+class SpecialTokenOptions(StrictModel):
+    """Where the layout's ids sit. The recipe appends its markers and the 7 x 4096 audio codes right
+    after the base vocabulary (`tokenizer_length`); presets pin the values of known bases and are checked
+    against the tokenizer before training."""
+
+    preset: Literal["auto", "llama3", "lfm2", "granite", "custom"] = Field(
+        "auto",
+        description="'auto': from the tokenizer (its length, BOS and EOS); 'llama3' (Orpheus), 'lfm2', "
+        "'granite': the recipe's values for those bases; 'custom': the three fields below.",
+    )
+    tokenizer_length: int | None = Field(None, ge=1, description="'custom': the base vocabulary size.")
+    start_of_text: int | None = Field(None, ge=0, description="'custom': the text BOS id (null: none).")
+    end_of_text: int | None = Field(None, ge=0, description="'custom': the id ending the text.")
+
+    @model_validator(mode="after")
+    def _custom_needs_values(self) -> SpecialTokenOptions:
+        given = [self.tokenizer_length, self.end_of_text]
+        if self.preset == "custom" and None in given:
+            raise ValueError("preset 'custom' needs tokenizer_length and end_of_text")
+        if self.preset != "custom" and any(v is not None for v in [*given, self.start_of_text]):
+            raise ValueError("tokenizer_length/start_of_text/end_of_text are read only with preset 'custom'")
+        return self
+
+
+class CodecOptions(StrictModel):
+    """The SNAC 24 kHz codec: `data encode-audio` encodes with it, samples decode with it."""
+
+    path: Path | None = Field(
+        None,
+        description="Local SNAC directory (config.json + pytorch_model.bin, e.g. `huggingface-cli "
+        "download hubertsiuzdak/snac_24khz --local-dir DIR`). null with model.builtin: the tiny codec.",
+    )
+    device: str = Field("auto", description="Where encoding runs: 'auto', 'cpu', 'cuda'.")
+
+
+class TtsSampleOptions(StrictModel):
+    """Speech generated for fixed prompts while training, decoded with SNAC to samples/step_N/*.wav and
+    logged to W&B as audio."""
+
+    every: int = Field(0, ge=0, description="Sample every N optimizer steps (and at the end); 0 = never.")
+    prompts: list[str] = Field(
+        default_factory=lambda: ["Hello, this is a test of the speech model."],
+        description="Texts spoken in every round (the same ones each time).",
+    )
+    max_new_tokens: int = Field(700, ge=7, description="Generated tokens at most (~82 per second).")
+    temperature: float = Field(0.6, ge=0, description="0 = greedy.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
+    repetition_penalty: float = Field(1.1, ge=1, description="The recipe's 1.1 stops looping frames.")
+    seed: int = Field(0, description="Generation seed: the same draws every round.")
+    constrain_slots: bool = Field(
+        True,
+        description="Allow only the codes of each frame slot (and a stop at a frame boundary), so even an "
+        "early model yields decodable audio; false shows the raw generations (malformed ones reported).",
+    )
+
+
+class TtsModelConfig(StrictModel):
+    pretrained_model_name_or_path: Path | None = Field(
+        None, description="Local directory with the base model and its tokenizer (save_pretrained)."
+    )
+    tokenizer: Path | None = Field(None, description="Tokenizer directory; default the model's.")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A fresh model instead: AutoConfig fields with `model_type` (e.g. llama); needs "
+        "model.tokenizer. vocab_size is set from the extended tokenizer.",
+    )
+    builtin: Literal["tiny_llama"] | None = Field(
+        None,
+        description="'tiny_llama': a tiny random Llama, its tokenizer and a tiny SNAC codec, built in the "
+        "cache on first use (demo, tests).",
+    )
+    special_tokens: SpecialTokenOptions = Field(
+        default_factory=SpecialTokenOptions, description="The ids of the layout's markers."
+    )
+    lora: TtsLoraOptions | None = Field(None, description="null = full fine-tune; else LoRA with peft.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="transformers attention kernel (packing works with sdpa and eager)."
+    )
+    codec: CodecOptions = Field(default_factory=CodecOptions, description="The SNAC codec.")
+    samples: TtsSampleOptions = Field(
+        default_factory=TtsSampleOptions, description="Audio generated while training."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TtsModelConfig:
+        sources = [
+            self.pretrained_model_name_or_path is not None,
+            bool(self.config),
+            self.builtin is not None,
+        ]
+        if sum(sources) != 1:
+            raise ValueError(
+                "set exactly one of model.pretrained_model_name_or_path, model.config or model.builtin"
+            )
+        if self.config and self.tokenizer is None:
+            raise ValueError("model.config builds a fresh model: set model.tokenizer too")
+        if self.config and "model_type" not in self.config:
+            raise ValueError("model.config needs `model_type` (e.g. llama, granite, qwen3)")
+        return self
+
+
+class TextMixOptions(StrictModel):
+    """Text-only samples mixed into the speech data (the recipe keeps the LM's language ability by
+    ramping text:speech from 2:1 to 1:1). An epoch holds as many samples as both sets together; each
+    position takes text or speech so that every prefix follows the ratio of its place in the ramp."""
+
+    path: Path = Field(description="JSONL / Parquet / save_to_disk rows with `text` or `input_ids`.")
+    ratio_start: float = Field(2.0, ge=0, description="text:speech at the start of training.")
+    ratio_end: float = Field(1.0, ge=0, description="text:speech once the ramp is over.")
+    ramp_epochs: float = Field(1.0, gt=0, description="Epochs over which the ratio moves linearly.")
+
+
+class TtsDataConfig(StrictModel):
+    train: Path | None = Field(
+        None, description="Training rows: a .jsonl / .parquet file, or a datasets.save_to_disk directory."
+    )
+    builtin: Literal["tiny_speech"] | None = Field(
+        None, description="'tiny_speech': short synthetic utterances encoded with the tiny codec (cache)."
+    )
+    eval: Path | None = Field(None, description="Held-out rows in the same format; else val_fraction.")
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="Without data.eval: rows held out (seeded).")
+    format: Literal["tokens", "codes", "audio"] = Field(
+        "codes",
+        description="What a row holds: 'tokens' = finished `input_ids` (optional `labels`); 'codes' = text "
+        "+ three SNAC code lists; 'audio' = text + an audio file path (encoded once by `framer-ds data "
+        "encode-audio`, or at the start of training).",
+    )
+    text_column: str = Field("text", description="Column of the transcript.")
+    codes_column: str = Field("codes", description="Column of the three SNAC code lists.")
+    audio_column: str = Field("audio", description="Column of the audio path (relative to the file).")
+    speaker_column: str | None = Field(None, description="Column of a speaker name, for the prefix.")
+    speaker_prefix: bool = Field(
+        False, description="Prefix the text with 'speaker: ' (multi-speaker voices), from speaker_column."
+    )
+    remove_duplicate_frames: bool = Field(
+        False, description="Drop frames repeating the previous coarse code (the recipe's trimming)."
+    )
+    loss_on: Literal["all", "audio"] = Field(
+        "all", description="'audio': learn only the speech part; the text is context."
+    )
+    max_seq_length: int = Field(8192, ge=16, description="Longest sequence in tokens (~100 s at 8192).")
+    length_policy: Literal["filter", "truncate", "pack"] = Field(
+        "filter",
+        description="Longer samples: 'filter' drops them (counted), 'truncate' cuts them; 'pack' drops "
+        "them and concatenates the rest into max_seq_length blocks, samples kept apart.",
+    )
+    group_by_length: bool = Field(
+        True, description="filter/truncate: batch samples of similar length (less padding)."
+    )
+    bad_samples: Literal["error", "skip"] = Field(
+        "error", description="A malformed row: 'error' stops at start naming it; 'skip' drops and counts it."
+    )
+    text_mix: TextMixOptions | None = Field(None, description="Text-only samples mixed in, with a ratio.")
+    encoded_dir: Path | None = Field(
+        None, description="format 'audio': where encoded codes are cached; default <cache>/tts_codes/<hash>."
+    )
+    encode_batch_size: int = Field(8, ge=1, description="format 'audio': files per codec call.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TtsDataConfig:
+        if (self.train is None) == (self.builtin is None):
+            raise ValueError("set exactly one of data.train or data.builtin")
+        if self.speaker_prefix and self.speaker_column is None:
+            raise ValueError("data.speaker_prefix needs data.speaker_column")
+        if self.text_mix is not None and self.length_policy != "pack" and self.group_by_length:
+            raise ValueError(
+                "data.text_mix orders samples by the mix ratio, not by length: set data.group_by_length "
+                "false (or use length_policy pack)"
+            )
+        return self

@@ -1,0 +1,142 @@
+"""Speech from a tts_lm model: the samples written while training and `framer-ds sample`.
+
+`tts_lm.json` in every export records the token layout and the codec, so an export is spoken exactly
+as it was trained, without the training config's files being where they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.data.token_sequences import SpecialTokens, generation_prompt
+from framer_ds.tasks.base import SampleCommandOptions
+from framer_ds.tasks.tts_lm.config import TtsSampleOptions
+from framer_ds.tasks.tts_lm.model_setup import TtsAssets
+from framer_ds.tasks.tts_lm.sequences import SequenceBuilder
+from framer_ds.tasks.tts_lm.speech import Speech, generate_audio_tokens, speech_to_wav
+from framer_ds.tasks.tts_lm.vocabulary import audio_layout
+
+LAYOUT_RECORD = "tts_lm.json"
+
+
+class TtsSampleCommandOptions(SampleCommandOptions):
+    """`framer-ds sample RUN/final --text "Hello there." --out speech.wav`: speech as a .wav per text."""
+
+    text: list[str] = Field(min_length=1, description="Texts to speak (one .wav each).")
+    out: Path = Field(
+        Path("speech.wav"), description="Output .wav; with several texts, NAME_0.wav, NAME_1.wav, ..."
+    )
+    speaker: str | None = Field(None, description="Speaker prefix, for a model trained with one.")
+    max_new_tokens: int = Field(1200, ge=7, description="Generated tokens at most (~82 per second).")
+    temperature: float = Field(0.6, ge=0, description="0 = greedy.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
+    repetition_penalty: float = Field(1.1, ge=1, description="Penalty on repeated tokens.")
+    seed: int = Field(0, description="Sampling seed.")
+    constrain_slots: bool = Field(True, description="Only each frame slot's codes (decodable output).")
+    codec: Path | None = Field(
+        None, description="SNAC directory; default the one the model was trained with."
+    )
+
+
+def write_layout_record(out_dir: Path, assets: TtsAssets) -> None:
+    record = {
+        "special_tokens": vars(assets.special),
+        "codebook_size": assets.layout.codebook_size,
+        "codec": str(assets.codec_dir) if assets.codec_dir is not None else None,
+    }
+    (Path(out_dir) / LAYOUT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _speak(
+    model, builder: SequenceBuilder, text: str, speaker, options, synced_gpus: bool = False
+) -> list[int]:
+    prompt = generation_prompt(builder.text_ids(text, speaker), builder.special)
+    return generate_audio_tokens(
+        model,
+        prompt,
+        builder.special,
+        max_new_tokens=options.max_new_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        repetition_penalty=options.repetition_penalty,
+        seed=options.seed,
+        constrain_slots=options.constrain_slots,
+        synced_gpus=synced_gpus,
+    )
+
+
+def sample_to_files(
+    model,
+    builder: SequenceBuilder,
+    codec,
+    options: TtsSampleOptions,
+    out_dir: Path,
+    write: bool,
+    synced_gpus: bool = False,
+) -> tuple[list[Path], list[str]]:
+    """Every prompt of `options` spoken: the .wav files written (when `write`, i.e. on rank 0) and a
+    report line per prompt. Every rank generates: under ZeRO-3 each forward is a collective."""
+    written, report = [], []
+    for index, text in enumerate(options.prompts):
+        tokens = _speak(model, builder, text, None, options, synced_gpus)
+        if not write:
+            continue
+        speech = speech_to_wav(tokens, builder.layout, codec, Path(out_dir) / f"sample_{index}.wav")
+        report.append(f"{text!r} -> {speech.describe()}")
+        if speech.path is not None:
+            written.append(speech.path)
+    return written, report
+
+
+def read_layout_record(export_dir: Path) -> dict:
+    path = Path(export_dir) / LAYOUT_RECORD
+    if not path.is_file():
+        raise ConfigError([ConfigProblem(str(export_dir), f"no {LAYOUT_RECORD}: not a tts_lm export")])
+    return json.loads(path.read_text())
+
+
+def load_exported_model(config, export_dir: Path, device: str):
+    """A merged or full export loads as it is; an adapter export onto its resized base."""
+    from transformers import AutoModelForCausalLM
+
+    if (Path(export_dir) / "config.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(export_dir).to(device).eval()
+    from peft import PeftModel
+
+    from framer_ds.tasks.tts_lm.model_setup import resized_base
+
+    base = resized_base(config, TtsAssets.from_config(config))
+    return PeftModel.from_pretrained(base, export_dir).to(device).eval()
+
+
+def sample_command(config, export_dir: Path, options: TtsSampleCommandOptions) -> str:
+    """One .wav per --text from the export in `export_dir`; a line per file (and any layout problem)."""
+    from transformers import AutoTokenizer
+
+    from framer_ds.data.snac_codec import load_codec
+
+    record = read_layout_record(export_dir)
+    special = SpecialTokens(**record["special_tokens"])
+    codec_dir = options.codec or (Path(record["codec"]) if record.get("codec") else None)
+    if codec_dir is None:
+        raise ConfigError([ConfigProblem("--codec", "the export names no codec: pass --codec SNAC_DIR")])
+    device = options.resolved_device()
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    builder = SequenceBuilder(tokenizer, special, audio_layout(special), config.data, len(tokenizer))
+    model = load_exported_model(config, export_dir, device)
+    codec = load_codec(codec_dir, device)
+    lines = []
+    for index, text in enumerate(options.text):
+        out = (
+            options.out
+            if len(options.text) == 1
+            else options.out.with_name(f"{options.out.stem}_{index}.wav")
+        )
+        speech: Speech = speech_to_wav(
+            _speak(model, builder, text, options.speaker, options), builder.layout, codec, out
+        )
+        lines.append(f"{text!r} -> {speech.describe()}")
+    return "\n".join(lines)

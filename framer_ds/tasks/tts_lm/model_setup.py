@@ -1,0 +1,196 @@
+"""Where a tts_lm run's model, tokenizer and codec come from, and how the model is built: loaded or
+fresh, its embeddings resized to the extended tokenizer, then fully trained or wrapped in LoRA whose
+adapter also trains (and saves) the embeddings and head, since the new token rows start untrained."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.data.audio_tokens import AudioTokenLayout
+from framer_ds.data.token_sequences import SpecialTokens
+from framer_ds.tasks.tts_lm import vocabulary
+from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts, tiny_root
+
+EMBEDDING_MULTIPLE = 64  # rows padded to a multiple of 64: faster matmuls, same tokens
+
+
+@dataclass
+class TtsAssets:
+    """Paths of the model, tokenizer and codec, and the extended tokenizer and layout (loaded lazily)."""
+
+    model_dir: Path | None  # None: a fresh model from model.config
+    tokenizer_dir: Path
+    codec_dir: Path | None
+    model_config: dict
+    options: object  # TtsModelConfig
+    builtin: bool
+
+    @classmethod
+    def from_config(cls, config) -> TtsAssets:
+        model = config.model
+        if model.builtin is not None:
+            root = tiny_root()
+            return cls(root / "model", root / "model", model.codec.path or root / "codec", {}, model, True)
+        model_dir = model.pretrained_model_name_or_path
+        tokenizer_dir = model.tokenizer or model_dir
+        return cls(model_dir, tokenizer_dir, model.codec.path, dict(model.config), model, False)
+
+    def ensure_builtin(self) -> None:
+        if self.builtin:
+            ensure_tiny_tts()
+
+    def problems(self) -> list[ConfigProblem]:
+        problems = []
+        if self.builtin:
+            return problems
+        if self.model_dir is not None and not (self.model_dir / "config.json").is_file():
+            problems.append(
+                ConfigProblem(
+                    "model.pretrained_model_name_or_path",
+                    f"{self.model_dir} is not a saved model directory (no config.json). Download it once, "
+                    "e.g. `huggingface-cli download ibm-granite/granite-3.3-2b-base --local-dir DIR`, and "
+                    "point this key at DIR",
+                )
+            )
+        if not any((self.tokenizer_dir / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+            problems.append(
+                ConfigProblem(
+                    "model.tokenizer" if self.options.tokenizer else "model.pretrained_model_name_or_path",
+                    f"{self.tokenizer_dir} holds no tokenizer (tokenizer.json / tokenizer_config.json)",
+                )
+            )
+        if self.codec_dir is not None and not (self.codec_dir / "config.json").is_file():
+            problems.append(
+                ConfigProblem(
+                    "model.codec.path",
+                    f"{self.codec_dir} is not a SNAC directory (no config.json); `huggingface-cli download "
+                    "hubertsiuzdak/snac_24khz --local-dir DIR`",
+                )
+            )
+        return problems
+
+    def layout_problems(self) -> list[ConfigProblem]:
+        from transformers import AutoTokenizer
+
+        base = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+        return vocabulary.layout_problems(self.options.special_tokens, base)
+
+    @cached_property
+    def tokenizer(self):
+        """The tokenizer with the recipe's tokens; its preset checked (ConfigError naming the fix)."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+        problems = vocabulary.layout_problems(self.options.special_tokens, tokenizer)
+        if problems:
+            raise ConfigError(problems, "tokenizer")
+        self._special = vocabulary.special_tokens(self.options.special_tokens, tokenizer)
+        vocabulary.extend_tokenizer(tokenizer)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = vocabulary.custom_token(self._special.pad - self.base_length)
+        return tokenizer
+
+    @cached_property
+    def base_length(self) -> int:
+        from transformers import AutoTokenizer
+
+        return vocabulary.base_length(AutoTokenizer.from_pretrained(self.tokenizer_dir))
+
+    @property
+    def special(self) -> SpecialTokens:
+        _ = self.tokenizer
+        return self._special
+
+    @property
+    def layout(self) -> AudioTokenLayout:
+        return vocabulary.audio_layout(self.special)
+
+    def codec(self, device: str):
+        """The SNAC codec on `device`, loaded once per device."""
+        from framer_ds.data.snac_codec import load_codec
+
+        cache = self.__dict__.setdefault("_codecs", {})
+        if device not in cache:
+            cache[device] = load_codec(self.require_codec("decoding samples"), device)
+        return cache[device]
+
+    def require_codec(self, why: str) -> Path:
+        if self.codec_dir is None:
+            raise ConfigError(
+                [ConfigProblem("model.codec.path", f"{why} needs the SNAC codec; set this key")]
+            )
+        return self.codec_dir
+
+
+def _load_base(config, assets: TtsAssets) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    attention = {"attn_implementation": config.model.attn_implementation}
+    if assets.model_dir is not None:
+        return AutoModelForCausalLM.from_pretrained(assets.model_dir, **attention)
+    fresh = dict(assets.model_config)
+    model_config = AutoConfig.for_model(fresh.pop("model_type"), **fresh, vocab_size=len(assets.tokenizer))
+    torch.manual_seed(config.train.seed)
+    return AutoModelForCausalLM.from_config(model_config, **attention)
+
+
+def resized_base(config, assets: TtsAssets) -> torch.nn.Module:
+    """The base model with embedding rows for every token of the extended tokenizer."""
+    model = _load_base(config, assets)
+    if model.get_input_embeddings().num_embeddings < len(assets.tokenizer):
+        model.resize_token_embeddings(len(assets.tokenizer), pad_to_multiple_of=EMBEDDING_MULTIPLE)
+    model.config.pad_token_id = assets.special.pad
+    return model
+
+
+def embedding_modules(model: torch.nn.Module) -> list[str]:
+    """Names (relative to the model) of its input embedding and, when untied, its output head."""
+    names = {module: name for name, module in model.named_modules()}
+    found = [names[model.get_input_embeddings()]]
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is not model.get_input_embeddings().weight:
+        found.append(names[head])
+    return [name.split(".")[-1] for name in found]
+
+
+def build_model(config, assets: TtsAssets) -> torch.nn.Module:
+    model = resized_base(config, assets)
+    if config.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = config.model.lora
+    if lora is None:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    model.requires_grad_(False)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    peft_config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        init_lora_weights=lora.peft_init(),
+        modules_to_save=embedding_modules(model),
+        ensure_weight_tying=tied,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, peft_config)
+    except ValueError as exc:  # peft: target modules not found
+        raise ConfigError([ConfigProblem("model.lora.target_modules", str(exc))], "model") from None
+
+
+def merge_adapter_in_place(config, assets: TtsAssets, out_dir: Path) -> None:
+    """Replace the adapter saved in `out_dir` by the base with it merged (rank 0, on CPU)."""
+    from peft import PeftModel
+
+    base = resized_base(config, assets)
+    merged = PeftModel.from_pretrained(base, out_dir).merge_and_unload()
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        (out_dir / name).unlink()
+    merged.save_pretrained(out_dir, safe_serialization=True)

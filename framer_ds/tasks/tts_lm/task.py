@@ -1,0 +1,274 @@
+"""The `tts_lm` task: a causal LM (Llama, Granite, Qwen, LFM2 ...) trained on text followed by SNAC
+audio tokens, the VyvoTTS / Orpheus recipe (docs/tts_lm.md).
+
+The loss is a token-count sum (`loss_reduction = "sum"`), so accumulated micro-batches of unequal
+length weigh every token the same; text and audio parts are logged apart. Packed blocks keep samples
+apart with a block-diagonal mask (sdpa, eager) or per-sample position ids (flash-attention 2).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import ConcatDataset, Dataset
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.data.samplers import LengthGroupedSampler, RatioMixSampler
+from framer_ds.data.token_batches import collate_packed, collate_padded
+from framer_ds.data.token_sequences import IGNORE_INDEX, AllSamplesTooLong, LengthStats, apply_length_policy
+from framer_ds.engine.accelerator import frozen_model_init
+from framer_ds.engine.export import save_peft_adapter_gathered, save_pretrained_gathered
+from framer_ds.tasks.base import Task, TrainingLoss
+from framer_ds.tasks.registry import register_task
+from framer_ds.tasks.tts_lm import model_setup
+from framer_ds.tasks.tts_lm.config import TtsDataConfig, TtsModelConfig
+from framer_ds.tasks.tts_lm.data_setup import TtsData
+from framer_ds.tasks.tts_lm.inference import TtsSampleCommandOptions, sample_to_files, write_layout_record
+from framer_ds.tasks.tts_lm.vocabulary import audio_layout
+
+
+class ItemDataset(Dataset):
+    """Sequences or packed blocks, built once at start."""
+
+    def __init__(self, items: list):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        return self.items[index]
+
+
+@register_task
+class TtsLmTask(Task):
+    name = "tts_lm"
+    summary = "Text-to-speech causal LM on text + SNAC audio tokens (VyvoTTS / Orpheus recipe)."
+    ModelConfig = TtsModelConfig
+    DataConfig = TtsDataConfig
+    loss_reduction = "sum"
+    loss_items_name = "tokens"
+    loss_parts = ("loss_text", "loss_audio")
+    sample_options = TtsSampleCommandOptions
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.accelerator = None
+        self._notes: dict = {}
+        self._train_parts: tuple[int, int] | None = None  # (speech items, text items) when mixing
+        self._train_lengths: list[int] = []
+
+    @property
+    def model_has_hidden_size(self) -> bool:
+        return True
+
+    # --- pre-flight ----------------------------------------------------------------------------------
+
+    @cached_property
+    def assets(self) -> model_setup.TtsAssets:
+        return model_setup.TtsAssets.from_config(self.config)
+
+    @cached_property
+    def data(self) -> TtsData:
+        return TtsData(self.config, self.assets)
+
+    def check(self) -> list[ConfigProblem]:
+        problems = self.assets.problems()
+        problems += self.data.file_problems()
+        if not problems and not self.assets.builtin:
+            problems += self.assets.layout_problems()
+        return problems
+
+    def prepare_data(self) -> None:
+        self.assets.ensure_builtin()
+        self.data.encode_audio_if_needed(show_progress=True)
+
+    def encode_data(self) -> str:
+        self.assets.ensure_builtin()
+        return self.data.encode_audio_if_needed(show_progress=True, required=True)
+
+    def data_report(self) -> str:
+        train, evaluation = self.build_datasets()
+        lines = [f"{key}: {value}" for key, value in self._notes.items()]
+        return "\n".join([*lines, f"train items: {len(train)}; eval items: {len(evaluation or [])}"])
+
+    def data_summary(self) -> dict:
+        return self._notes
+
+    # --- data ----------------------------------------------------------------------------------------
+
+    def build_datasets(self):
+        data = self.config.data
+        built = self.data.build_sequences()
+        self._notes = dict(built.notes)
+        batch = self.config.train.micro_batch_size
+        try:
+            speech, stats = apply_length_policy(
+                built.train, data.max_seq_length, data.length_policy, batch, data.group_by_length
+            )
+            eval_items = None
+            if built.eval:
+                eval_items, _ = apply_length_policy(
+                    built.eval, data.max_seq_length, data.length_policy, batch, data.group_by_length
+                )
+        except AllSamplesTooLong as exc:
+            raise ConfigError([ConfigProblem("data.max_seq_length", str(exc))], "data") from None
+        self._notes.update(_length_notes(stats))
+        items: list = list(speech)
+        if built.text_mix:
+            text_items, text_stats = apply_length_policy(
+                built.text_mix, data.max_seq_length, data.length_policy, batch, False
+            )
+            self._notes["text mix"] = text_stats.describe()
+            self._train_parts = (len(speech), len(text_items))
+            train: Dataset = ConcatDataset([ItemDataset(list(speech)), ItemDataset(list(text_items))])
+            items += text_items
+        else:
+            train = ItemDataset(items)
+        self._train_lengths = [len(item) for item in items]
+        return train, ItemDataset(eval_items) if eval_items else None
+
+    def train_sampler(self, train_set):
+        data, seed = self.config.data, self.config.train.seed
+        if self._train_parts is not None:
+            mix = data.text_mix
+            return RatioMixSampler(*self._train_parts, mix.ratio_start, mix.ratio_end, mix.ramp_epochs, seed)
+        if data.length_policy != "pack" and data.group_by_length:
+            return LengthGroupedSampler(self._train_lengths, self.config.train.micro_batch_size, seed)
+        return None
+
+    def collate_fn(self):
+        pad = self.assets.special.pad
+        if self.config.data.length_policy != "pack":
+            return lambda sequences: collate_padded(sequences, pad)
+        attention = self.config.model.attn_implementation
+        block = self.config.data.max_seq_length
+
+        def packed(blocks):
+            batch = collate_packed(blocks, block, pad, None if attention == "sdpa" else torch.float32)
+            if attention == "flash_attention_2":  # varlen kernels find the samples from the position ids
+                del batch["attention_mask"]
+            return batch
+
+        return packed
+
+    # --- model and objective -------------------------------------------------------------------------
+
+    def setup_frozen(self, accelerator) -> None:
+        self.accelerator = accelerator
+
+    def build_model(self) -> torch.nn.Module:
+        return model_setup.build_model(self.config, self.assets)
+
+    def count_loss_items(self, batch) -> torch.Tensor:
+        return (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
+
+    def _token_losses(self, model, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(per-token loss, next-token labels, logits), the shift done once for training and eval."""
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+        logits = model(**inputs, use_cache=False).logits[:, :-1]
+        labels = batch["labels"][:, 1:]
+        losses = F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="none",
+        ).view(labels.shape)
+        return losses, labels, logits
+
+    def _is_audio(self, labels: torch.Tensor) -> torch.Tensor:
+        layout = audio_layout(self.assets.special)
+        return (labels >= layout.audio_start) & (labels < layout.audio_end)
+
+    def training_loss(self, model, batch) -> TrainingLoss:
+        losses, labels, _ = self._token_losses(model, batch)
+        audio = self._is_audio(labels)
+        text = (labels != IGNORE_INDEX) & ~audio
+        return TrainingLoss(
+            losses.sum(),
+            {
+                "loss_text": (losses[text].sum(), text.sum()),
+                "loss_audio": (losses[audio].sum(), audio.sum()),
+            },
+        )
+
+    def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
+        losses, labels, logits = self._token_losses(model, batch)
+        audio = self._is_audio(labels)
+        counted = labels != IGNORE_INDEX
+        correct = (logits.argmax(-1) == labels) & audio
+        return {
+            "loss_sum": losses.sum(1),
+            "tokens": counted.sum(1),
+            "audio_loss_sum": (losses * audio).sum(1),
+            "audio_tokens": audio.sum(1),
+            "audio_correct": correct.sum(1),
+        }
+
+    def summarize_eval(self, sums, num_samples: int) -> dict[str, float]:
+        def ratio(a: str, b: str) -> float:
+            return float(sums[a] / sums[b]) if float(sums[b]) > 0 else float("nan")
+
+        return {
+            "eval/loss": ratio("loss_sum", "tokens"),
+            "eval/loss_audio": ratio("audio_loss_sum", "audio_tokens"),
+            "eval/audio_top1": ratio("audio_correct", "audio_tokens"),
+        }
+
+    # --- samples and export --------------------------------------------------------------------------
+
+    def sample_every(self) -> int:
+        return self.config.model.samples.every
+
+    def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
+        """Every prompt of model.samples spoken by the model being trained: samples/step_N/*.wav. Every
+        rank generates (a ZeRO-3 forward is a collective); rank 0 decodes and writes."""
+        from framer_ds.engine.export import _zero3
+
+        unwrapped = accelerator.unwrap_model(model)
+        was_training = unwrapped.training
+        unwrapped.eval()
+        try:
+            written, report = sample_to_files(
+                unwrapped,
+                self.data.builder(),
+                self.assets.codec(str(accelerator.device)) if accelerator.is_main_process else None,
+                self.config.model.samples,
+                Path(out_dir) / f"step_{step}",
+                write=accelerator.is_main_process,
+                synced_gpus=_zero3(accelerator),
+            )
+        finally:
+            unwrapped.train(was_training)
+        for line in report:
+            accelerator.print(f"sample: {line}")
+        return written
+
+    def export(self, accelerator, model, out_dir: Path) -> None:
+        """A model `AutoModelForCausalLM.from_pretrained` loads, with its extended tokenizer: the full
+        model, the LoRA merged into its base, or (lora.export: adapter) the adapter with the trained
+        embeddings and head. `tts_lm.json` records the layout and the codec for `framer-ds sample`."""
+        lora = self.config.model.lora
+        if lora is None:
+            save_pretrained_gathered(accelerator, model, out_dir)
+        else:
+            save_peft_adapter_gathered(accelerator, model, out_dir)
+            if accelerator.is_main_process and lora.export == "merged":
+                with frozen_model_init(accelerator):
+                    model_setup.merge_adapter_in_place(self.config, self.assets, out_dir)
+            accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            self.assets.tokenizer.save_pretrained(out_dir)
+            write_layout_record(out_dir, self.assets)
+
+    def sample(self, export_dir: Path, options: TtsSampleCommandOptions) -> str:
+        from framer_ds.tasks.tts_lm.inference import sample_command
+
+        return sample_command(self.config, export_dir, options)
+
+
+def _length_notes(stats: LengthStats) -> dict:
+    return {"sequence lengths": stats.describe(), "length statistics": stats.as_metrics(prefix="")}
