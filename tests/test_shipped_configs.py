@@ -232,3 +232,21 @@ def test_validate_quickstart_with_cpu_deepspeed_launch_configs(monkeypatch, caps
     assert rc == 0, err
     assert out.startswith("OK: configs/quickstart.yaml, configs/accelerate_cpu_2proc.yaml, ")
     assert "configs/deepspeed/zero3.json" in out and err == ""
+
+
+def test_tts_granite_pretrain_is_the_recipe():
+    """micro-batch 2, accumulation 4, 8192 tokens, bf16, ZeRO-3 + offload named in its command."""
+    path = CONFIGS / "tasks" / "tts_lm" / "granite_1b_pretrain.yaml"
+    config = load_run_config(path)
+    train, data = config.train, config.data
+    assert (train.micro_batch_size, train.gradient_accumulation_steps, train.mixed_precision) == (
+        2,
+        4,
+        "bf16",
+    )
+    assert data.max_seq_length == 8192 and data.format == "codes" and config.model.lora is None
+    assert train.gradient_checkpointing
+    assert "configs/deepspeed/zero3_offload.json" in path.read_text().splitlines()[0]
+    sft = load_run_config(CONFIGS / "tasks" / "tts_lm" / "lora_sft.yaml")
+    assert sft.model.lora is not None and sft.data.loss_on == "audio" and sft.data.format == "audio"
+    assert sft.model.pretrained_model_name_or_path == config.output_dir / "final"

@@ -63,7 +63,25 @@ class CodecOptions(StrictModel):
     device: str = Field("auto", description="Where encoding runs: 'auto', 'cpu', 'cuda'.")
 
 
-class TtsSampleOptions(StrictModel):
+class GenerationOptions(StrictModel):
+    """How speech is generated, for the samples while training and `framer-ds sample`."""
+
+    max_new_tokens: int = Field(700, ge=7, description="Generated tokens at most (~82 per second).")
+    min_new_tokens: int = Field(
+        28, ge=0, description="No end of speech before this many tokens (28 = 4 frames, ~0.3 s)."
+    )
+    temperature: float = Field(0.6, ge=0, description="0 = greedy.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
+    repetition_penalty: float = Field(1.1, ge=1, description="The recipe's 1.1 stops looping frames.")
+    seed: int = Field(0, description="Generation seed: the same draws every time.")
+    constrain_slots: bool = Field(
+        True,
+        description="Allow only the codes of each frame slot (and a stop at a frame boundary), so even an "
+        "early model yields decodable audio; false shows the raw generations (malformed ones reported).",
+    )
+
+
+class TtsSampleOptions(GenerationOptions):
     """Speech generated for fixed prompts while training, decoded with SNAC to samples/step_N/*.wav and
     logged to W&B as audio."""
 
@@ -71,16 +89,6 @@ class TtsSampleOptions(StrictModel):
     prompts: list[str] = Field(
         default_factory=lambda: ["Hello, this is a test of the speech model."],
         description="Texts spoken in every round (the same ones each time).",
-    )
-    max_new_tokens: int = Field(700, ge=7, description="Generated tokens at most (~82 per second).")
-    temperature: float = Field(0.6, ge=0, description="0 = greedy.")
-    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
-    repetition_penalty: float = Field(1.1, ge=1, description="The recipe's 1.1 stops looping frames.")
-    seed: int = Field(0, description="Generation seed: the same draws every round.")
-    constrain_slots: bool = Field(
-        True,
-        description="Allow only the codes of each frame slot (and a stop at a frame boundary), so even an "
-        "early model yields decodable audio; false shows the raw generations (malformed ones reported).",
     )
 
 

@@ -13,7 +13,7 @@ from pydantic import Field
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.token_sequences import SpecialTokens, generation_prompt
 from framer_ds.tasks.base import SampleCommandOptions
-from framer_ds.tasks.tts_lm.config import TtsSampleOptions
+from framer_ds.tasks.tts_lm.config import GenerationOptions, TtsSampleOptions
 from framer_ds.tasks.tts_lm.model_setup import TtsAssets
 from framer_ds.tasks.tts_lm.sequences import SequenceBuilder
 from framer_ds.tasks.tts_lm.speech import Speech, generate_audio_tokens, speech_to_wav
@@ -22,7 +22,7 @@ from framer_ds.tasks.tts_lm.vocabulary import audio_layout
 LAYOUT_RECORD = "tts_lm.json"
 
 
-class TtsSampleCommandOptions(SampleCommandOptions):
+class TtsSampleCommandOptions(SampleCommandOptions, GenerationOptions):
     """`framer-ds sample RUN/final --text "Hello there." --out speech.wav`: speech as a .wav per text."""
 
     text: list[str] = Field(min_length=1, description="Texts to speak (one .wav each).")
@@ -31,11 +31,6 @@ class TtsSampleCommandOptions(SampleCommandOptions):
     )
     speaker: str | None = Field(None, description="Speaker prefix, for a model trained with one.")
     max_new_tokens: int = Field(1200, ge=7, description="Generated tokens at most (~82 per second).")
-    temperature: float = Field(0.6, ge=0, description="0 = greedy.")
-    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
-    repetition_penalty: float = Field(1.1, ge=1, description="Penalty on repeated tokens.")
-    seed: int = Field(0, description="Sampling seed.")
-    constrain_slots: bool = Field(True, description="Only each frame slot's codes (decodable output).")
     codec: Path | None = Field(
         None, description="SNAC directory; default the one the model was trained with."
     )
@@ -59,6 +54,7 @@ def _speak(
         prompt,
         builder.special,
         max_new_tokens=options.max_new_tokens,
+        min_new_tokens=options.min_new_tokens,
         temperature=options.temperature,
         top_p=options.top_p,
         repetition_penalty=options.repetition_penalty,

@@ -161,7 +161,11 @@ def embedding_modules(model: torch.nn.Module) -> list[str]:
 def build_model(config, assets: TtsAssets) -> torch.nn.Module:
     model = resized_base(config, assets)
     if config.train.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        non_reentrant = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=non_reentrant)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=non_reentrant)
     lora = config.model.lora
     if lora is None:
         return model

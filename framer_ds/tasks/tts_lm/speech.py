@@ -29,22 +29,18 @@ class Speech:
 
 
 class AudioSlotConstraint:
-    """A transformers logits processor that keeps generation inside the layout: the n-th generated token
-    may only be a code of slot n % 7, and a frame may end the speech. An untrained or young model then
-    still yields decodable audio, so early samples show what it learned rather than a format error."""
+    """Keeps generation inside the layout (transformers' `prefix_allowed_tokens_fn`, which runs before
+    temperature and top-p, so those only ever choose among allowed tokens): the n-th generated token may
+    only be a code of slot n % 7, and a frame boundary may end the speech. An untrained or young model
+    then still yields decodable audio, so early samples show what it learned, not a format error."""
 
-    def __init__(self, prompt_length: int, layout: AudioTokenLayout, stops: list[int], vocab_size: int):
+    def __init__(self, prompt_length: int, layout: AudioTokenLayout, stops: list[int]):
         self.prompt_length = prompt_length
-        self.allowed = torch.zeros(SLOTS_PER_FRAME, vocab_size, dtype=torch.bool)
-        for slot in range(SLOTS_PER_FRAME):
-            codes = layout.slot_range(slot)
-            self.allowed[slot, codes.start : codes.stop] = True
-        self.allowed[0, stops] = True
+        self.allowed = [list(layout.slot_range(slot)) for slot in range(SLOTS_PER_FRAME)]
+        self.allowed[0] = self.allowed[0] + list(stops)
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        slot = (input_ids.shape[1] - self.prompt_length) % SLOTS_PER_FRAME
-        allowed = self.allowed[slot, : scores.shape[-1]].to(scores.device)
-        return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    def __call__(self, batch_id: int, input_ids: torch.Tensor) -> list[int]:
+        return self.allowed[(input_ids.shape[-1] - self.prompt_length) % SLOTS_PER_FRAME]
 
 
 @torch.no_grad()
@@ -54,6 +50,7 @@ def generate_audio_tokens(
     special: SpecialTokens,
     *,
     max_new_tokens: int,
+    min_new_tokens: int,
     temperature: float,
     top_p: float,
     repetition_penalty: float,
@@ -62,22 +59,17 @@ def generate_audio_tokens(
     synced_gpus: bool = False,
 ) -> list[int]:
     """The tokens generated after the prompt, up to (not including) end_of_speech."""
-    from transformers import LogitsProcessorList
-
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt_ids], device=device)
     sampling = temperature > 0
     stops = [special.end_of_speech, special.end_of_ai]
-    processors = LogitsProcessorList()
-    if constrain_slots:
-        layout = AudioTokenLayout(special.audio_start)
-        vocab = model.get_output_embeddings().out_features
-        processors.append(AudioSlotConstraint(len(prompt_ids), layout, stops, vocab))
+    constraint = AudioSlotConstraint(len(prompt_ids), AudioTokenLayout(special.audio_start), stops)
     with isolated_seed(seed):
         output = model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=max_new_tokens,
+            min_new_tokens=min(min_new_tokens, max_new_tokens),
             do_sample=sampling,
             temperature=temperature if sampling else None,
             top_p=top_p if sampling else None,
@@ -85,7 +77,7 @@ def generate_audio_tokens(
             repetition_penalty=repetition_penalty,
             eos_token_id=stops,
             pad_token_id=special.pad,
-            logits_processor=processors,
+            prefix_allowed_tokens_fn=constraint if constrain_slots else None,
             synced_gpus=synced_gpus,
         )
     generated = output[0, len(prompt_ids) :].tolist()

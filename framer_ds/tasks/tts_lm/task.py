@@ -92,7 +92,7 @@ class TtsLmTask(Task):
 
     def data_report(self) -> str:
         train, evaluation = self.build_datasets()
-        lines = [f"{key}: {value}" for key, value in self._notes.items()]
+        lines = [f"{key}: {value}" for key, value in self._notes.items() if not isinstance(value, dict)]
         return "\n".join([*lines, f"train items: {len(train)}; eval items: {len(evaluation or [])}"])
 
     def data_summary(self) -> dict:
