@@ -131,6 +131,13 @@ def uses_deepspeed(accelerator: Accelerator) -> bool:
     return accelerator.state.deepspeed_plugin is not None
 
 
+def uses_zero3(accelerator: Accelerator) -> bool:
+    """Parameters are sharded: saving must gather them, and every forward (generation too) is a
+    collective all ranks must join."""
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
 @contextlib.contextmanager
 def accumulation_step(accelerator: Accelerator, model: torch.nn.Module, boundary: bool) -> Iterator[None]:
     """One micro-batch of an accumulation window whose end the caller decides (`boundary`).

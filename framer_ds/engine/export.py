@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
 from safetensors.torch import save_file
 
 from framer_ds import __version__
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.engine.accelerator import uses_zero3
 from framer_ds.storage.atomic import atomic_write_json
 
 EXPORT_RECORD = "framer_ds_export.json"
@@ -27,15 +27,6 @@ EXPORT_RECORD_FORMAT = 1
 
 class EmptyExportError(RuntimeError):
     """Raised instead of writing weights that hold no data (the ZeRO-3 empty-adapter bug)."""
-
-
-def _zero3(accelerator: Accelerator) -> bool:
-    plugin = accelerator.state.deepspeed_plugin
-    return (
-        accelerator.distributed_type == DistributedType.DEEPSPEED
-        and plugin is not None
-        and plugin.zero_stage == 3
-    )
 
 
 def gathered_trainable_state_dict(
@@ -48,7 +39,7 @@ def gathered_trainable_state_dict(
     """
     unwrapped = accelerator.unwrap_model(model)
     named = [(name, p) for name, p in unwrapped.named_parameters() if p.requires_grad]
-    if _zero3(accelerator):
+    if uses_zero3(accelerator):
         import deepspeed
 
         with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):

@@ -19,7 +19,7 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.samplers import LengthGroupedSampler, RatioMixSampler
 from framer_ds.data.token_batches import collate_packed, collate_padded
 from framer_ds.data.token_sequences import IGNORE_INDEX, AllSamplesTooLong, LengthStats, apply_length_policy
-from framer_ds.engine.accelerator import frozen_model_init
+from framer_ds.engine.accelerator import frozen_model_init, uses_zero3
 from framer_ds.engine.export import save_peft_adapter_gathered, save_pretrained_gathered
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.registry import register_task
@@ -226,8 +226,6 @@ class TtsLmTask(Task):
     def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
         """Every prompt of model.samples spoken by the model being trained: samples/step_N/*.wav. Every
         rank generates (a ZeRO-3 forward is a collective); rank 0 decodes and writes."""
-        from framer_ds.engine.export import _zero3
-
         unwrapped = accelerator.unwrap_model(model)
         was_training = unwrapped.training
         unwrapped.eval()
@@ -239,7 +237,7 @@ class TtsLmTask(Task):
                 self.config.model.samples,
                 Path(out_dir) / f"step_{step}",
                 write=accelerator.is_main_process,
-                synced_gpus=_zero3(accelerator),
+                synced_gpus=uses_zero3(accelerator),
             )
         finally:
             unwrapped.train(was_training)
