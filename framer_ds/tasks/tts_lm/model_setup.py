@@ -90,16 +90,11 @@ class TtsAssets:
         if problems:
             raise ConfigError(problems, "tokenizer")
         self._special = vocabulary.special_tokens(self.options.special_tokens, tokenizer)
+        base = vocabulary.base_length(tokenizer)
         vocabulary.extend_tokenizer(tokenizer)
         if tokenizer.pad_token is None:
-            tokenizer.pad_token = vocabulary.custom_token(self._special.pad - self.base_length)
+            tokenizer.pad_token = vocabulary.custom_token(self._special.pad - base)
         return tokenizer
-
-    @cached_property
-    def base_length(self) -> int:
-        from transformers import AutoTokenizer
-
-        return vocabulary.base_length(AutoTokenizer.from_pretrained(self.tokenizer_dir))
 
     @property
     def special(self) -> SpecialTokens:

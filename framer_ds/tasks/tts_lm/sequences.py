@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from framer_ds.data.audio_tokens import AudioCodeError, AudioTokenLayout, interleave, remove_duplicate_frames
+from framer_ds.data.audio_tokens import (
+    AudioCodeError,
+    AudioTokenLayout,
+    check_codes,
+    interleave,
+    remove_duplicate_frames,
+)
 from framer_ds.data.token_sequences import IGNORE_INDEX, SpecialTokens, TokenSequence, build_sequence
 from framer_ds.tasks.tts_lm.config import TtsDataConfig
 
@@ -49,7 +55,7 @@ class SequenceBuilder:
             )
         try:
             if self.data.remove_duplicate_frames:
-                interleave(codes, self.layout, where)  # checks before trimming
+                check_codes(codes, self.layout.codebook_size, where)  # before trimming
                 codes = remove_duplicate_frames(codes)
             audio = interleave(codes, self.layout, where)
         except AudioCodeError as exc:
