@@ -161,10 +161,6 @@ def test_deepspeed_json_usage_is_a_command_that_uses_it(path):
 # --- cross-checks ---------------------------------------------------------------------------------
 
 
-def _model_has_hidden_size(config) -> bool:
-    return get_task_class(config.task)(config).model_has_hidden_size
-
-
 @pytest.mark.parametrize("train_yaml", TRAINING_YAMLS, ids=_ids(TRAINING_YAMLS))
 @pytest.mark.parametrize("accelerate_yaml", ACCELERATE_YAMLS, ids=_ids(ACCELERATE_YAMLS))
 def test_training_yaml_agrees_with_accelerate_yaml(train_yaml, accelerate_yaml, monkeypatch):
@@ -177,7 +173,6 @@ def test_training_yaml_agrees_with_accelerate_yaml(train_yaml, accelerate_yaml, 
         config.train,
         Path(_rel(accelerate_yaml)),
         None,
-        model_has_hidden_size=_model_has_hidden_size(config),
         launch_flags=_header_launch_flags(accelerate_yaml),
     )
     problems += hostfile_launch_problems(None, Path(_rel(accelerate_yaml)))
@@ -210,7 +205,6 @@ def test_every_deepspeed_json_swaps_in_cleanly(train_yaml, ds_json, accelerate_y
         config.train,
         Path(_rel(accelerate_yaml)),
         Path(_rel(ds_json)),
-        model_has_hidden_size=_model_has_hidden_size(config),
         launch_flags=_header_launch_flags(accelerate_yaml),
     )
     assert [str(p) for p in problems] == []

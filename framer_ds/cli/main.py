@@ -211,12 +211,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for flag in LAUNCH_FLAGS
         if (value := getattr(args, flag)) is not None
     }
+    warnings: list[str] = []
     problems = task.check() + check_launch_configs(
         config.train,
         accelerate_config=args.accelerate_config,
         deepspeed_config=args.deepspeed_config,
-        model_has_hidden_size=task.model_has_hidden_size,
         launch_flags=launch_flags,
+        warnings=warnings,
     )
     if args.hostfile is not None or args.accelerate_config is not None:
         from framer_ds.launch.environment import hostfile_launch_problems
@@ -224,6 +225,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems += hostfile_launch_problems(args.hostfile, args.accelerate_config, launch_flags)
     if problems:
         raise ConfigError(problems, str(args.config))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     launch_files = (args.config, args.accelerate_config, args.deepspeed_config, args.hostfile)
     checked = [str(p) for p in launch_files if p is not None]
     print(f"OK: {', '.join(checked)} valid (task {config.task}, output_dir {config.output_dir})")

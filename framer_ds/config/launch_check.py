@@ -19,6 +19,7 @@ import yaml
 
 from framer_ds.config.errors import ConfigProblem, did_you_mean
 from framer_ds.config.schema import TrainConfig
+from framer_ds.config.zero_fields import ZERO_BUFFER_KEYS, fixed_bucket_warning
 
 Problems = list[ConfigProblem]
 Cfg = Mapping[str, Any]
@@ -37,12 +38,6 @@ IGNORED_WITH_CONFIG_FILE = frozenset(
     "offload_param_device offload_param_nvme_path offload_optimizer_nvme_path zero3_save_16bit_model "
     "mixed_precision".split()
 )
-# "auto" here needs model.config.hidden_size, else accelerate raises ValueError in prepare().
-HIDDEN_SIZE_KEYS = {
-    "reduce_bucket_size": "500000000 (5e8)",
-    "stage3_prefetch_bucket_size": "50000000 (5e7)",
-    "stage3_param_persistence_threshold": "100000 (1e5)",
-}
 # accelerate's ClusterConfig fields plus legacy fp16/dynamo_backend; any other key makes launch raise.
 ACCELERATE_YAML_KEYS = frozenset(
     "compute_environment distributed_type mixed_precision use_cpu debug num_processes machine_rank "  # noqa: SIM905
@@ -147,15 +142,21 @@ def check_zero_section(ds: Cfg, src: str) -> Problems:
     return []
 
 
-def check_hidden_size_autos(ds: Cfg, src: str, model_has_hidden_size: bool) -> Problems:
-    """Rule d: "auto" bucket sizes crash prepare() for models without config.hidden_size."""
+def check_buffer_fields(ds: Cfg, src: str) -> Problems:
+    """Rule d: buffer sizes are "auto" (sized from the trained model at start) or an element count;
+    DeepSpeed rejects anything else only once the engine is built, after the queue and the model load."""
     zero = _section(ds, "zero_optimization")
-    why = '"auto" needs model.config.hidden_size, which diffusers UNets and custom models lack'
+    msg = '"auto" (framer_ds sizes it from the trainable parameters) or a whole number of elements'
     return [
-        _p(src, f"zero_optimization.{key}", f"{why}; ship an integer, e.g. {example}")
-        for key, example in HIDDEN_SIZE_KEYS.items()
-        if zero.get(key) == "auto" and not model_has_hidden_size
+        _p(src, f"zero_optimization.{key}", f"is {value!r}; use {msg}")
+        for key in ZERO_BUFFER_KEYS
+        if key in zero and (value := zero[key]) != "auto" and not _is_element_count(value)
     ]
+
+
+def _is_element_count(value: Any) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and value >= 0 and value == int(value)
 
 
 def check_offload_param_stage(ds: Cfg, src: str) -> Problems:
@@ -179,15 +180,13 @@ def check_no_optimizer_scheduler(ds: Cfg, src: str) -> Problems:
     ]
 
 
-def check_deepspeed_json(
-    ds: Cfg, src: str, train: TrainConfig | None, model_has_hidden_size: bool
-) -> Problems:
+def check_deepspeed_json(ds: Cfg, src: str, train: TrainConfig | None) -> Problems:
     """Every DeepSpeed JSON rule, all problems at once."""
     return [
         *check_zero_section(ds, src),
         *check_batch_fields_auto(ds, src),
         *check_precision_blocks(ds, src, train),
-        *check_hidden_size_autos(ds, src, model_has_hidden_size),
+        *check_buffer_fields(ds, src),
         *check_offload_param_stage(ds, src),
         *check_no_optimizer_scheduler(ds, src),
     ]
@@ -357,12 +356,13 @@ def check_launch_configs(
     train: TrainConfig | None,
     accelerate_config: Path | None = None,
     deepspeed_config: Path | None = None,
-    model_has_hidden_size: bool = False,
     launch_flags: Mapping[str, Any] | None = None,
+    warnings: list[str] | None = None,
 ) -> list[ConfigProblem]:
     """Every problem across the three configs; `deepspeed_config` mirrors --deepspeed_config_file and
     `launch_flags` the `accelerate launch` flags that beat the YAML's keys (num_processes, num_machines,
-    machine_rank, main_process_ip, main_process_port)."""
+    machine_rank, main_process_ip, main_process_port). Costly but legal choices (a fixed 5e8 bucket) are
+    appended to `warnings` when given."""
     problems: Problems = []
     json_path = Path(deepspeed_config) if deepspeed_config is not None else None
     if accelerate_config is not None:
@@ -384,7 +384,11 @@ def check_launch_configs(
         ds, load_problems = load_json_config(json_path)
         problems += load_problems
         if ds is not None:
-            problems += check_deepspeed_json(ds, str(json_path), train, model_has_hidden_size)
+            problems += check_deepspeed_json(ds, str(json_path), train)
+            mixed = train.mixed_precision if train is not None else "no"
+            warning = fixed_bucket_warning(_section(ds, "zero_optimization"), mixed)
+            if warnings is not None and warning is not None:
+                warnings.append(f"{json_path}: zero_optimization.{warning}")
     return problems
 
 
@@ -412,7 +416,7 @@ def _env_overrides(env: Mapping[str, str], train: TrainConfig) -> Problems:
     return out
 
 
-def check_runtime_environment(train: TrainConfig, model_has_hidden_size: bool = False) -> list[ConfigProblem]:
+def check_runtime_environment(train: TrainConfig) -> list[ConfigProblem]:
     """The same checks at training start, from the env vars accelerate's DeepSpeed launcher sets."""
     env = os.environ
     if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
@@ -429,5 +433,5 @@ def check_runtime_environment(train: TrainConfig, model_has_hidden_size: bool = 
         ds, load_problems = load_json_config(Path(json_file))
         problems += load_problems
         if ds is not None:
-            problems += check_deepspeed_json(ds, json_file, train, model_has_hidden_size)
+            problems += check_deepspeed_json(ds, json_file, train)
     return problems

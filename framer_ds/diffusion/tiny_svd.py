@@ -52,22 +52,39 @@ SVD_SCHEDULER_CONFIG: dict[str, object] = {
 }
 
 
-def _build_pipeline(seed: int) -> StableVideoDiffusionPipeline:
+# A ~100M-parameter UNet in SVD's block layout (the real one is 1.5B), for memory benchmarks of a LoRA on a
+# frozen base: big enough that buffers sized for the whole model would show.
+SVD_STYLE_100M_UNET: dict[str, object] = {
+    "down_block_types": ("CrossAttnDownBlockSpatioTemporal",) * 3 + ("DownBlockSpatioTemporal",),
+    "up_block_types": ("UpBlockSpatioTemporal",) + ("CrossAttnUpBlockSpatioTemporal",) * 3,
+    "block_out_channels": (96, 192, 384, 384),
+    "num_attention_heads": (3, 6, 12, 12),
+    "cross_attention_dim": 1024,
+    "addition_time_embed_dim": 256,
+    "projection_class_embeddings_input_dim": 3 * 256,
+}
+
+
+def _build_pipeline(
+    seed: int, unet_overrides: dict[str, object] | None = None
+) -> StableVideoDiffusionPipeline:
     torch.manual_seed(seed)
-    unet = UNetSpatioTemporalConditionModel(
-        sample_size=8,
-        in_channels=8,
-        out_channels=4,
-        down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
-        up_block_types=("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"),
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        cross_attention_dim=EMBED_DIM,
-        num_attention_heads=(2, 4),
-        addition_time_embed_dim=32,
-        projection_class_embeddings_input_dim=3 * 32,
-        num_frames=4,
-    )
+    unet_config: dict[str, object] = {
+        "sample_size": 8,
+        "in_channels": 8,
+        "out_channels": 4,
+        "down_block_types": ("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+        "up_block_types": ("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"),
+        "block_out_channels": (32, 64),
+        "layers_per_block": 1,
+        "cross_attention_dim": EMBED_DIM,
+        "num_attention_heads": (2, 4),
+        "addition_time_embed_dim": 32,
+        "projection_class_embeddings_input_dim": 3 * 32,
+        "num_frames": 4,
+        **(unet_overrides or {}),
+    }
+    unet = UNetSpatioTemporalConditionModel(**unet_config)
     vae = AutoencoderKLTemporalDecoder(
         in_channels=3,
         out_channels=3,
@@ -85,7 +102,7 @@ def _build_pipeline(seed: int) -> StableVideoDiffusionPipeline:
             intermediate_size=37,
             num_hidden_layers=2,
             num_attention_heads=4,
-            projection_dim=EMBED_DIM,
+            projection_dim=unet_config["cross_attention_dim"],
         )
     )
     # Default CLIPImageProcessor == SVD's feature_extractor config (224 px, OpenAI CLIP mean/std).
@@ -109,8 +126,9 @@ def _fix_processor_class(folder: Path) -> None:
     index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def create_tiny_svd(path: Path, seed: int = 0) -> Path:
-    """Build (once) a tiny random SVD checkpoint at `path` and return `path`.
+def create_tiny_svd(path: Path, seed: int = 0, unet_overrides: dict[str, object] | None = None) -> Path:
+    """Build (once) a tiny random SVD checkpoint at `path` and return `path`; `unet_overrides` replace UNet
+    config fields (e.g. SVD_STYLE_100M_UNET), the image embedding following its cross_attention_dim.
 
     Idempotent: a finished folder carries a marker file and is returned as is. Atomic: everything is
     written into a sibling temp folder that is renamed into place, so a crash or a concurrent creator
@@ -118,7 +136,7 @@ def create_tiny_svd(path: Path, seed: int = 0) -> Path:
     """
 
     def build(staging: Path) -> None:
-        _build_pipeline(seed).save_pretrained(staging)
+        _build_pipeline(seed, unet_overrides).save_pretrained(staging)
         _fix_processor_class(staging)
 
     return build_once(path, MARKER, build, "tiny SVD checkpoint")

@@ -27,6 +27,7 @@ from framer_ds.storage.atomic import publish_dir, staging_dir
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_CONFIG = "config.yaml"  # the resolved config that wrote the checkpoint
+DEEPSPEED_CONFIG = "deepspeed.json"  # the DeepSpeed config as the engine ran it ("auto" resolved)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -171,6 +172,10 @@ def save_checkpoint(
         state.world_size = accelerator.num_processes
         (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
         (staging / CHECKPOINT_CONFIG).write_text(dump_run_config(config))
+        plugin = accelerator.state.deepspeed_plugin
+        if plugin is not None:
+            ran = json.dumps(plugin.deepspeed_config, indent=2, default=str)
+            (staging / DEEPSPEED_CONFIG).write_text(ran + "\n")
         write_manifest(staging)
         publish_dir(staging, final)
         for old in complete_checkpoints(output_dir)[:-keep_last]:

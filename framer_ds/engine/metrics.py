@@ -5,10 +5,12 @@ Only the main process writes; every line is flushed so a killed job keeps what i
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,13 +86,30 @@ def _wandb_media(wandb, path: Path):
 
 
 def memory_stats() -> dict[str, float]:
-    """GPU max allocated/reserved (GiB) on GPU; process RSS (GiB) on CPU."""
+    """GPU max allocated/reserved (GiB) on GPU; process RSS (GiB) on CPU, plus the peak of every heap
+    allocation and mapping when the allocation counter is preloaded (framer_ds/lab/alloc_counter.c):
+    RSS hides memory allocated but not yet touched, which a GPU's allocator would have to provide."""
     if torch.cuda.is_available():
         return {
             "memory/max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
             "memory/max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30,
         }
-    return {"memory/rss_gb": _this_process().memory_info().rss / 2**30}
+    stats = {"memory/rss_gb": _this_process().memory_info().rss / 2**30}
+    peak = _host_allocation_peak()
+    if peak is not None:
+        stats["memory/max_allocated_gb"] = peak() / 2**30
+    return stats
+
+
+@functools.cache
+def _host_allocation_peak() -> Callable[[], int] | None:
+    """The preloaded allocation counter's peak-bytes function, or None when it is not loaded."""
+    try:
+        peak = ctypes.CDLL(None).framer_alloc_peak_bytes
+    except (AttributeError, OSError):
+        return None
+    peak.restype = ctypes.c_int64
+    return peak
 
 
 @functools.cache

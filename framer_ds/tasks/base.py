@@ -120,11 +120,6 @@ class Task(ABC):
         Called after `build_datasets`."""
         return {}
 
-    @property
-    def model_has_hidden_size(self) -> bool:
-        """Whether DeepSpeed's "auto" bucket sizes could be derived from the model config."""
-        return False
-
     @abstractmethod
     def build_model(self) -> torch.nn.Module:
         """The trainable model; requires_grad marks what the optimizer updates."""

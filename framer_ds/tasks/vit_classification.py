@@ -88,10 +88,6 @@ class VitClassificationTask(Task):
         super().__init__(config)
         self.index: ImageFolderIndex | None = None
 
-    @property
-    def model_has_hidden_size(self) -> bool:
-        return True
-
     def data_root(self) -> Path:
         data = self.config.data
         if data.builtin == "digits":

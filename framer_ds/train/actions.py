@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from framer_ds.config.schema import TrainConfig
@@ -151,7 +152,7 @@ class LogMetrics(StepAction):
             "epoch": state.epoch + state.batches_in_epoch / plan.batches_per_epoch,
             "samples": float(state.samples_seen),
             **ctx.throughput.rates(run.task.loss_items_name if summing else None),
-            **memory_stats(),
+            **worst_rank_memory(accelerator),
         }
         for index, name in enumerate(run.task.loss_parts):
             part_sum, part_items = part_values[2 * index : 2 * index + 2]
@@ -170,6 +171,17 @@ class LogMetrics(StepAction):
         if ctx.part_totals is not None:
             ctx.part_totals.zero_()
         ctx.throughput.reset()
+
+
+def worst_rank_memory(accelerator: Accelerator) -> dict[str, float]:
+    """Each memory figure as the largest over the ranks: the rank that runs out first is not always rank
+    0 (ZeRO partitions and uneven batches differ), and rank 0 is the one that logs."""
+    stats = memory_stats()
+    if accelerator.num_processes == 1:
+        return stats
+    local = torch.tensor(list(stats.values()), dtype=torch.float64, device=accelerator.device)
+    worst = accelerator.gather(local).view(accelerator.num_processes, -1).amax(dim=0)
+    return dict(zip(stats, worst.tolist(), strict=True))
 
 
 class Evaluate(StepAction):

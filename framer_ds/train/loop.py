@@ -65,7 +65,7 @@ def _start(config: RunConfigBase, stop: StopRequest) -> TrainResult:
     """Whatever happens after the Accelerator exists (success, a config error found late, a crash, a
     preemption), its trackers are finished and its process group destroyed exactly once."""
     task = get_task_class(config.task)(config)
-    problems = task.check() + check_runtime_environment(config.train, task.model_has_hidden_size)
+    problems = task.check() + check_runtime_environment(config.train)
     if problems:
         raise ConfigError(problems, "pre-flight checks")
     check_run_dir(config)
@@ -109,6 +109,8 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
         say(accelerator, f"resumed from {resume_path} at step {state.global_step}")
     summary = run_summary(run, state, resume_path)
     say(accelerator, format_summary(summary))
+    for warning in run.zero_buffers.warnings if run.zero_buffers is not None else ():
+        say(accelerator, f"warning: {warning}")
     logger = MetricsLogger(accelerator, config, summary, state.global_step)
     try:
         eval_metrics = _train(run, state, logger, stop)

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
 from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
 from framer_ds.tasks.base import Task
 from framer_ds.train.schedule import StepPlan, plan_steps
 
@@ -32,11 +33,8 @@ class TrainingRun:
     eval_examples: int
     trainable_parameters: int
     total_parameters: int
-
-
-def _numel(parameter: torch.nn.Parameter) -> int:
-    """Elements of a parameter, also when ZeRO-3 built it partitioned (its local shape is then (0,))."""
-    return int(getattr(parameter, "ds_numel", parameter.numel()))
+    zero_buffers: ZeroBuffers | None = None
+    """DeepSpeed's buffer fields as the engine runs them (None without DeepSpeed)."""
 
 
 def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainingRun:
@@ -48,8 +46,13 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise RuntimeError(f"task {task.name!r} built a model with no trainable parameters")
-    counts = (sum(map(_numel, trainable)), sum(map(_numel, model.parameters())))
-    sizes = (len(train_set), len(eval_set) if eval_set is not None else 0)
+    sizes = ParameterSizes.of(model)
+    plugin = accelerator.state.deepspeed_plugin
+    # Before prepare: the DeepSpeed engine reads its buffer sizes when it is built.
+    zero_buffers = None
+    if plugin is not None:
+        zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision)
+    examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = torch.optim.AdamW(
         trainable,
         lr=train_cfg.learning_rate,
@@ -103,8 +106,10 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         train_loader,
         eval_loader,
         plan,
-        *sizes,
-        *counts,
+        *examples,
+        sizes.trainable,
+        sizes.total,
+        zero_buffers,
     )
 
 

@@ -30,6 +30,7 @@ def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None
         "strategy": describe_strategy(run.accelerator),
         "trainable parameters": run.trainable_parameters,
         "total parameters": run.total_parameters,
+        **({"DeepSpeed buffers": run.zero_buffers.describe()} if run.zero_buffers is not None else {}),
         "warmup steps": plan.warmup_steps,
         "evaluate": evaluation_cadence(train).describe(plan.updates_per_epoch, "at the end")
         if run.eval_loader is not None

@@ -61,10 +61,6 @@ class TtsLmTask(Task):
         self._train_parts: tuple[int, int] | None = None  # (speech items, text items) when mixing
         self._train_lengths: list[int] = []
 
-    @property
-    def model_has_hidden_size(self) -> bool:
-        return True
-
     # --- pre-flight ----------------------------------------------------------------------------------
 
     @cached_property

@@ -1,0 +1,309 @@
+"""Per-rank peak ALLOCATED memory and s/step of every strategy, on the models our users fine-tune.
+
+Why: users pick ZeRO to save memory, and with DeepSpeed buffers sized for a 175B model it did the
+opposite at our sizes; RSS hid it (it counts touched pages, while a GPU's allocator must provide every
+allocated byte). This runs `run_training` for real under `accelerate launch` per strategy and model and
+reads, after every optimizer step, the peak of all allocations so far: on a CPU from the allocation
+counter preloaded into every process (framer_ds/lab/alloc_counter.c: every malloc-family allocation and
+every mapping, safetensors files included), on a GPU `torch.cuda.max_memory_allocated`. The cell is the
+largest over the ranks, through the last training step (eval at the end and the export are not in it).
+
+Models (random weights, built from configs; each trains `--steps` optimizer steps, fp32 on CPU):
+- vit_85m: ViT-B/16 (85.8M parameters) full fine-tune, 224 px, micro-batch 2.
+- unet_lora: LoRA rank 64 on a frozen ~100M SVD-style UNet (framer_ds.diffusion.tiny_svd
+  SVD_STYLE_100M_UNET), 4 frames 64x64, micro-batch 1.
+- tiny_lora: configs/tasks/video_lora/tiny.yaml as shipped (LoRA rank 4 on the tiny SVD).
+
+`--code DIR` runs another checkout's framer_ds and its configs/deepspeed JSONs (e.g. a worktree of the
+commit before a change: the "before" column); the instruments here stay the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SECTION = "## strategy_memory"
+STRATEGIES = ("plain", "ddp", "zero2", "zero2_offload", "zero3", "zero3_offload")
+MODELS = ("vit_85m", "unet_lora", "tiny_lora")
+WORKER = "worker"
+
+
+# --- the worker: one rank of one training run ----------------------------------------------------------
+
+
+def _peak_reader():
+    import ctypes
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated
+    try:
+        peak = ctypes.CDLL(None).framer_alloc_peak_bytes
+    except AttributeError:
+        sys.exit(
+            "strategy_memory worker: the allocation counter is not preloaded (run the benchmark, not this)"
+        )
+    peak.restype = ctypes.c_int64
+    return peak
+
+
+def run_worker(config_path: Path, out_dir: Path) -> None:
+    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes) to out_dir."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.train.loop import run_training
+
+    peak = _peak_reader()
+    steps: list[tuple[float, int]] = []
+    handle = register_optimizer_step_post_hook(lambda *_: steps.append((time.perf_counter(), peak())))
+    run_training(load_run_config(config_path))
+    handle.remove()
+    rank = int(os.environ.get("RANK", "0"))
+    record = {
+        "rank": rank,
+        "steps": steps,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+# --- the driver ----------------------------------------------------------------------------------------
+
+
+def _vit_config() -> dict:
+    return {
+        "task": "vit_classification",
+        "model": {
+            "config": {
+                "image_size": 224,
+                "patch_size": 16,
+                "num_channels": 3,
+                "hidden_size": 768,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "intermediate_size": 3072,
+            }
+        },
+        "data": {"builtin": "digits", "image_size": 224},
+        "train": {"micro_batch_size": 2},
+    }
+
+
+def _unet_lora_config(svd_dir: Path) -> dict:
+    return {
+        "task": "video_lora",
+        "model": {
+            "pretrained_model_name_or_path": str(svd_dir),
+            "mode": "interpolation",
+            "lora": {"rank": 64},
+        },
+        "data": {"builtin": "synthetic_clips", "num_frames": 4, "stride": 2, "height": 64, "width": 64},
+        "train": {"micro_batch_size": 1},
+    }
+
+
+def _tiny_lora_config(code: Path) -> dict:
+    import yaml
+
+    config = yaml.safe_load((code / "configs/tasks/video_lora/tiny.yaml").read_text())
+    config["model"]["samples"]["every"] = 0
+    return config
+
+
+def training_config(model: str, code: Path, work: Path, steps: int) -> dict:
+    if model == "vit_85m":
+        config = _vit_config()
+    elif model == "unet_lora":
+        from framer_ds.diffusion.tiny_svd import SVD_STYLE_100M_UNET, create_tiny_svd
+
+        config = _unet_lora_config(create_tiny_svd(work / "svd_100m", unet_overrides=SVD_STYLE_100M_UNET))
+    else:
+        config = _tiny_lora_config(code)
+    train = config.setdefault("train", {})
+    for key in ("eval_every", "eval_every_epochs", "checkpoint_every", "checkpoint_every_epochs", "epochs"):
+        train.pop(key, None)
+    train.update(
+        seed=0,
+        max_steps=steps,
+        gradient_accumulation_steps=1,
+        mixed_precision="no",
+        warmup_steps=0,
+        log_every=1,
+    )
+    config["log"] = {"tensorboard": False}
+    return config
+
+
+def launch_args(strategy: str, code: Path, processes: int) -> list[str]:
+    if strategy == "plain":
+        return ["--num_processes", "1"]
+    if strategy == "ddp":
+        return ["--multi_gpu", "--num_processes", str(processes)]
+    return [
+        "--config_file",
+        str(code / "configs/accelerate_cpu_2proc.yaml"),
+        "--num_processes",
+        str(processes),
+        "--deepspeed_config_file",
+        str(code / f"configs/deepspeed/{strategy}.json"),
+    ]
+
+
+def measure(model: str, strategy: str, code: Path, work: Path, steps: int, processes: int, env: dict) -> dict:
+    import yaml
+
+    run_dir = work / f"{model}_{strategy}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = training_config(model, code, work, steps)
+    config["output_dir"] = str(run_dir / "out")
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *launch_args(strategy, code, processes),
+        "--main_process_port",
+        str(29500 + os.getpid() % 1000),
+        str(Path(__file__).resolve()),
+        WORKER,
+        str(config_path),
+        str(run_dir),
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{model} / {strategy} failed ({shlex.join(command)}):\n{done.stderr[-4000:]}")
+    ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.json"))]
+    peak = max(r["steps"][-1][1] for r in ranks)
+    stamps = [t for t, _ in ranks[0]["steps"]]
+    if len(stamps) != steps:
+        raise RuntimeError(f"{model} / {strategy}: {len(stamps)} optimizer-step hooks for {steps} steps")
+    timed = stamps[2:]  # the first two steps warm up allocators and DeepSpeed's buffers
+    return {
+        "peak_mib": peak / 2**20,
+        "rss_mib": max(r["max_rss_bytes"] for r in ranks) / 2**20,
+        "s_per_step": (timed[-1] - timed[0]) / max(len(timed) - 1, 1),
+        "wall_s": time.perf_counter() - started,
+        "processes": len(ranks),
+    }
+
+
+def launch_env(code: Path, cache: Path) -> dict:
+    import torch
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FRAMER_DS_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH", "")]))
+    if not torch.cuda.is_available():
+        from framer_ds.lab.alloc_counter import build_alloc_counter, preload_env
+
+        env = preload_env(build_alloc_counter(cache), env)
+    return env
+
+
+def machine() -> str:
+    import accelerate
+    import deepspeed
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    device = (
+        torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({cpu}, {os.cpu_count()} cores)"
+    )
+    return (
+        f"{device}; torch {torch.__version__}, accelerate {accelerate.__version__}, deepspeed "
+        f"{deepspeed.__version__}, Python {platform.python_version()}; "
+        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    )
+
+
+def table(results: dict[tuple[str, str], dict], models: list[str], strategies: list[str]) -> list[str]:
+    head = "| model | " + " | ".join(strategies) + " |"
+    rows = [head, "|---" * (len(strategies) + 1) + "|"]
+    for model in models:
+        cells = []
+        for strategy in strategies:
+            r = results.get((model, strategy))
+            cells.append("-" if r is None else f"{r['peak_mib']:.0f} MiB, {r['s_per_step']:.2f} s")
+        rows.append(f"| {model} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == WORKER:
+        run_worker(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {MODELS}")
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help=f"comma-separated, of {STRATEGIES}"
+    )
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run (s/step: steps 3..N)")
+    parser.add_argument("--processes", type=int, default=2, help="processes per distributed run")
+    parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose framer_ds and JSONs run")
+    parser.add_argument("--label", default="", help="names this measurement in the written table")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--write", type=Path, help="append this table to the strategy_memory section")
+    args = parser.parse_args()
+    models, strategies = args.models.split(","), args.strategies.split(",")
+    code = args.code.resolve()
+    with tempfile.TemporaryDirectory(prefix="strategy_memory_") as tmp:
+        work = Path(tmp)
+        cache = Path(os.environ.get("FRAMER_DS_CACHE", Path.home() / ".cache" / "framer_ds"))
+        env = launch_env(code, cache)
+        results: dict[tuple[str, str], dict] = {}
+        for model in models:
+            for strategy in strategies:
+                results[model, strategy] = measure(
+                    model, strategy, code, work, args.steps, args.processes, env
+                )
+                r = results[model, strategy]
+                print(
+                    f"{model:10s} {strategy:14s} peak {r['peak_mib']:7.0f} MiB  rss {r['rss_mib']:7.0f} MiB  "
+                    f"{r['s_per_step']:.3f} s/step  ({r['wall_s']:.0f} s)",
+                    flush=True,
+                )
+    if args.json is not None:
+        args.json.write_text(json.dumps({f"{m}/{s}": r for (m, s), r in results.items()}, indent=2))
+    rows = table(results, models, strategies)
+    print("\n".join(rows))
+    if args.write is not None:
+        write_table(args, rows)
+
+
+def write_table(args: argparse.Namespace, rows: list[str]) -> None:
+    from report import write_section
+
+    path = args.write
+    text = path.read_text() if path.exists() else ""
+    start = text.find(SECTION)
+    existing = text[start:].split("\n## ", 1)[0].rstrip("\n") if start >= 0 else SECTION
+    command = "python benchmarks/strategy_memory.py " + shlex.join(sys.argv[1:])
+    block = [
+        f"### {args.label or 'measurement'}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine()}",
+        "",
+        *rows,
+    ]
+    write_section(path, SECTION, existing + "\n\n" + "\n".join(block) + "\n")
+
+
+if __name__ == "__main__":
+    main()
