@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4,<2.15" || echo "torch==2.13.0")
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-fast lint format bench clean
+.PHONY: setup quickstart test test-fast lint format bench bench-memory clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +39,10 @@ format: setup
 bench: setup
 	$(PY) benchmarks/step_overhead.py --write docs/benchmarks.md
 	$(PY) benchmarks/video_lora_step.py --write docs/benchmarks.md
+
+# ~20 min on 2 CPU cores: every strategy x 3 models, 2 processes each
+bench-memory: setup
+	$(PY) benchmarks/strategy_memory.py --label "make bench-memory" --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -9,7 +9,8 @@ every mapping, safetensors files included), on a GPU `torch.cuda.max_memory_allo
 largest over the ranks, through the last training step (eval at the end and the export are not in it).
 
 Models (random weights, built from configs; each trains `--steps` optimizer steps, fp32 on CPU):
-- vit_85m: ViT-B/16 (85.8M parameters) full fine-tune, 224 px, micro-batch 2.
+- vit_85m: ViT-B/16 (85.7M parameters) full fine-tune, 96 px (36 patches: the strategy terms, not
+  activations, are what this compares), micro-batch 2.
 - unet_lora: LoRA rank 64 on a frozen ~100M SVD-style UNet (framer_ds.diffusion.tiny_svd
   SVD_STYLE_100M_UNET), 4 frames 64x64, micro-batch 1.
 - tiny_lora: configs/tasks/video_lora/tiny.yaml as shipped (LoRA rank 4 on the tiny SVD).
@@ -43,33 +44,55 @@ WORKER = "worker"
 # --- the worker: one rank of one training run ----------------------------------------------------------
 
 
-def _peak_reader():
+def _readers():
+    """(peak bytes so far, bytes allocated now, reset the peak to now) for this process."""
     import ctypes
 
     import torch
 
     if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated
+        return (
+            torch.cuda.max_memory_allocated,
+            torch.cuda.memory_allocated,
+            torch.cuda.reset_peak_memory_stats,
+        )
     try:
-        peak = ctypes.CDLL(None).framer_alloc_peak_bytes
+        counter = ctypes.CDLL(None)
+        peak, live, reset = (
+            counter.framer_alloc_peak_bytes,
+            counter.framer_alloc_live_bytes,
+            counter.framer_alloc_reset_peak,
+        )
     except AttributeError:
         sys.exit(
             "strategy_memory worker: the allocation counter is not preloaded (run the benchmark, not this)"
         )
-    peak.restype = ctypes.c_int64
-    return peak
+    peak.restype = live.restype = ctypes.c_int64
+    return peak, live, reset
 
 
 def run_worker(config_path: Path, out_dir: Path) -> None:
-    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes) to out_dir."""
+    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes) to out_dir, with
+    the bytes allocated before training starts (imports: torch, accelerate, transformers, deepspeed)."""
+    import contextlib
+
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from framer_ds.tasks.run_config import load_run_config
     from framer_ds.train.loop import run_training
 
-    peak = _peak_reader()
+    with contextlib.suppress(ImportError):
+        import deepspeed  # noqa: F401  (imported by every strategy, so the baseline is the same)
+    peak, live, reset = _readers()
+    baseline = live()
     steps: list[tuple[float, int]] = []
-    handle = register_optimizer_step_post_hook(lambda *_: steps.append((time.perf_counter(), peak())))
+
+    def after_step(*_: object) -> None:
+        steps.append((time.perf_counter(), peak()))
+        if len(steps) == 1:
+            reset()  # from here on the peak is the steady state: steps 2..N, start-up excluded
+
+    handle = register_optimizer_step_post_hook(after_step)
     run_training(load_run_config(config_path))
     handle.remove()
     rank = int(os.environ.get("RANK", "0"))
@@ -77,6 +100,7 @@ def run_worker(config_path: Path, out_dir: Path) -> None:
         "rank": rank,
         "steps": steps,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "baseline_bytes": baseline,
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
 
@@ -89,7 +113,7 @@ def _vit_config() -> dict:
         "task": "vit_classification",
         "model": {
             "config": {
-                "image_size": 224,
+                "image_size": 96,
                 "patch_size": 16,
                 "num_channels": 3,
                 "hidden_size": 768,
@@ -98,7 +122,7 @@ def _vit_config() -> dict:
                 "intermediate_size": 3072,
             }
         },
-        "data": {"builtin": "digits", "image_size": 224},
+        "data": {"builtin": "digits", "image_size": 96},
         "train": {"micro_batch_size": 2},
     }
 
@@ -189,13 +213,18 @@ def measure(model: str, strategy: str, code: Path, work: Path, steps: int, proce
     if done.returncode != 0:
         raise RuntimeError(f"{model} / {strategy} failed ({shlex.join(command)}):\n{done.stderr[-4000:]}")
     ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.json"))]
-    peak = max(r["steps"][-1][1] for r in ranks)
+    # steps[0] holds the peak of start-up + step 1; steps[-1] the peak of steps 2..N (reset after step 1)
+    whole = max(max(p for _, p in r["steps"]) - r["baseline_bytes"] for r in ranks)
+    steady = max(r["steps"][-1][1] - r["baseline_bytes"] for r in ranks)
+    peak = max(max(p for _, p in r["steps"]) for r in ranks)
     stamps = [t for t, _ in ranks[0]["steps"]]
     if len(stamps) != steps:
         raise RuntimeError(f"{model} / {strategy}: {len(stamps)} optimizer-step hooks for {steps} steps")
     timed = stamps[2:]  # the first two steps warm up allocators and DeepSpeed's buffers
     return {
         "peak_mib": peak / 2**20,
+        "run_mib": whole / 2**20,
+        "steady_mib": steady / 2**20,
         "rss_mib": max(r["max_rss_bytes"] for r in ranks) / 2**20,
         "s_per_step": (timed[-1] - timed[0]) / max(len(timed) - 1, 1),
         "wall_s": time.perf_counter() - started,
@@ -238,7 +267,11 @@ def table(results: dict[tuple[str, str], dict], models: list[str], strategies: l
         cells = []
         for strategy in strategies:
             r = results.get((model, strategy))
-            cells.append("-" if r is None else f"{r['peak_mib']:.0f} MiB, {r['s_per_step']:.2f} s")
+            cells.append(
+                "-"
+                if r is None
+                else f"{r['run_mib']:.0f} / {r['steady_mib']:.0f} MiB, {r['s_per_step']:.2f} s"
+            )
         rows.append(f"| {model} | " + " | ".join(cells) + " |")
     return rows
 
@@ -273,7 +306,9 @@ def main() -> None:
                 )
                 r = results[model, strategy]
                 print(
-                    f"{model:10s} {strategy:14s} peak {r['peak_mib']:7.0f} MiB  rss {r['rss_mib']:7.0f} MiB  "
+                    f"{model:10s} {strategy:14s} run {r['run_mib']:6.0f} MiB  "
+                    f"steady {r['steady_mib']:6.0f} MiB  "
+                    f"peak {r['peak_mib']:6.0f} MiB  rss {r['rss_mib']:6.0f} MiB  "
                     f"{r['s_per_step']:.3f} s/step  ({r['wall_s']:.0f} s)",
                     flush=True,
                 )
@@ -285,24 +320,31 @@ def main() -> None:
         write_table(args, rows)
 
 
+INTRO = f"""{SECTION}
+
+Written by `benchmarks/strategy_memory.py` (its docstring has the method). Cells: peak allocated MiB per
+rank above the imports, over the whole run through the last step / over steps 2..N only (start-up
+excluded), then s/step (steps 3..N). Largest rank. fp32, `OMP_NUM_THREADS=1` per process. Each `###`
+block is one invocation, replaced when the same `--label` runs again."""
+
+
 def write_table(args: argparse.Namespace, rows: list[str]) -> None:
+    """Replace this label's block in the section (or add it); other blocks and sections stay."""
+    import re
+
     from report import write_section
 
     path = args.write
     text = path.read_text() if path.exists() else ""
     start = text.find(SECTION)
-    existing = text[start:].split("\n## ", 1)[0].rstrip("\n") if start >= 0 else SECTION
+    existing = text[start:].split("\n## ", 1)[0].rstrip("\n") if start >= 0 else INTRO
+    heading = f"### {args.label or 'measurement'}"
+    blocks = [b for b in re.split(r"(?m)^(?=### )", existing) if b.strip()]
+    intro = blocks.pop(0) if blocks and not blocks[0].startswith("### ") else INTRO
     command = "python benchmarks/strategy_memory.py " + shlex.join(sys.argv[1:])
-    block = [
-        f"### {args.label or 'measurement'}",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine()}",
-        "",
-        *rows,
-    ]
-    write_section(path, SECTION, existing + "\n\n" + "\n".join(block) + "\n")
+    block = "\n".join([heading, "", f"Command: `{command}`", "", f"Machine: {machine()}", "", *rows])
+    kept = [b.rstrip("\n") for b in blocks if b.splitlines()[0] != heading]
+    write_section(path, SECTION, "\n\n".join([intro.rstrip("\n"), *kept, block]) + "\n")
 
 
 if __name__ == "__main__":

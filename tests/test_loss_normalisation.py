@@ -145,3 +145,38 @@ def test_two_processes_equal_one_batch(one_batch, tmp_path, strategy):
     final_eval = read_metrics(run_dir)[1][-1]
     assert final_eval["eval/samples"] == 45
     assert final_eval["eval/loss"] == pytest.approx(expected_eval_loss(run_dir)[0], rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_ddp_gradients_as_bucket_views_clip_like_one_batch(tmp_path):
+    """DDP keeps gradients as views into its all-reduce buckets (no second copy of every gradient): the
+    accumulated (no_sync) and all-reduced gradients, their norm and the clipping they drive must still be
+    those of one big batch. max_grad_norm is far below the norms, so every step clips."""
+    clip = {"max_grad_norm": 1e-3}
+    reference = train_in_process(tmp_path, "ref_clipped", micro_batch_size=32, **clip)
+    assert min(grad_norms(reference)) > 10 * clip["max_grad_norm"]
+    run_dir = tmp_path / "run"
+    config = token_config(
+        tmp_path / "c.yaml", run_dir, micro_batch_size=8, gradient_accumulation_steps=2, **clip
+    )
+    cmd = accelerate_launch_cmd(
+        *strategy_launch_args("ddp", tmp_path), "-m", "framer_ds", "train", str(config)
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert_same_training(run_dir, reference)
+
+
+def test_ddp_is_built_with_gradients_as_bucket_views(tmp_path):
+    from framer_ds.engine.accelerator import build_accelerator
+
+    config = load_run_config(token_config(tmp_path / "c.yaml", tmp_path / "run"))
+    accelerator = build_accelerator(config)
+    try:
+        assert accelerator.ddp_handler.gradient_as_bucket_view is True
+        assert not accelerator.ddp_handler.static_graph
+    finally:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()

@@ -87,6 +87,32 @@ def test_rank0_logs_and_global_batch(runs, strategy):
     ]
 
 
+@pytest.mark.parametrize("strategy", ["zero2", "zero3_offload"])
+def test_deepspeed_buffers_are_sized_from_the_model_and_recorded(runs, strategy):
+    """The JSONs' "auto" buffers become element counts from the trained MLP (~0.2M parameters: one
+    bucket holding all of them, not 5e8); the test's explicit ZeRO-3 zeros are kept. The run summary
+    names both, and the checkpoint keeps the DeepSpeed config as the engine ran it."""
+    from framer_ds.engine.zero_buffers import bucket_for
+
+    summary = json.loads((runs[strategy] / "metrics.jsonl").read_text().splitlines()[0])["run_summary"]
+    ran = json.loads((runs[strategy] / "checkpoints" / "step_16" / "deepspeed.json").read_text())
+    zero = ran["zero_optimization"]
+    trainable = summary["trainable parameters"]
+    assert trainable == summary["total parameters"] < 2**20
+    bucket = bucket_for(trainable)
+    assert trainable <= bucket < trainable + 4096
+    assert zero["reduce_bucket_size"] == bucket
+    assert f"reduce_bucket_size {bucket:,} (auto)" in summary["DeepSpeed buffers"]
+    if strategy == "zero2":
+        assert zero["allgather_bucket_size"] == bucket
+        assert "stage3" not in summary["DeepSpeed buffers"]
+    else:
+        assert zero["stage3_prefetch_bucket_size"] == bucket
+        assert zero["stage3_max_reuse_distance"] == zero["stage3_param_persistence_threshold"] == 0
+        assert summary["DeepSpeed buffers"].endswith("stage3_max_reuse_distance 0")
+    assert ran["train_micro_batch_size_per_gpu"] == 8 and ran["gradient_accumulation_steps"] == 2
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_exported_weights_reproduce_the_trained_model(runs, strategy):
     """final/model.safetensors loaded into the plain model gives the logged eval loss; all strategies

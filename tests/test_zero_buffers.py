@@ -229,3 +229,16 @@ def test_without_the_counter_no_allocated_figure_is_made_up():
         ctypes.CDLL(None).framer_alloc_peak_bytes  # noqa: B018
     if not torch.cuda.is_available():
         assert set(memory_stats()) == {"memory/rss_gb"}
+
+
+def test_adamw_runs_fused_where_torch_has_the_kernel():
+    """Unfused AdamW allocates temporaries the size of the parameter it updates; under ZeRO that is one
+    flat partition of the whole model (+2 x trainable / N x 4 bytes per step)."""
+    from framer_ds.train.run import fused_adam_supported
+
+    weights = [torch.nn.Parameter(torch.zeros(4))]
+    assert fused_adam_supported(torch.device("cpu"), weights)
+    assert not fused_adam_supported(torch.device("meta"), weights)
+    assert not fused_adam_supported(
+        torch.device("cpu"), [torch.nn.Parameter(torch.zeros(4, dtype=torch.int64), requires_grad=False)]
+    )

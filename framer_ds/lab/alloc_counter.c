@@ -4,7 +4,7 @@
  * while a GPU's allocator must provide all of it. torch's profiler misses frees made on other threads
  * (ZeRO-3's prefetch). This counts every malloc-family allocation (by its usable size) and every
  * mmap/munmap made through libc's public symbols (tensors memory-mapped from safetensors files, Python
- * arenas), in one atomic counter with its peak. Build and use: framer_ds/lab/alloc_counter.py;
+ * arenas; not mere address-space reservations), in one atomic counter with its peak. Build and use: framer_ds/lab/alloc_counter.py;
  * framer_ds.engine.metrics reads the peak through the framer_alloc_* symbols.
  */
 #define _GNU_SOURCE
@@ -52,15 +52,66 @@ int posix_memalign(void **out, size_t align, size_t n) {
   *out = track(p);
   return 0;
 }
+/* Mappings: counted unless they only reserve address space (PROT_NONE, MAP_NORESERVE: allocators such
+ * as mimalloc reserve 1 GiB that way and commit pages as they go). munmap subtracts what was counted for
+ * a mapping starting at that address, so unmapping an uncounted reservation changes nothing. */
+#define SLOTS 65536
+static struct { uintptr_t addr; size_t len; } slots[SLOTS];
+static int slots_lock;
+
+static void lock(void) { while (__atomic_exchange_n(&slots_lock, 1, __ATOMIC_ACQUIRE)) {} }
+static void unlock(void) { __atomic_store_n(&slots_lock, 0, __ATOMIC_RELEASE); }
+static size_t slot_of(uintptr_t addr) { return (size_t)((addr >> 12) * 0x9E3779B97F4A7C15ull) % SLOTS; }
+
+static void remember(uintptr_t addr, size_t len) {
+  lock();
+  for (size_t i = slot_of(addr), n = 0; n < SLOTS; i = (i + 1) % SLOTS, n++) {
+    if (slots[i].addr <= 1) { /* empty or a tombstone (1) left by munmap */
+      slots[i].addr = addr;
+      slots[i].len = len;
+      unlock();
+      add((int64_t)len);
+      return;
+    }
+  }
+  unlock(); /* table full: this mapping stays uncounted rather than miscounted */
+}
+
+static void forget(uintptr_t addr, size_t len) {
+  size_t freed = 0;
+  lock();
+  for (size_t i = slot_of(addr), n = 0; n < SLOTS && slots[i].addr != 0; i = (i + 1) % SLOTS, n++) {
+    if (slots[i].addr != addr) continue;
+    freed = len < slots[i].len ? len : slots[i].len;
+    if (len < slots[i].len) { /* the tail stays mapped: keep counting it (re-keyed on its new start) */
+      size_t rest = slots[i].len - len;
+      slots[i].len = 0;
+      slots[i].addr = 1; /* tombstone keeps probe chains intact */
+      unlock();
+      add(-(int64_t)freed);
+      remember(addr + len, rest);
+      add(-(int64_t)rest); /* remember() counted the tail again */
+      return;
+    }
+    slots[i].addr = 1;
+    slots[i].len = 0;
+    break;
+  }
+  unlock();
+  add(-(int64_t)freed);
+}
+
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
   void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-  if (p != MAP_FAILED) add((int64_t)len);
+  if (p != MAP_FAILED && prot != PROT_NONE && !(flags & MAP_NORESERVE)) remember((uintptr_t)p, len);
   return p;
 }
-void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) { return mmap(addr, len, prot, flags, fd, off); }
+void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+  return mmap(addr, len, prot, flags, fd, off);
+}
 int munmap(void *addr, size_t len) {
   int rc = (int)syscall(SYS_munmap, addr, len);
-  if (rc == 0) add(-(int64_t)len);
+  if (rc == 0) forget((uintptr_t)addr, len);
   return rc;
 }
 
