@@ -14,6 +14,7 @@ import torch
 
 from framer_ds.config.zero_fields import (
     ALLGATHER,
+    AUTO_BUCKET_CAP,
     MAX_LIVE,
     PERSISTENCE,
     PREFETCH,
@@ -22,7 +23,6 @@ from framer_ds.config.zero_fields import (
     bucket_bytes,
 )
 from framer_ds.engine.zero_buffers import (
-    BUCKET_CAP,
     BUCKET_FLOOR,
     ParameterSizes,
     auto_values,
@@ -52,7 +52,7 @@ def test_parameter_sizes_count_trainable_and_frozen():
         (20_000, 20_480),  # fewer than the floor: one bucket holds them all (rounded to 4096)
         (4_500_000, BUCKET_FLOOR),  # a LoRA: an eighth is below the floor
         (85_800_000, 10_727_424),  # ViT-B: an eighth, rounded up
-        (7_000_000_000, BUCKET_CAP),  # a 7B full fine-tune: capped
+        (7_000_000_000, AUTO_BUCKET_CAP),  # a 7B full fine-tune: capped
     ],
 )
 def test_bucket_is_an_eighth_within_floor_and_cap(trainable, expected):
@@ -135,48 +135,27 @@ def test_bucket_bytes_double_buffers_only_below_stage3():
     assert bucket_bytes({**zero2, "overlap_comm": False}, 10, 2) == 20
 
 
+def validate_with(deepspeed_json: Path, check: bool) -> subprocess.CompletedProcess:
+    """`framer-ds validate configs/quickstart.yaml --deepspeed-config JSON`, as a user runs it."""
+    command = [sys.executable, "-m", "framer_ds", "validate", str(REPO / "configs/quickstart.yaml")]
+    command += ["--deepspeed-config", str(deepspeed_json)]
+    return subprocess.run(command, capture_output=True, text=True, check=check, cwd=REPO)
+
+
 def test_validate_warns_about_a_fixed_bucket_before_any_model_exists(tmp_path):
     """`framer-ds validate` has no model: it names what a bucket above any "auto" choice allocates."""
     old = json.loads((REPO / "configs/deepspeed/zero2.json").read_text())
     old["zero_optimization"][REDUCE] = 500_000_000
     path = tmp_path / "zero2_fixed.json"
     path.write_text(json.dumps(old))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "framer_ds",
-            "validate",
-            str(REPO / "configs/quickstart.yaml"),
-            "--deepspeed-config",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    )
+    done = validate_with(path, check=False)
     assert done.returncode == 0, done.stderr
     assert (
         f"warning: {path}: zero_optimization.reduce_bucket_size 5e+08 allocates 3.7 GiB per rank"
         in done.stderr
     )
     assert 'whatever is trained; "auto" sizes it' in done.stderr
-    shipped = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "framer_ds",
-            "validate",
-            str(REPO / "configs/quickstart.yaml"),
-            "--deepspeed-config",
-            str(REPO / "configs/deepspeed/zero2.json"),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
+    shipped = validate_with(REPO / "configs/deepspeed/zero2.json", check=True)
     assert "warning" not in shipped.stderr
 
 

@@ -19,7 +19,7 @@ import yaml
 
 from framer_ds.config.errors import ConfigProblem, did_you_mean
 from framer_ds.config.schema import TrainConfig
-from framer_ds.config.zero_fields import ZERO_BUFFER_KEYS, fixed_bucket_warning
+from framer_ds.config.zero_fields import ZERO_BUFFER_KEYS, fixed_bucket_warning, is_element_count
 
 Problems = list[ConfigProblem]
 Cfg = Mapping[str, Any]
@@ -150,13 +150,8 @@ def check_buffer_fields(ds: Cfg, src: str) -> Problems:
     return [
         _p(src, f"zero_optimization.{key}", f"is {value!r}; use {msg}")
         for key in ZERO_BUFFER_KEYS
-        if key in zero and (value := zero[key]) != "auto" and not _is_element_count(value)
+        if key in zero and (value := zero[key]) != "auto" and not is_element_count(value)
     ]
-
-
-def _is_element_count(value: Any) -> bool:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and value >= 0 and value == int(value)
 
 
 def check_offload_param_stage(ds: Cfg, src: str) -> Problems:

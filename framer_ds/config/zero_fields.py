@@ -21,6 +21,12 @@ AUTO_BUCKET_CAP = 48 * 2**20
 every model."""
 
 
+def is_element_count(value: Any) -> bool:
+    """A value DeepSpeed takes for a buffer field: a whole, non-negative number (bools are not)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and value >= 0 and value == int(value)
+
+
 def element_bytes(mixed_precision: str) -> int:
     """Bytes per gradient element in the buckets: DeepSpeed reduces in the compute dtype."""
     return 2 if mixed_precision in ("bf16", "fp16") else 4
@@ -38,7 +44,7 @@ def fixed_bucket_warning(zero: Mapping[str, Any], mixed_precision: str) -> str |
     """Before any model exists: an explicit reduce bucket larger than "auto" picks for ANY model, with
     what it allocates per rank whatever is trained."""
     reduce = zero.get(REDUCE)
-    if isinstance(reduce, bool) or not isinstance(reduce, (int, float)) or reduce <= AUTO_BUCKET_CAP:
+    if not is_element_count(reduce) or reduce <= AUTO_BUCKET_CAP:
         return None
     cost = bucket_bytes(zero, int(reduce), element_bytes(mixed_precision)) / 2**30
     return (

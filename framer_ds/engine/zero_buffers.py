@@ -44,10 +44,10 @@ from framer_ds.config.zero_fields import (
     ZERO_BUFFER_KEYS,
     bucket_bytes,
     element_bytes,
+    is_element_count,
 )
 
 BUCKET_FLOOR = 2**20
-BUCKET_CAP = AUTO_BUCKET_CAP
 BUCKET_SHARE = 8  # an eighth of the parameters per bucket
 PERSISTENT_SHARE = 0.01
 PERSISTENCE_CAP = 100_000
@@ -84,7 +84,7 @@ def _round_up(value: float) -> int:
 def bucket_for(parameters: int) -> int:
     """One bucket for `parameters` elements: an eighth of them within [2^20, 48 x 2^20], never more than
     all of them (rounded up to ALIGN)."""
-    share = min(max(parameters / BUCKET_SHARE, BUCKET_FLOOR), BUCKET_CAP)
+    share = min(max(parameters / BUCKET_SHARE, BUCKET_FLOOR), AUTO_BUCKET_CAP)
     return _round_up(min(share, parameters))
 
 
@@ -134,7 +134,7 @@ def oversized_warnings(zero: Mapping[str, Any], sizes: ParameterSizes, bytes_per
     """Explicit values that allocate or keep far more than the model needs, each with its cost and fix."""
     out = []
     reduce = zero.get(REDUCE)
-    if isinstance(reduce, (int, float)) and reduce > OVERSIZED_FACTOR * max(sizes.trainable, 1):
+    if is_element_count(reduce) and reduce > OVERSIZED_FACTOR * max(sizes.trainable, 1):
         cost = bucket_bytes(zero, int(reduce), bytes_per_element) / 2**30
         out.append(
             f"{REDUCE} {reduce:.3g} allocates {cost:.1f} GiB per rank for {sizes.trainable / 1e6:.3g}M "
@@ -142,7 +142,7 @@ def oversized_warnings(zero: Mapping[str, Any], sizes: ParameterSizes, bytes_per
             f"{bucket_for(sizes.trainable):,})"
         )
     reuse = zero.get(REUSE)
-    if zero.get("stage") == 3 and isinstance(reuse, (int, float)) and reuse >= sizes.total:
+    if zero.get("stage") == 3 and is_element_count(reuse) and reuse >= sizes.total:
         out.append(
             f"{REUSE} {reuse:.3g} >= the model's {sizes.total / 1e6:.3g}M parameters keeps every parameter "
             f'gathered from forward to backward (the whole model on every rank); use "auto"'

@@ -4,8 +4,9 @@
  * while a GPU's allocator must provide all of it. torch's profiler misses frees made on other threads
  * (ZeRO-3's prefetch). This counts every malloc-family allocation (by its usable size) and every
  * mmap/munmap made through libc's public symbols (tensors memory-mapped from safetensors files, Python
- * arenas; not mere address-space reservations), in one atomic counter with its peak. Build and use: framer_ds/lab/alloc_counter.py;
- * framer_ds.engine.metrics reads the peak through the framer_alloc_* symbols.
+ * arenas; not mere address-space reservations), in one atomic counter with its peak. Build and use:
+ * framer_ds/lab/alloc_counter.py; framer_ds.engine.metrics reads the peak through the framer_alloc_*
+ * symbols.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -63,18 +64,23 @@ static void lock(void) { while (__atomic_exchange_n(&slots_lock, 1, __ATOMIC_ACQ
 static void unlock(void) { __atomic_store_n(&slots_lock, 0, __ATOMIC_RELEASE); }
 static size_t slot_of(uintptr_t addr) { return (size_t)((addr >> 12) * 0x9E3779B97F4A7C15ull) % SLOTS; }
 
-static void remember(uintptr_t addr, size_t len) {
-  lock();
+/* Call with the lock held; 0 when the table is full (the mapping then stays uncounted, not miscounted). */
+static int store(uintptr_t addr, size_t len) {
   for (size_t i = slot_of(addr), n = 0; n < SLOTS; i = (i + 1) % SLOTS, n++) {
     if (slots[i].addr <= 1) { /* empty or a tombstone (1) left by munmap */
       slots[i].addr = addr;
       slots[i].len = len;
-      unlock();
-      add((int64_t)len);
-      return;
+      return 1;
     }
   }
-  unlock(); /* table full: this mapping stays uncounted rather than miscounted */
+  return 0;
+}
+
+static void remember(uintptr_t addr, size_t len) {
+  lock();
+  int stored = store(addr, len);
+  unlock();
+  if (stored) add((int64_t)len);
 }
 
 static void forget(uintptr_t addr, size_t len) {
@@ -82,19 +88,12 @@ static void forget(uintptr_t addr, size_t len) {
   lock();
   for (size_t i = slot_of(addr), n = 0; n < SLOTS && slots[i].addr != 0; i = (i + 1) % SLOTS, n++) {
     if (slots[i].addr != addr) continue;
-    freed = len < slots[i].len ? len : slots[i].len;
-    if (len < slots[i].len) { /* the tail stays mapped: keep counting it (re-keyed on its new start) */
-      size_t rest = slots[i].len - len;
-      slots[i].len = 0;
-      slots[i].addr = 1; /* tombstone keeps probe chains intact */
-      unlock();
-      add(-(int64_t)freed);
-      remember(addr + len, rest);
-      add(-(int64_t)rest); /* remember() counted the tail again */
-      return;
-    }
-    slots[i].addr = 1;
+    size_t counted = slots[i].len;
+    slots[i].addr = 1; /* tombstone keeps probe chains intact */
     slots[i].len = 0;
+    freed = counted;
+    /* A partial unmap leaves the tail mapped: keep counting it, re-keyed on its new start. */
+    if (len < counted && store(addr + len, counted - len)) freed = len;
     break;
   }
   unlock();

@@ -2,7 +2,8 @@
 
 On a GPU, `torch.cuda.max_memory_allocated` is the measure; on a CPU nothing in torch counts every
 allocation of every thread, so CPU memory benchmarks run their processes with this library in
-LD_PRELOAD and read the peak from the run's metrics (`memory/max_allocated_gb`).
+LD_PRELOAD; the peak is then in the run's metrics (`memory/max_allocated_gb`), and
+benchmarks/strategy_memory.py reads it after every optimizer step.
 """
 
 from __future__ import annotations
