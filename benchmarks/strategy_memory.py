@@ -7,6 +7,9 @@ reads, after every optimizer step, the peak of all allocations so far: on a CPU 
 counter preloaded into every process (framer_ds/lab/alloc_counter.c: every malloc-family allocation and
 every mapping, safetensors files included), on a GPU `torch.cuda.max_memory_allocated`. The cell is the
 largest over the ranks, through the last training step (eval at the end and the export are not in it).
+POSIX shared memory (/dev/shm: DataLoader batches in flight; DeepSpeed's CPU allreduce workspace under
+its own launcher) is listed under the table when there is any, not in the cells: shared pages belong to
+every rank that maps them. Under `accelerate launch` (this benchmark) it was 0 for every cell.
 
 Models (random weights, built from configs; each trains `--steps` optimizer steps, fp32 on CPU):
 - vit_85m: ViT-B/16 (85.7M parameters) full fine-tune, 96 px (36 patches: the strategy terms, not
@@ -45,7 +48,8 @@ WORKER = "worker"
 
 
 def _readers():
-    """(peak bytes so far, bytes allocated now, reset the peak to now) for this process."""
+    """(peak bytes so far, bytes allocated now, reset the peak to now, shared-memory bytes mapped now) for
+    this process."""
     import ctypes
 
     import torch
@@ -55,25 +59,28 @@ def _readers():
             torch.cuda.max_memory_allocated,
             torch.cuda.memory_allocated,
             torch.cuda.reset_peak_memory_stats,
+            lambda: 0,
         )
     try:
         counter = ctypes.CDLL(None)
-        peak, live, reset = (
+        peak, live, reset, shared = (
             counter.framer_alloc_peak_bytes,
             counter.framer_alloc_live_bytes,
             counter.framer_alloc_reset_peak,
+            counter.framer_alloc_shared_bytes,
         )
     except AttributeError:
         sys.exit(
             "strategy_memory worker: the allocation counter is not preloaded (run the benchmark, not this)"
         )
-    peak.restype = live.restype = ctypes.c_int64
-    return peak, live, reset
+    peak.restype = live.restype = shared.restype = ctypes.c_int64
+    return peak, live, reset, shared
 
 
 def run_worker(config_path: Path, out_dir: Path) -> None:
-    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes) to out_dir, with
-    the bytes allocated before training starts (imports: torch, accelerate, transformers, deepspeed)."""
+    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes, shared-memory
+    bytes) to out_dir, with the bytes allocated before training starts (imports: torch, accelerate,
+    transformers, deepspeed)."""
     import contextlib
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -83,12 +90,12 @@ def run_worker(config_path: Path, out_dir: Path) -> None:
 
     with contextlib.suppress(ImportError):
         import deepspeed  # noqa: F401  (imported by every strategy, so the baseline is the same)
-    peak, live, reset = _readers()
+    peak, live, reset, shared = _readers()
     baseline = live()
-    steps: list[tuple[float, int]] = []
+    steps: list[tuple[float, int, int]] = []
 
     def after_step(*_: object) -> None:
-        steps.append((time.perf_counter(), peak()))
+        steps.append((time.perf_counter(), peak(), shared()))
         if len(steps) == 1:
             reset()  # from here on the peak is the steady state: steps 2..N, start-up excluded
 
@@ -214,10 +221,11 @@ def measure(model: str, strategy: str, code: Path, work: Path, steps: int, proce
         raise RuntimeError(f"{model} / {strategy} failed ({shlex.join(command)}):\n{done.stderr[-4000:]}")
     ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.json"))]
     # steps[0] holds the peak of start-up + step 1; steps[-1] the peak of steps 2..N (reset after step 1)
-    whole = max(max(p for _, p in r["steps"]) - r["baseline_bytes"] for r in ranks)
+    whole = max(max(p for _, p, _ in r["steps"]) - r["baseline_bytes"] for r in ranks)
     steady = max(r["steps"][-1][1] - r["baseline_bytes"] for r in ranks)
-    peak = max(max(p for _, p in r["steps"]) for r in ranks)
-    stamps = [t for t, _ in ranks[0]["steps"]]
+    peak = max(max(p for _, p, _ in r["steps"]) for r in ranks)
+    shared = max(s for r in ranks for _, _, s in r["steps"])
+    stamps = [t for t, _, _ in ranks[0]["steps"]]
     if len(stamps) != steps:
         raise RuntimeError(f"{model} / {strategy}: {len(stamps)} optimizer-step hooks for {steps} steps")
     timed = stamps[2:]  # the first two steps warm up allocators and DeepSpeed's buffers
@@ -225,6 +233,7 @@ def measure(model: str, strategy: str, code: Path, work: Path, steps: int, proce
         "peak_mib": peak / 2**20,
         "run_mib": whole / 2**20,
         "steady_mib": steady / 2**20,
+        "shared_mib": shared / 2**20,
         "rss_mib": max(r["max_rss_bytes"] for r in ranks) / 2**20,
         "s_per_step": (timed[-1] - timed[0]) / max(len(timed) - 1, 1),
         "wall_s": time.perf_counter() - started,
@@ -273,6 +282,14 @@ def table(results: dict[tuple[str, str], dict], models: list[str], strategies: l
                 else f"{r['run_mib']:.0f} / {r['steady_mib']:.0f} MiB, {r['s_per_step']:.2f} s"
             )
         rows.append(f"| {model} | " + " | ".join(cells) + " |")
+    shared = {
+        s: max(r["shared_mib"] for (_, strategy), r in results.items() if strategy == s)
+        for s in strategies
+        if any(strategy == s and r.get("shared_mib", 0) >= 1 for (_, strategy), r in results.items())
+    }
+    if shared:
+        listed = ", ".join(f"{s} {mib:.0f} MiB" for s, mib in shared.items())
+        rows += ["", f"Shared memory (/dev/shm) mapped per rank, not in the cells: {listed}."]
     return rows
 
 
@@ -307,7 +324,7 @@ def main() -> None:
                 r = results[model, strategy]
                 print(
                     f"{model:10s} {strategy:14s} run {r['run_mib']:6.0f} MiB  "
-                    f"steady {r['steady_mib']:6.0f} MiB  "
+                    f"steady {r['steady_mib']:6.0f} MiB  shared {r['shared_mib']:4.0f} MiB  "
                     f"peak {r['peak_mib']:6.0f} MiB  rss {r['rss_mib']:6.0f} MiB  "
                     f"{r['s_per_step']:.3f} s/step  ({r['wall_s']:.0f} s)",
                     flush=True,

@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # As an activated venv would: its tools first on PATH for every process the tests start. DeepSpeed
+    # JIT-builds its CPU ops with the first `ninja` on PATH into one shared cache; with the system's
+    # ninja for some launches and the venv's for others (a launcher that puts its own bin dir first),
+    # each switch of ninja version discards the build log and rebuilds the op (~1 min each, 3-4 times
+    # per suite).
+    venv_bin = str(Path(sys.executable).parent)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != venv_bin:
+        os.environ["PATH"] = os.pathsep.join(filter(None, [venv_bin, os.environ.get("PATH")]))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -203,9 +203,16 @@ def test_deepspeed_and_torchrun_build_the_same_accelerator(launcher, reference_l
     port = str(free_port())
     cmd = [str(PYTHON_BIN / part) if i == 0 else part.format(port=port) for i, part in enumerate(launcher)]
     cmd += ["train", QUICKSTART, f"output_dir={run_dir}", *FEW_STEPS]
-    proc = run(
-        [*cmd, "--deepspeed-config", "configs/deepspeed/zero2.json"], {**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    try:
+        proc = run(
+            [*cmd, "--deepspeed-config", "configs/deepspeed/zero2.json"],
+            {**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    finally:
+        # DeepSpeed's launcher sets LOCAL_SIZE, so on a CPU each rank creates a 66 MiB shared-memory
+        # allreduce workspace that DeepSpeed never unlinks: /dev/shm (RAM) would keep it after the test.
+        for leftover in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+            leftover.unlink(missing_ok=True)
     assert "DeepSpeed ZeRO-2 on 2 CPU process(es)" in proc.stdout + proc.stderr
     assert losses(run_dir) == reference_losses
 

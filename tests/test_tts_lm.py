@@ -88,8 +88,8 @@ def test_tiny_config_trains_samples_and_exports_a_loadable_model(tmp_path, tiny_
 
     samples = sorted((run_dir / "samples").glob("step_*/sample_*.wav"))
     assert [p.relative_to(run_dir).as_posix() for p in samples] == [
-        "samples/step_40/sample_0.wav",  # two prompts, every 40 steps; the last step's round is that one
-        "samples/step_40/sample_1.wav",
+        "samples/step_24/sample_0.wav",  # two prompts, every 24 steps; the last step's round is that one
+        "samples/step_24/sample_1.wav",
     ]
     audio, rate = soundfile.read(samples[0])
     assert rate == 24000 and len(audio) > 2048

@@ -201,6 +201,43 @@ def test_alloc_counter_counts_memory_that_rss_does_not_see(alloc_counter):
     assert peak_end == peak_after  # freeing keeps the peak
 
 
+def test_alloc_counter_keeps_shared_memory_apart(alloc_counter):
+    """A /dev/shm segment (DeepSpeed's CPU allreduce workspace is one per rank) is transport mapped by
+    every rank that uses it: counted apart, while an anonymous mapping of the same size is counted."""
+    from framer_ds.lab.alloc_counter import preload_env
+
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm on this machine")
+    script = (
+        "import ctypes, mmap\n"
+        "from multiprocessing import shared_memory\n"
+        "lib = ctypes.CDLL(None)\n"
+        "lib.framer_alloc_live_bytes.restype = lib.framer_alloc_shared_bytes.restype = ctypes.c_int64\n"
+        "def now(): return lib.framer_alloc_live_bytes(), lib.framer_alloc_shared_bytes()\n"
+        "start = now()\n"
+        "segment = shared_memory.SharedMemory(create=True, size=64 * 2**20)\n"
+        "with_segment = now()\n"
+        "anonymous = mmap.mmap(-1, 64 * 2**20)\n"
+        "with_both = now()\n"
+        "anonymous.close(); segment.close(); segment.unlink()\n"
+        "print(*start, *with_segment, *with_both, *now())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=preload_env(alloc_counter),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    mib = [int(v) / 2**20 for v in done.stdout.split()]
+    (live0, shared0), (live1, shared1), (live2, shared2), (live3, shared3) = zip(
+        mib[::2], mib[1::2], strict=True
+    )
+    assert shared1 - shared0 == pytest.approx(64, abs=0.1) and live1 - live0 < 1
+    assert live2 - live1 == pytest.approx(64, abs=0.1) and shared2 == shared1
+    assert shared3 == shared0 and live3 - live0 < 1
+
+
 def test_without_the_counter_no_allocated_figure_is_made_up():
     from framer_ds.engine.metrics import memory_stats
 

@@ -7,6 +7,13 @@
  * arenas; not mere address-space reservations), in one atomic counter with its peak. Build and use:
  * framer_ds/lab/alloc_counter.py; framer_ds.engine.metrics reads the peak through the framer_alloc_*
  * symbols.
+ *
+ * POSIX shared memory (files on /dev/shm) is counted apart, in framer_alloc_shared_bytes: it is transport
+ * between processes, mapped by every process that uses it, so per-rank sums would count its pages once per
+ * rank. On a CPU it is DataLoader batches in flight and, under DeepSpeed's own launcher (which sets
+ * LOCAL_SIZE), DeepSpeed's shared-memory allreduce workspace (66 MiB per rank, mapped by every rank, used
+ * only by inference_all_reduce); on a GPU machine both are host memory, outside
+ * torch.cuda.max_memory_allocated.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -15,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -57,7 +65,8 @@ int posix_memalign(void **out, size_t align, size_t n) {
  * as mimalloc reserve 1 GiB that way and commit pages as they go). munmap subtracts what was counted for
  * a mapping starting at that address, so unmapping an uncounted reservation changes nothing. */
 #define SLOTS 65536
-static struct { uintptr_t addr; size_t len; } slots[SLOTS];
+static struct { uintptr_t addr; size_t len; int shared; } slots[SLOTS];
+static int64_t shared_bytes;
 static int slots_lock;
 
 static void lock(void) { while (__atomic_exchange_n(&slots_lock, 1, __ATOMIC_ACQUIRE)) {} }
@@ -65,44 +74,62 @@ static void unlock(void) { __atomic_store_n(&slots_lock, 0, __ATOMIC_RELEASE); }
 static size_t slot_of(uintptr_t addr) { return (size_t)((addr >> 12) * 0x9E3779B97F4A7C15ull) % SLOTS; }
 
 /* Call with the lock held; 0 when the table is full (the mapping then stays uncounted, not miscounted). */
-static int store(uintptr_t addr, size_t len) {
+static int store(uintptr_t addr, size_t len, int shared) {
   for (size_t i = slot_of(addr), n = 0; n < SLOTS; i = (i + 1) % SLOTS, n++) {
     if (slots[i].addr <= 1) { /* empty or a tombstone (1) left by munmap */
       slots[i].addr = addr;
       slots[i].len = len;
+      slots[i].shared = shared;
       return 1;
     }
   }
   return 0;
 }
 
-static void remember(uintptr_t addr, size_t len) {
+static void count(int64_t n, int shared) {
+  if (shared) __atomic_add_fetch(&shared_bytes, n, __ATOMIC_RELAXED);
+  else add(n);
+}
+
+static void remember(uintptr_t addr, size_t len, int shared) {
   lock();
-  int stored = store(addr, len);
+  int stored = store(addr, len, shared);
   unlock();
-  if (stored) add((int64_t)len);
+  if (stored) count((int64_t)len, shared);
 }
 
 static void forget(uintptr_t addr, size_t len) {
   size_t freed = 0;
+  int shared = 0;
   lock();
   for (size_t i = slot_of(addr), n = 0; n < SLOTS && slots[i].addr != 0; i = (i + 1) % SLOTS, n++) {
     if (slots[i].addr != addr) continue;
     size_t counted = slots[i].len;
+    shared = slots[i].shared;
     slots[i].addr = 1; /* tombstone keeps probe chains intact */
     slots[i].len = 0;
     freed = counted;
     /* A partial unmap leaves the tail mapped: keep counting it, re-keyed on its new start. */
-    if (len < counted && store(addr + len, counted - len)) freed = len;
+    if (len < counted && store(addr + len, counted - len, shared)) freed = len;
     break;
   }
   unlock();
-  add(-(int64_t)freed);
+  count(-(int64_t)freed, shared);
+}
+
+/* Whether `fd` is a file on the /dev/shm file system (shm_open, torch's shared tensors). */
+static int on_dev_shm(int fd) {
+  static dev_t shm_dev;
+  static int known; /* 0 unknown, 1 found, -1 no /dev/shm */
+  struct stat st;
+  if (!known) known = stat("/dev/shm", &st) == 0 ? (shm_dev = st.st_dev, 1) : -1;
+  return known == 1 && fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == shm_dev;
 }
 
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
   void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-  if (p != MAP_FAILED && prot != PROT_NONE && !(flags & MAP_NORESERVE)) remember((uintptr_t)p, len);
+  if (p != MAP_FAILED && prot != PROT_NONE && !(flags & MAP_NORESERVE))
+    remember((uintptr_t)p, len, (flags & MAP_SHARED) && on_dev_shm(fd));
   return p;
 }
 void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
@@ -115,5 +142,6 @@ int munmap(void *addr, size_t len) {
 }
 
 int64_t framer_alloc_live_bytes(void) { return __atomic_load_n(&live_bytes, __ATOMIC_RELAXED); }
+int64_t framer_alloc_shared_bytes(void) { return __atomic_load_n(&shared_bytes, __ATOMIC_RELAXED); }
 int64_t framer_alloc_peak_bytes(void) { return __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED); }
 void framer_alloc_reset_peak(void) { __atomic_store_n(&peak_bytes, __atomic_load_n(&live_bytes, __ATOMIC_RELAXED), __ATOMIC_RELAXED); }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -134,8 +135,9 @@ def _stop_the_launcher_only(tmp: Path, sig: signal.Signals) -> str:
     assert not alive, f"{len(alive)} rank(s) still running 90 s after the launcher got {sig.name}"
     _, err = launcher.communicate(timeout=30)  # the ranks wrote into the launcher's pipes
     # Each rank says why it stopped: its own signal, or "a stop signal on another rank" when the
-    # other rank's came first.
-    stopped = sorted({line.split(" after")[0] for line in err.splitlines() if line.startswith("stopped by")})
+    # other rank's came first. The ranks share the pipe, so one rank's message may land on the same
+    # line as the other's unfinished progress bar: search the text, not line starts.
+    stopped = sorted(set(re.findall(r"(stopped by .+?) after", err)))
     own = [line for line in stopped if "another rank" not in line]
     assert own, err[-3000:]
     marker = json.loads((run / "preempted.json").read_text())
