@@ -1,0 +1,193 @@
+"""Per-rank memory of one training step under each strategy, as named terms (what `framer-ds plan` adds up).
+
+Why our own model: DeepSpeed's estimators count frozen parameters as trainable (a LoRA looks like a full
+fine-tune) and leave out the buffers that decide whether a run fits - the reduce buckets, ZeRO-3's
+gathered working set, the step's temporary gradient copies. Each term below follows what DeepSpeed
+0.19 allocates (read from stage_1_and_2.py, stage3.py and partition_parameters.py), applied to what is
+TRAINED: frozen parameters cost their weights only, sharded or whole as the stage dictates.
+
+Symbols: T trainable and F frozen elements in the model that goes through `prepare`, H bytes of frozen
+helpers outside it (VAE, encoders: whole on every rank), N ranks, b bytes per element of the model
+dtype (2 in bf16/fp16, 4 in fp32), P = T / N the trainable partition, R the reduce bucket (elements),
+L the largest trainable parameter. A term lives on the device or on the host, and either for the whole
+run (persistent) or only in backward or in the optimizer step; the peak is the persistent terms plus
+the larger of the two phases. Activations are an input: they are measured, not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from framer_ds.config.zero_fields import MAX_LIVE, PERSISTENCE, REDUCE
+
+Where = Literal["device", "host"]
+Phase = Literal["persistent", "backward", "step"]
+
+FP32 = 4
+ADAM_STATES = 2  # exp_avg and exp_avg_sq, fp32 each
+STRATEGIES = ("ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp")
+
+
+@dataclass(frozen=True)
+class ParameterCensus:
+    """Element counts of the model that goes through `prepare`, and the bytes of frozen helpers beside it."""
+
+    trainable: int
+    frozen: int
+    largest_trainable: int
+    persistent_small: int = 0
+    """Elements of the parameters at or below ZeRO-3's persistence threshold (kept whole on every rank)."""
+    helper_bytes: int = 0
+    frozen_bytes_per_element: int = FP32
+    """DDP keeps frozen weights in the dtype the task loaded them in; DeepSpeed casts them to the model
+    dtype."""
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    where: Where
+    phase: Phase
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    strategy: str
+    terms: tuple[Term, ...]
+
+    def peak(self, where: Where = "device") -> int:
+        """Persistent terms plus the larger phase (backward with the activations, or the optimizer step)."""
+        parts = {"persistent": 0, "backward": 0, "step": 0}
+        for term in self.terms:
+            if term.where == where:
+                parts[term.phase] += term.bytes
+        return parts["persistent"] + max(parts["backward"], parts["step"])
+
+    def by_name(self) -> dict[str, int]:
+        return {term.name: term.bytes for term in self.terms}
+
+
+def model_element_bytes(mixed_precision: str) -> int:
+    return 2 if mixed_precision in ("bf16", "fp16") else FP32
+
+
+def estimate(
+    strategy: str,
+    census: ParameterCensus,
+    world_size: int,
+    mixed_precision: str,
+    activation_bytes: int,
+    zero: Mapping[str, Any] | None = None,
+) -> MemoryEstimate:
+    """The terms of `strategy` on each of `world_size` ranks. `zero` is the resolved `zero_optimization`
+    section (numbers, not "auto": engine.zero_buffers resolves them from the same census)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    zero = dict(zero or {})
+    common = [
+        Term("activations", activation_bytes, "device", "backward"),
+        Term("frozen helpers", census.helper_bytes, "device", "persistent"),
+    ]
+    if strategy == "ddp":
+        terms = _ddp(census, mixed_precision)
+    elif strategy.startswith("zero2"):
+        terms = _zero2(
+            census, world_size, model_element_bytes(mixed_precision), zero, strategy.endswith("offload")
+        )
+    else:
+        terms = _zero3(census, world_size, model_element_bytes(mixed_precision), zero, strategy)
+    return MemoryEstimate(strategy, tuple(t for t in (*common, *terms) if t.bytes > 0))
+
+
+def _ddp(census: ParameterCensus, mixed_precision: str) -> list[Term]:
+    """accelerate's DDP keeps fp32 weights and gradients (the gradients are views into the all-reduce
+    buckets, gradient_as_bucket_view) and fused AdamW's two states; autocast caches a bf16/fp16 copy of
+    every trainable weight it casts, from forward to the end of backward."""
+    t = census.trainable
+    autocast = model_element_bytes(mixed_precision) if mixed_precision in ("bf16", "fp16") else 0
+    return [
+        Term("trainable weights (fp32)", FP32 * t, "device", "persistent"),
+        Term("frozen weights", census.frozen_bytes_per_element * census.frozen, "device", "persistent"),
+        Term("gradients (fp32, in the DDP buckets)", FP32 * t, "device", "persistent"),
+        Term("optimizer states (fp32 Adam)", ADAM_STATES * FP32 * t, "device", "persistent"),
+        Term("autocast weight copies", autocast * t, "device", "backward"),
+    ]
+
+
+def _zero2(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], offload: bool) -> list[Term]:
+    """ZeRO-2: every rank keeps the whole model in b; the fp32 master copy (a clone even in fp32 training),
+    the gradients and the Adam states are partitioned. The reduce buckets exist during backward, two of
+    them with overlap_comm and contiguous gradients (which offload forces on). With the optimizer offloaded,
+    master, fp32 gradients, a b staging copy and the states live on the host."""
+    t, p = census.trainable, _ceil_div(census.trainable, n)
+    bucket = int(zero.get(REDUCE, 0))
+    contiguous = offload or zero.get("contiguous_gradients", True)
+    buckets = (2 if zero.get("overlap_comm", False) and contiguous else 1) * bucket * b if contiguous else 0
+    optimizer: Where = "host" if offload else "device"
+    terms = [
+        Term("trainable weights", b * t, "device", "persistent"),
+        Term("frozen weights", b * census.frozen, "device", "persistent"),
+        Term("fp32 master partition", FP32 * p, optimizer, "persistent"),
+        Term("optimizer states partition (fp32 Adam)", ADAM_STATES * FP32 * p, optimizer, "persistent"),
+        Term("reduce buckets", buckets, "device", "backward"),
+        Term("a parameter's gradient before bucketing", b * census.largest_trainable, "device", "backward"),
+    ]
+    if offload:
+        terms += [
+            Term("fp32 gradient partition", FP32 * p, "host", "persistent"),
+            Term("gradient staging copy", b * p, "host", "persistent"),
+            Term("offload transfer buffer", b * census.largest_trainable, "device", "persistent"),
+            Term("offload transfer buffer", b * census.largest_trainable, "host", "persistent"),
+        ]
+    else:
+        cast = FP32 * p if b != FP32 else 0  # .to(fp32) of an fp32 tensor is the tensor itself
+        terms += [
+            Term("gradient partition", b * p, "device", "persistent"),
+            Term("flattened gradient partition", b * p, "device", "step"),
+            Term("fp32 gradient partition", cast, "device", "step"),
+        ]
+    return terms
+
+
+def _zero3(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], strategy: str) -> list[Term]:
+    """ZeRO-3: every parameter, frozen ones too, is partitioned; small ones (persistence threshold) stay
+    whole on every rank; the parameters of the running module and what prefetch and reuse keep (at most
+    max_live elements) are gathered in b. One reduce bucket and the b gradient partition exist from the
+    start. The fp32 master aliases the partition when training in fp32 on the device. zero3_offload (the
+    shipped JSON) offloads parameters and optimizer; zeropp adds hpZ's secondary partition (1/h of the
+    model per rank, `zero_hpz_partition_size` h)."""
+    t, f = census.trainable, census.frozen
+    total, p = t + f, _ceil_div(t, n)
+    offload_opt = bool(zero.get("offload_optimizer", {}).get("device") in ("cpu", "nvme"))
+    offload_par = bool(zero.get("offload_param", {}).get("device") in ("cpu", "nvme"))
+    if strategy == "zero3_offload":
+        offload_opt = offload_par = True
+    optimizer: Where = "host" if offload_opt else "device"
+    params: Where = "host" if offload_par else "device"
+    live = min(int(zero.get(MAX_LIVE, total)), total)
+    persistent = census.persistent_small if int(zero.get(PERSISTENCE, 0)) > 0 else 0
+    master = FP32 * p if (b != FP32 or offload_opt or offload_par) else 0
+    cast = FP32 * p if b != FP32 else 0
+    bucket = b * int(zero.get(REDUCE, 0)) if zero.get("contiguous_gradients", True) else 0
+    hpz = int(zero.get("zero_hpz_partition_size", 1))
+    secondary = b * _ceil_div(total, hpz) if hpz > 1 else 0
+    return [
+        Term("trainable weights partition", b * p, params, "persistent"),
+        Term("frozen weights partition", b * _ceil_div(f, n), params, "persistent"),
+        Term("persistent small parameters (whole)", b * persistent, "device", "persistent"),
+        Term("gathered parameters (max live)", b * live, "device", "backward"),
+        Term("gradient partition", b * p, optimizer, "persistent"),
+        Term("reduce bucket", bucket, "device", "persistent"),
+        Term("fp32 master partition", master, optimizer, "persistent"),
+        Term("optimizer states partition (fp32 Adam)", ADAM_STATES * FP32 * p, optimizer, "persistent"),
+        Term("flattened gradient partition", b * p, optimizer, "step"),
+        Term("fp32 gradient partition", cast, optimizer, "step"),
+        Term("hpZ secondary partition", secondary, "device", "persistent"),
+    ]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // max(b, 1))
