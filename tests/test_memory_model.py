@@ -78,11 +78,12 @@ def test_zeropp_adds_the_secondary_partition_of_the_whole_model():
     assert peak("zeropp", hpz) - peak("zero3", ZERO3) == 2 * 4_000_000 // 2
 
 
-def test_fp32_zero3_master_is_the_partition_itself_and_lora_pays_no_optimizer_for_frozen():
+def test_lora_pays_optimizer_and_master_for_the_trained_part_only():
     lora = ParameterCensus(trainable=10_000, frozen=1_000_000, largest_trainable=4_096)
     terms = estimate("zero3", lora, 2, "no", 0, ZERO3).by_name()
-    assert "fp32 master partition" not in terms  # aliases the fp32 partition
+    assert terms["fp32 master partition"] == 4 * 5_000  # a copy even in fp32 (measured)
     assert terms["optimizer states partition (fp32 Adam)"] == 8 * 5_000
+    assert terms["frozen weights partition"] == 4 * 500_000
     assert estimate("ddp", lora, 2, "no", 0).by_name()["optimizer states (fp32 Adam)"] == 8 * 10_000
 
 
