@@ -9,6 +9,8 @@ import platform
 import resource
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,37 @@ def _deepspeed_ops() -> dict[str, bool] | str:
         return {name: bool(builder.is_compatible(verbose=False)) for name, builder in builders.items()}
     except Exception as exc:  # a report: any failure is information, not a crash
         return f"unknown ({type(exc).__name__}: {exc})"
+
+
+def _ninja_version(binary: Path | str | None) -> str | None:
+    if binary is None:
+        return None
+    try:
+        done = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+def ninja_report(path: str | None = None, python: str = sys.executable) -> dict[str, Any]:
+    """The ninja DeepSpeed's JIT op builds run (the first on PATH) and the one installed beside this
+    Python. Why: when some launches find one and others the other (a launcher that puts its own bin
+    directory first, an unactivated venv), each version discards the other's build log in the shared
+    torch_extensions cache and every op is rebuilt, ~1 minute each, job after job."""
+    first = shutil.which("ninja", path=path)
+    beside = Path(python).parent / "ninja"
+    report: dict[str, Any] = {"on_path": first, "version": _ninja_version(first), "warning": None}
+    if beside.is_file() and (first is None or Path(first).resolve() != beside.resolve()):
+        own = _ninja_version(beside)
+        if own != report["version"]:
+            report["warning"] = (
+                f"{beside} ({own}) is not the ninja on PATH ({first or 'none'}, {report['version'] or '-'}): "
+                f"DeepSpeed rebuilds its ops whenever launches alternate between them; put {beside.parent} "
+                "first on PATH (activate the venv) in the job script"
+            )
+    return report
 
 
 def _devices() -> list[dict[str, Any]]:
@@ -95,6 +128,7 @@ def machine_report(output_dir: Path | None) -> dict[str, Any]:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda and torch.cuda.is_available() else None,
         "gpus": _devices(),
         "deepspeed_ops": _deepspeed_ops() if _version("deepspeed") else "deepspeed not installed",
+        "ninja": ninja_report(),
         "locked_memory_limit": _locked_memory_limit(),
         "free_disk_gib": {str(disk_root): round(shutil.disk_usage(disk_root).free / 2**30, 1)},
         "cpu_count": os.cpu_count(),
@@ -112,8 +146,12 @@ def format_machine_report(report: dict[str, Any]) -> str:
         f"CUDA {report['cuda'] or '-'}, cuDNN {report['cudnn'] or '-'}, NCCL {report['nccl'] or '-'}",
         f"GPUs: {gpus}",
         f"DeepSpeed ops buildable: {report['deepspeed_ops']}",
+        f"ninja (builds DeepSpeed's ops): {report['ninja']['on_path'] or 'none'} "
+        f"{report['ninja']['version'] or ''}".rstrip(),
         f"locked-memory limit (ulimit -l): {report['locked_memory_limit']}",
         "free disk: " + ", ".join(f"{k} {v} GiB" for k, v in report["free_disk_gib"].items()),
         f"accelerate default config: {report['accelerate_default_config']}",
     ]
+    if report["ninja"]["warning"]:
+        lines.append(f"warning: {report['ninja']['warning']}")
     return "\n".join(lines)
