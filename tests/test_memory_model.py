@@ -30,10 +30,8 @@ ZERO3 = {
 ACTIVATIONS = 100_000_000
 
 
-def peak(
-    strategy: str, zero: dict | None = None, where: str = "device", census=CENSUS, precision="bf16"
-) -> int:
-    return estimate(strategy, census, 2, precision, ACTIVATIONS, zero).peak(where)  # type: ignore[arg-type]
+def peak(strategy: str, zero: dict | None = None, where: str = "device") -> int:
+    return estimate(strategy, CENSUS, 2, "bf16", ACTIVATIONS, zero).peak(where)  # type: ignore[arg-type]
 
 
 def test_ddp_keeps_fp32_weights_gradients_and_states_of_what_is_trained_only():

@@ -173,11 +173,23 @@ def alloc_counter(tmp_path_factory) -> Path:
     return build_alloc_counter(tmp_path_factory.mktemp("alloc_counter"))
 
 
+def stdout_with_counter(alloc_counter: Path, script: str) -> str:
+    """What `script` prints when run in a fresh Python with the allocation counter preloaded."""
+    from framer_ds.lab.alloc_counter import preload_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=preload_env(alloc_counter),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
 def test_alloc_counter_counts_memory_that_rss_does_not_see(alloc_counter):
     """A 512 MiB tensor that is never touched: RSS barely moves, allocated bytes show all of it; the
     metrics line reads the same counter (memory/max_allocated_gb)."""
-    from framer_ds.lab.alloc_counter import preload_env
-
     script = (
         "import torch, psutil\n"
         "from framer_ds.engine.metrics import memory_stats\n"
@@ -188,14 +200,8 @@ def test_alloc_counter_counts_memory_that_rss_does_not_see(alloc_counter):
         "print(before['memory/max_allocated_gb'], after['memory/max_allocated_gb'],"
         " before['memory/rss_gb'], after['memory/rss_gb'], memory_stats()['memory/max_allocated_gb'])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=preload_env(alloc_counter),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    peak_before, peak_after, rss_before, rss_after, peak_end = map(float, done.stdout.split())
+    stdout = stdout_with_counter(alloc_counter, script)
+    peak_before, peak_after, rss_before, rss_after, peak_end = map(float, stdout.split())
     assert peak_after - peak_before == pytest.approx(0.5, abs=0.01)
     assert rss_after - rss_before < 0.05
     assert peak_end == peak_after  # freeing keeps the peak
@@ -204,8 +210,6 @@ def test_alloc_counter_counts_memory_that_rss_does_not_see(alloc_counter):
 def test_alloc_counter_keeps_shared_memory_apart(alloc_counter):
     """A /dev/shm segment (DeepSpeed's CPU allreduce workspace is one per rank) is transport mapped by
     every rank that uses it: counted apart, while an anonymous mapping of the same size is counted."""
-    from framer_ds.lab.alloc_counter import preload_env
-
     if not Path("/dev/shm").is_dir():
         pytest.skip("no /dev/shm on this machine")
     script = (
@@ -222,14 +226,8 @@ def test_alloc_counter_keeps_shared_memory_apart(alloc_counter):
         "anonymous.close(); segment.close(); segment.unlink()\n"
         "print(*start, *with_segment, *with_both, *now())\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=preload_env(alloc_counter),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    mib = [int(v) / 2**20 for v in done.stdout.split()]
+    stdout = stdout_with_counter(alloc_counter, script)
+    mib = [int(v) / 2**20 for v in stdout.split()]
     (live0, shared0), (live1, shared1), (live2, shared2), (live3, shared3) = zip(
         mib[::2], mib[1::2], strict=True
     )

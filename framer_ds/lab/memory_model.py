@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framer_ds.config.zero_fields import MAX_LIVE, PERSISTENCE, REDUCE
+from framer_ds.config.zero_fields import MAX_LIVE, PERSISTENCE, REDUCE, bucket_bytes, element_bytes
 
 Where = Literal["device", "host"]
 Phase = Literal["persistent", "backward", "step"]
@@ -70,10 +70,6 @@ class MemoryEstimate:
         return {term.name: term.bytes for term in self.terms}
 
 
-def model_element_bytes(mixed_precision: str) -> int:
-    return 2 if mixed_precision in ("bf16", "fp16") else FP32
-
-
 def estimate(
     strategy: str,
     census: ParameterCensus,
@@ -94,11 +90,9 @@ def estimate(
     if strategy == "ddp":
         terms = _ddp(census, mixed_precision)
     elif strategy.startswith("zero2"):
-        terms = _zero2(
-            census, world_size, model_element_bytes(mixed_precision), zero, strategy.endswith("offload")
-        )
+        terms = _zero2(census, world_size, element_bytes(mixed_precision), zero, strategy.endswith("offload"))
     else:
-        terms = _zero3(census, world_size, model_element_bytes(mixed_precision), zero, strategy)
+        terms = _zero3(census, world_size, element_bytes(mixed_precision), zero, strategy)
     return MemoryEstimate(strategy, tuple(t for t in (*common, *terms) if t.bytes > 0))
 
 
@@ -107,7 +101,7 @@ def _ddp(census: ParameterCensus, mixed_precision: str) -> list[Term]:
     buckets, gradient_as_bucket_view) and fused AdamW's two states; autocast caches a bf16/fp16 copy of
     every trainable weight it casts, from forward to the end of backward."""
     t = census.trainable
-    autocast = model_element_bytes(mixed_precision) if mixed_precision in ("bf16", "fp16") else 0
+    autocast = element_bytes(mixed_precision) if mixed_precision in ("bf16", "fp16") else 0
     return [
         Term("trainable weights (fp32)", FP32 * t, "device", "persistent"),
         Term("frozen weights", census.frozen_bytes_per_element * census.frozen, "device", "persistent"),
@@ -123,16 +117,13 @@ def _zero2(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], off
     them with overlap_comm and contiguous gradients (which offload forces on). With the optimizer offloaded,
     master, fp32 gradients, a b staging copy and the states live on the host."""
     t, p = census.trainable, _ceil_div(census.trainable, n)
-    bucket = int(zero.get(REDUCE, 0))
-    contiguous = offload or zero.get("contiguous_gradients", True)
-    buckets = (2 if zero.get("overlap_comm", False) and contiguous else 1) * bucket * b if contiguous else 0
     optimizer: Where = "host" if offload else "device"
     terms = [
         Term("trainable weights", b * t, "device", "persistent"),
         Term("frozen weights", b * census.frozen, "device", "persistent"),
         Term("fp32 master partition", FP32 * p, optimizer, "persistent"),
         Term("optimizer states partition (fp32 Adam)", ADAM_STATES * FP32 * p, optimizer, "persistent"),
-        Term("reduce buckets", buckets, "device", "backward"),
+        Term("reduce buckets", _reduce_buckets({**zero, "stage": 2}, b, offload), "device", "backward"),
         Term("a parameter's gradient before bucketing", b * census.largest_trainable, "device", "backward"),
     ]
     if offload:
@@ -157,9 +148,9 @@ def _zero3(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], str
     whole on every rank; the parameters of the running module and what prefetch and reuse keep (at most
     max_live elements) are gathered in b. One reduce bucket and the b gradient partition exist from the
     start. The fp32 master is a copy even when training in fp32 (measured on ViT-B: 163 MiB per rank beside
-    the 163 MiB fp32 partition at 2 ranks). zero3_offload (the
-    shipped JSON) offloads parameters and optimizer; zeropp adds hpZ's secondary partition (1/h of the
-    model per rank, `zero_hpz_partition_size` h)."""
+    the 163 MiB fp32 partition at 2 ranks). zero3_offload (the shipped JSON) offloads parameters and
+    optimizer; zeropp adds hpZ's secondary partition (1/h of the model per rank,
+    `zero_hpz_partition_size` h)."""
     t, f = census.trainable, census.frozen
     total, p = t + f, _ceil_div(t, n)
     offload_opt = bool(zero.get("offload_optimizer", {}).get("device") in ("cpu", "nvme"))
@@ -171,7 +162,6 @@ def _zero3(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], str
     live = min(int(zero.get(MAX_LIVE, total)), total)
     persistent = census.persistent_small if int(zero.get(PERSISTENCE, 0)) > 0 else 0
     cast = FP32 * p if b != FP32 else 0
-    bucket = b * int(zero.get(REDUCE, 0)) if zero.get("contiguous_gradients", True) else 0
     hpz = int(zero.get("zero_hpz_partition_size", 1))
     secondary = b * _ceil_div(total, hpz) if hpz > 1 else 0
     return [
@@ -180,13 +170,21 @@ def _zero3(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], str
         Term("persistent small parameters (whole)", b * persistent, "device", "persistent"),
         Term("gathered parameters (max live)", b * live, "device", "backward"),
         Term("gradient partition", b * p, optimizer, "persistent"),
-        Term("reduce bucket", bucket, "device", "persistent"),
+        Term("reduce bucket", _reduce_buckets({**zero, "stage": 3}, b, offload_opt), "device", "persistent"),
         Term("fp32 master partition", FP32 * p, optimizer, "persistent"),
         Term("optimizer states partition (fp32 Adam)", ADAM_STATES * FP32 * p, optimizer, "persistent"),
         Term("flattened gradient partition", b * p, optimizer, "step"),
         Term("fp32 gradient partition", cast, optimizer, "step"),
         Term("hpZ secondary partition", secondary, "device", "persistent"),
     ]
+
+
+def _reduce_buckets(zero: Mapping[str, Any], b: int, offload: bool) -> int:
+    """The reduce buckets' bytes (zero_fields.bucket_bytes: two with overlap_comm in ZeRO-1/2, one in
+    ZeRO-3); DeepSpeed allocates them only with contiguous gradients, which optimizer offload forces on."""
+    if not (offload or zero.get("contiguous_gradients", True)):
+        return 0
+    return bucket_bytes({**zero, "contiguous_gradients": True}, int(zero.get(REDUCE, 0)), b)
 
 
 def _ceil_div(a: int, b: int) -> int:
