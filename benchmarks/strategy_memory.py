@@ -29,87 +29,17 @@ import datetime as dt
 import json
 import os
 import platform
-import resource
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from framer_ds.lab.measure import measure_launch, measurement_env
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## strategy_memory"
 STRATEGIES = ("plain", "ddp", "zero2", "zero2_offload", "zero3", "zero3_offload")
 MODELS = ("vit_85m", "unet_lora", "tiny_lora")
-WORKER = "worker"
-
-
-# --- the worker: one rank of one training run ----------------------------------------------------------
-
-
-def _readers():
-    """(peak bytes so far, bytes allocated now, reset the peak to now, shared-memory bytes mapped now) for
-    this process."""
-    import ctypes
-
-    import torch
-
-    if torch.cuda.is_available():
-        return (
-            torch.cuda.max_memory_allocated,
-            torch.cuda.memory_allocated,
-            torch.cuda.reset_peak_memory_stats,
-            lambda: 0,
-        )
-    try:
-        counter = ctypes.CDLL(None)
-        peak, live, reset, shared = (
-            counter.framer_alloc_peak_bytes,
-            counter.framer_alloc_live_bytes,
-            counter.framer_alloc_reset_peak,
-            counter.framer_alloc_shared_bytes,
-        )
-    except AttributeError:
-        sys.exit(
-            "strategy_memory worker: the allocation counter is not preloaded (run the benchmark, not this)"
-        )
-    peak.restype = live.restype = shared.restype = ctypes.c_int64
-    return peak, live, reset, shared
-
-
-def run_worker(config_path: Path, out_dir: Path) -> None:
-    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes, shared-memory
-    bytes) to out_dir, with the bytes allocated before training starts (imports: torch, accelerate,
-    transformers, deepspeed)."""
-    import contextlib
-
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    from framer_ds.tasks.run_config import load_run_config
-    from framer_ds.train.loop import run_training
-
-    with contextlib.suppress(ImportError):
-        import deepspeed  # noqa: F401  (imported by every strategy, so the baseline is the same)
-    peak, live, reset, shared = _readers()
-    baseline = live()
-    steps: list[tuple[float, int, int]] = []
-
-    def after_step(*_: object) -> None:
-        steps.append((time.perf_counter(), peak(), shared()))
-        if len(steps) == 1:
-            reset()  # from here on the peak is the steady state: steps 2..N, start-up excluded
-
-    handle = register_optimizer_step_post_hook(after_step)
-    run_training(load_run_config(config_path))
-    handle.remove()
-    rank = int(os.environ.get("RANK", "0"))
-    record = {
-        "rank": rank,
-        "steps": steps,
-        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "baseline_bytes": baseline,
-    }
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
 
 
 # --- the driver ----------------------------------------------------------------------------------------
@@ -203,54 +133,20 @@ def measure(model: str, strategy: str, code: Path, work: Path, steps: int, proce
     config["output_dir"] = str(run_dir / "out")
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *launch_args(strategy, code, processes),
-        "--main_process_port",
-        str(29500 + os.getpid() % 1000),
-        str(Path(__file__).resolve()),
-        WORKER,
-        str(config_path),
-        str(run_dir),
-    ]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{model} / {strategy} failed ({shlex.join(command)}):\n{done.stderr[-4000:]}")
-    ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.json"))]
-    # steps[0] holds the peak of start-up + step 1; steps[-1] the peak of steps 2..N (reset after step 1)
-    whole = max(max(p for _, p, _ in r["steps"]) - r["baseline_bytes"] for r in ranks)
-    steady = max(r["steps"][-1][1] - r["baseline_bytes"] for r in ranks)
-    peak = max(max(p for _, p, _ in r["steps"]) for r in ranks)
-    shared = max(s for r in ranks for _, _, s in r["steps"])
-    stamps = [t for t, _, _ in ranks[0]["steps"]]
-    if len(stamps) != steps:
-        raise RuntimeError(f"{model} / {strategy}: {len(stamps)} optimizer-step hooks for {steps} steps")
-    timed = stamps[2:]  # the first two steps warm up allocators and DeepSpeed's buffers
+    port = 29500 + os.getpid() % 1000
+    found = measure_launch(config_path, [], launch_args(strategy, code, processes), run_dir, env, code, port)
+    if found.steps != steps:
+        raise RuntimeError(f"{model} / {strategy}: {found.steps} optimizer-step hooks for {steps} steps")
     return {
-        "peak_mib": peak / 2**20,
-        "run_mib": whole / 2**20,
-        "steady_mib": steady / 2**20,
-        "shared_mib": shared / 2**20,
-        "rss_mib": max(r["max_rss_bytes"] for r in ranks) / 2**20,
-        "s_per_step": (timed[-1] - timed[0]) / max(len(timed) - 1, 1),
-        "wall_s": time.perf_counter() - started,
-        "processes": len(ranks),
+        "peak_mib": found.peak_bytes / 2**20,
+        "run_mib": found.run_bytes / 2**20,
+        "steady_mib": found.steady_bytes / 2**20,
+        "shared_mib": found.shared_bytes / 2**20,
+        "rss_mib": found.rss_bytes / 2**20,
+        "s_per_step": found.s_per_step,
+        "wall_s": found.wall_s,
+        "processes": found.processes,
     }
-
-
-def launch_env(code: Path, cache: Path) -> dict:
-    import torch
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FRAMER_DS_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH", "")]))
-    if not torch.cuda.is_available():
-        from framer_ds.lab.alloc_counter import build_alloc_counter, preload_env
-
-        env = preload_env(build_alloc_counter(cache), env)
-    return env
 
 
 def machine() -> str:
@@ -294,9 +190,6 @@ def table(results: dict[tuple[str, str], dict], models: list[str], strategies: l
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == WORKER:
-        run_worker(Path(sys.argv[2]), Path(sys.argv[3]))
-        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {MODELS}")
     parser.add_argument(
@@ -314,7 +207,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="strategy_memory_") as tmp:
         work = Path(tmp)
         cache = Path(os.environ.get("FRAMER_DS_CACHE", Path.home() / ".cache" / "framer_ds"))
-        env = launch_env(code, cache)
+        env = measurement_env(cache, pythonpath=code)
         results: dict[tuple[str, str], dict] = {}
         for model in models:
             for strategy in strategies:

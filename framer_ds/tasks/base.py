@@ -131,6 +131,12 @@ class Task(ABC):
     def collate_fn(self) -> Callable[[list[Any]], Any] | None:
         return None
 
+    def frozen_helpers(self) -> list[torch.nn.Module]:
+        """Frozen models outside the trained one that stay on every device through training (a VAE and an
+        image encoder when latents are not cached). `framer-ds plan` counts them, calling this inside
+        `engine.pretrained.empty_weights()`, so load them with `load_pretrained`."""
+        return []
+
     def setup_frozen(self, accelerator: Accelerator) -> None:
         """Move frozen helpers (VAE, encoders) to the device; they never go through `prepare`.
         Called on every rank before `precompute` and before the trainable model is built."""

@@ -22,6 +22,7 @@ from framer_ds.data.image_folder import (
     scan_image_folder,
 )
 from framer_ds.engine.export import save_pretrained_gathered
+from framer_ds.engine.pretrained import build_fresh, load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import SampleCommandOptions, Task
 from framer_ds.tasks.registry import register_task
@@ -214,11 +215,12 @@ class VitClassificationTask(Task):
         pretrained = self.config.model.pretrained_model_name_or_path
         if pretrained is not None:
             # A new classifier head when the label count differs (ImageNet-1k -> Food-101).
-            model = ViTForImageClassification.from_pretrained(
-                pretrained, ignore_mismatched_sizes=True, **labels
+            model = load_pretrained(
+                ViTForImageClassification, pretrained, config_overrides=labels, ignore_mismatched_sizes=True
             )
         else:
-            model = ViTForImageClassification(ViTConfig(**{**self.config.model.config, **labels}))
+            arch = ViTConfig(**{**self.config.model.config, **labels})
+            model = build_fresh(lambda: ViTForImageClassification(arch))
         if self.config.train.gradient_checkpointing:
             enable = (
                 getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable

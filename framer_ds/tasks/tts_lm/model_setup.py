@@ -13,6 +13,7 @@ import torch
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.audio_tokens import AudioTokenLayout
 from framer_ds.data.token_sequences import SpecialTokens
+from framer_ds.engine.pretrained import build_fresh, building_empty, load_pretrained
 from framer_ds.tasks.tts_lm import vocabulary
 from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts, tiny_root
 
@@ -127,18 +128,21 @@ def _load_base(config, assets: TtsAssets) -> torch.nn.Module:
 
     attention = {"attn_implementation": config.model.attn_implementation}
     if assets.model_dir is not None:
-        return AutoModelForCausalLM.from_pretrained(assets.model_dir, **attention)
+        return load_pretrained(AutoModelForCausalLM, assets.model_dir, **attention)
     fresh = dict(assets.model_config)
     model_config = AutoConfig.for_model(fresh.pop("model_type"), **fresh, vocab_size=len(assets.tokenizer))
     torch.manual_seed(config.train.seed)
-    return AutoModelForCausalLM.from_config(model_config, **attention)
+    return build_fresh(lambda: AutoModelForCausalLM.from_config(model_config, **attention))
 
 
 def resized_base(config, assets: TtsAssets) -> torch.nn.Module:
     """The base model with embedding rows for every token of the extended tokenizer."""
     model = _load_base(config, assets)
     if model.get_input_embeddings().num_embeddings < len(assets.tokenizer):
-        model.resize_token_embeddings(len(assets.tokenizer), pad_to_multiple_of=EMBEDDING_MULTIPLE)
+        # Mean-initialised new rows (transformers' default); a meta model has no values to average.
+        model.resize_token_embeddings(
+            len(assets.tokenizer), pad_to_multiple_of=EMBEDDING_MULTIPLE, mean_resizing=not building_empty()
+        )
     model.config.pad_token_id = assets.special.pad
     return model
 

@@ -26,6 +26,7 @@ from framer_ds.diffusion import edm
 from framer_ds.engine.accelerator import frozen_model_init
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
+from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.engine.rng import isolated_seed
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import Task
@@ -142,7 +143,7 @@ class VideoLoraTask(Task):
     def build_model(self) -> torch.nn.Module:
         from diffusers import UNetSpatioTemporalConditionModel
 
-        unet = UNetSpatioTemporalConditionModel.from_pretrained(self.svd_path(), subfolder="unet")
+        unet = load_pretrained(UNetSpatioTemporalConditionModel, self.svd_path(), subfolder="unet")
         interpolation = self.config.model.mode == "interpolation"
         if interpolation:
             widen_conv_in(unet)
@@ -158,17 +159,23 @@ class VideoLoraTask(Task):
         if not self.config.data.cache.enabled:
             self._frozen_on_device()
 
-    def _frozen_on_device(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+    def frozen_helpers(self) -> list[torch.nn.Module]:
+        """With the latent cache on they are on the device only to fill it and to draw samples."""
+        return [] if self.config.data.cache.enabled else list(self._load_frozen())
+
+    def _load_frozen(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         from diffusers import AutoencoderKLTemporalDecoder
         from transformers import CLIPVisionModelWithProjection
 
+        vae = load_pretrained(AutoencoderKLTemporalDecoder, self.svd_path(), subfolder="vae")
+        encoder = load_pretrained(CLIPVisionModelWithProjection, self.svd_path(), subfolder="image_encoder")
+        return vae, encoder
+
+    def _frozen_on_device(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         accelerator = self.accelerator
         if self.vae is None:
             with frozen_model_init(accelerator):  # frozen helpers must not be partitioned by ZeRO-3
-                vae = AutoencoderKLTemporalDecoder.from_pretrained(self.svd_path(), subfolder="vae")
-                encoder = CLIPVisionModelWithProjection.from_pretrained(
-                    self.svd_path(), subfolder="image_encoder"
-                )
+                vae, encoder = self._load_frozen()
             for module in (vae, encoder):
                 module.requires_grad_(False).eval()
             self.vae, self.image_encoder = vae, encoder

@@ -1,0 +1,55 @@
+"""Count what a config trains, exactly, without reading a weight file: the planner's first input.
+
+Why through the task: the count must be the model training builds - LoRA adapters, a widened input
+conv, resized embeddings - and only the task knows those steps. `task.build_model()` runs inside
+`engine.pretrained.empty_weights()`, so checkpoints contribute their config.json and nothing else,
+and every parameter is a meta tensor (no memory, any size of model on a laptop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from framer_ds.config.zero_fields import element_bytes
+from framer_ds.engine.pretrained import empty_weights
+from framer_ds.engine.zero_buffers import ParameterSizes, persistence_threshold
+from framer_ds.lab.memory_model import ParameterCensus
+from framer_ds.tasks.base import Task
+from framer_ds.tasks.registry import get_task_class
+from framer_ds.tasks.run_config import load_run_config
+
+
+def census_of(model: torch.nn.Module, helpers: Sequence[torch.nn.Module] = (), mixed_precision: str = "no"):
+    """The element counts the memory model needs; helpers are counted in the training compute dtype."""
+    sizes = ParameterSizes.of(model)
+    parameters = list(model.parameters())  # tied weights once
+    trainable = [p.numel() for p in parameters if p.requires_grad]
+    frozen = [p for p in parameters if not p.requires_grad]
+    threshold = persistence_threshold(sizes.numels, sizes.total)
+    helper_elements = sum(p.numel() for helper in helpers for p in helper.parameters())
+    return ParameterCensus(
+        trainable=sizes.trainable,
+        frozen=sizes.total - sizes.trainable,
+        largest_trainable=max(trainable, default=0),
+        persistent_small=sum(n for n in sizes.numels if n <= threshold) if threshold else 0,
+        helper_bytes=helper_elements * element_bytes(mixed_precision),
+        frozen_bytes_per_element=frozen[0].element_size() if frozen else 4,
+    )
+
+
+def task_census(task: Task) -> ParameterCensus:
+    """The census of the model `task` trains, built on the meta device after `prepare_data` (as training
+    does: the built-in data and tiny models are made there, and a classifier's head needs its classes)."""
+    task.prepare_data()
+    with empty_weights():
+        model = task.build_model()
+        helpers = task.frozen_helpers()
+    return census_of(model, helpers, task.config.train.mixed_precision)
+
+
+def config_census(config_path: Path | str, overrides: Sequence[str] = ()) -> ParameterCensus:
+    config = load_run_config(config_path, overrides)
+    return task_census(get_task_class(config.task)(config))

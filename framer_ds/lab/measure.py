@@ -1,0 +1,179 @@
+"""Measure a real training run: per-rank peak ALLOCATED memory after every optimizer step, and s/step.
+
+Why one instrument: the planner's activation probe, `benchmarks/strategy_memory.py` and `framer-ds bench`
+must read memory the same way, or their figures cannot be compared. Each rank runs `run_training` as
+`framer-ds train` does; an optimizer-step hook reads the peak of every allocation so far - on a GPU
+`torch.cuda.max_memory_allocated`, on a CPU the allocation counter preloaded into the process
+(alloc_counter.c: every malloc-family allocation and every mapping, safetensors files included) - and
+the bytes allocated before training started (the imports) are subtracted.
+
+This file also runs as a script (`python framer_ds/lab/measure.py CONFIG OUT_DIR`, under `accelerate
+launch`): the worker imports only `load_run_config` and `run_training`, so a benchmark can point
+PYTHONPATH at another checkout (the commit before a change) and keep this instrument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+WORKER_SCRIPT = Path(__file__).resolve()
+
+
+# --- the worker: one rank of one training run ----------------------------------------------------------
+
+
+def _readers():
+    """(peak bytes so far, bytes allocated now, reset the peak to now, shared-memory bytes mapped now)."""
+    import ctypes
+
+    import torch
+
+    if torch.cuda.is_available():
+        return (
+            torch.cuda.max_memory_allocated,
+            torch.cuda.memory_allocated,
+            torch.cuda.reset_peak_memory_stats,
+            lambda: 0,
+        )
+    try:
+        counter = ctypes.CDLL(None)
+        peak, live, reset, shared = (
+            counter.framer_alloc_peak_bytes,
+            counter.framer_alloc_live_bytes,
+            counter.framer_alloc_reset_peak,
+            counter.framer_alloc_shared_bytes,
+        )
+    except AttributeError:
+        sys.exit("measure worker: the allocation counter is not preloaded (launch it with measurement_env)")
+    peak.restype = live.restype = shared.restype = ctypes.c_int64
+    return peak, live, reset, shared
+
+
+def run_worker(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
+    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes, shared bytes) to
+    out_dir, with the bytes allocated before training starts (torch, accelerate, transformers, deepspeed)."""
+    import contextlib
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.train.loop import run_training
+
+    with contextlib.suppress(ImportError):
+        import deepspeed  # noqa: F401  (imported by every strategy, so the baseline is the same)
+    peak, live, reset, shared = _readers()
+    baseline = live()
+    steps: list[tuple[float, int, int]] = []
+
+    def after_step(*_: object) -> None:
+        steps.append((time.perf_counter(), peak(), shared()))
+        if len(steps) == 1:
+            reset()  # from here on the peak is the steady state: steps 2..N, start-up excluded
+
+    handle = register_optimizer_step_post_hook(after_step)
+    run_training(load_run_config(config_path, overrides))
+    handle.remove()
+    rank = int(os.environ.get("RANK", "0"))
+    record = {
+        "rank": rank,
+        "steps": steps,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "baseline_bytes": baseline,
+    }
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+# --- the driver ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One run, largest rank. `run`: through the last step, start-up included; `steady`: steps 2..N."""
+
+    run_bytes: int
+    steady_bytes: int
+    peak_bytes: int
+    """Including the imports (the other two are above them)."""
+    shared_bytes: int
+    rss_bytes: int
+    s_per_step: float
+    steps: int
+    processes: int
+    wall_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def measurement_env(cache: Path, pythonpath: Path | None = None, env: dict[str, str] | None = None) -> dict:
+    """The environment of a measured launch: one OpenMP thread per rank, the counter preloaded on a CPU."""
+    import torch
+
+    out = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    out["FRAMER_DS_CACHE"] = str(cache)
+    if pythonpath is not None:
+        out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), out.get("PYTHONPATH", "")]))
+    if not torch.cuda.is_available():
+        from framer_ds.lab.alloc_counter import build_alloc_counter, preload_env
+
+        out = preload_env(build_alloc_counter(cache), out)
+    return out
+
+
+def measure_launch(
+    config_path: Path,
+    overrides: list[str],
+    launch_args: list[str],
+    work_dir: Path,
+    env: dict[str, str],
+    cwd: Path,
+    port: int,
+) -> Measurement:
+    """Run the worker under `accelerate launch <launch_args>` and read every rank's record; a failed
+    launch raises with the command and the end of its stderr."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *launch_args,
+        "--main_process_port",
+        str(port),
+        str(WORKER_SCRIPT),
+        str(config_path),
+        str(work_dir),
+        *overrides,
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"measured run failed ({shlex.join(command)}):\n{done.stderr[-4000:]}")
+    ranks = [json.loads(p.read_text()) for p in sorted(work_dir.glob("rank*.json"))]
+    if not ranks or not ranks[0]["steps"]:
+        raise RuntimeError(f"measured run recorded no optimizer step ({shlex.join(command)})")
+    # steps[0] holds the peak of start-up + step 1; steps[-1] the peak of steps 2..N (reset after step 1)
+    stamps = [t for t, _, _ in ranks[0]["steps"]]
+    timed = stamps[2:] if len(stamps) > 3 else stamps  # the first two steps warm up allocators and buffers
+    return Measurement(
+        run_bytes=max(max(p for _, p, _ in r["steps"]) - r["baseline_bytes"] for r in ranks),
+        steady_bytes=max(r["steps"][-1][1] - r["baseline_bytes"] for r in ranks),
+        peak_bytes=max(max(p for _, p, _ in r["steps"]) for r in ranks),
+        shared_bytes=max(s for r in ranks for _, _, s in r["steps"]),
+        rss_bytes=max(r["max_rss_bytes"] for r in ranks),
+        s_per_step=(timed[-1] - timed[0]) / max(len(timed) - 1, 1),
+        steps=len(stamps),
+        processes=len(ranks),
+        wall_s=time.perf_counter() - started,
+    )
+
+
+if __name__ == "__main__":
+    run_worker(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
