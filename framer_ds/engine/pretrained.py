@@ -54,7 +54,8 @@ def load_pretrained(
 ) -> torch.nn.Module:
     """`model_class.from_pretrained(path, ...)`, or inside `empty_weights()` the same architecture built
     from its config only. `config_overrides` change the config (e.g. a new label count); `load_kwargs`
-    go to `from_pretrained` (and to transformers' `from_config`, which takes the same model kwargs)."""
+    go to `from_pretrained`, and of them only `attn_implementation` to transformers' `from_config` (the
+    rest, like `ignore_mismatched_sizes`, are about reading weights)."""
     overrides = dict(config_overrides or {})
     folder = {"subfolder": subfolder} if subfolder else {}
     if not building_empty():

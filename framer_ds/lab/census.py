@@ -22,7 +22,9 @@ from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
 
-def census_of(model: torch.nn.Module, helpers: Sequence[torch.nn.Module] = (), mixed_precision: str = "no"):
+def census_of(
+    model: torch.nn.Module, helpers: Sequence[torch.nn.Module] = (), mixed_precision: str = "no"
+) -> ParameterCensus:
     """The element counts the memory model needs; helpers are counted in the training compute dtype."""
     sizes = ParameterSizes.of(model)
     parameters = list(model.parameters())  # tied weights once

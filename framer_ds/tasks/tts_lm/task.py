@@ -157,7 +157,6 @@ class TtsLmTask(Task):
         self.accelerator = accelerator
 
     def build_model(self) -> torch.nn.Module:
-        self.assets.ensure_builtin()  # the built-in tiny model is made on first use (`framer-ds plan` too)
         return model_setup.build_model(self.config, self.assets)
 
     def count_loss_items(self, batch) -> torch.Tensor:
