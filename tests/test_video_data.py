@@ -277,6 +277,25 @@ def test_index_cache_reused_and_invalidated(
     assert third.records == [] and len(third.rejected) == 3
 
 
+def test_a_missing_pyav_raises_and_never_caches_good_videos_as_rejected(
+    videos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI saw this: a run without PyAV (a fake `av` on PYTHONPATH) shared the index cache with later runs,
+    which then rejected every good clip with "No module named av" until the cache was deleted."""
+    from framer_ds.compat import MissingDependencyError
+    from framer_ds.data import video_index
+
+    root = copy_tree(videos, tmp_path / "ds", ["mp4"])
+    cache = tmp_path / "cache"
+
+    with monkeypatch.context() as patched:
+        patched.setattr(video_index.av, "_module", "framer_ds_no_such_module_av")
+        with pytest.raises(MissingDependencyError, match="is required for indexing videos"):
+            build_video_index(root, None, 10, cache)
+    assert not cache.exists() or not any(cache.iterdir())
+    assert len(build_video_index(root, None, 10, cache).records) == 1
+
+
 # --- image pairs, sizes, resize ------------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from framer_ds.compat import LazyModule
+from framer_ds.compat import LazyModule, MissingDependencyError
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.storage.atomic import atomic_write_text
 
@@ -212,6 +212,8 @@ def probe_video(path: Path) -> dict:
             if first.pts is None:
                 return {"error": f"decoded frames carry no timestamps; {REENCODE_HINT}"}
             frames = stream.frames or _frames_from_end(container, stream, rate, first.pts)
+    except MissingDependencyError:
+        raise  # the environment's fault, not the file's: never cached as a rejection of a good video
     except Exception as exc:  # PyAV raises InvalidDataError, OSError, ValueError, ... per format
         return {"error": f"PyAV cannot read it ({type(exc).__name__}: {exc}); {REENCODE_HINT}"}
     if frames <= 0:
@@ -277,7 +279,8 @@ def build_video_index(
     root: Path, manifest: Path | None, min_frames: int, cache_dir: Path | None
 ) -> VideoIndex:
     """Probe every video under `root` (or every manifest row), reusing cached probes of files whose
-    size and mtime are unchanged; unusable files go to `rejected`, they never raise."""
+    size and mtime are unchanged; unusable files go to `rejected`, they never raise. A missing or broken
+    PyAV raises MissingDependencyError before any probe is cached."""
     if min_frames < 1:
         raise ValueError(f"min_frames must be >= 1, got {min_frames}; use the clip's num_frames.")
     root = Path(root).expanduser()
