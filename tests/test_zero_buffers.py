@@ -256,3 +256,14 @@ def test_adamw_runs_fused_where_torch_has_the_kernel():
     assert not fused_adam_supported(
         torch.device("cpu"), [torch.nn.Parameter(torch.zeros(4, dtype=torch.int64), requires_grad=False)]
     )
+
+
+def test_shipped_zeropp_json_keeps_hierarchical_partitions_inside_a_node():
+    """hpZ "auto" becomes the processes of one node (LOCAL_WORLD_SIZE at run time): a fixed 8 would span
+    two 4-GPU nodes and put the backward gathers back on the network."""
+    config = json.loads((REPO / "configs/deepspeed/zeropp.json").read_text())
+    zero = config["zero_optimization"]
+    assert zero["zero_quantized_weights"] and zero["zero_quantized_gradients"] and zero["stage"] == 3
+    found = size_zero_buffers(config, sizes(4_500_000, 108_000_000), "bf16", processes_per_node=4)
+    assert zero["zero_hpz_partition_size"] == 4 and "zero_hpz_partition_size" in found.auto
+    assert "zero_hpz_partition_size 4 (auto)" in found.describe()

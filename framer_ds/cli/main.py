@@ -169,6 +169,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--same-slots", action="store_true", help="fail unless every host runs the same number (accelerate)"
     )
 
+    plan = sub.add_parser(
+        "plan",
+        help="which strategy fits on N GPUs, the largest micro-batch and the launch command (no weights)",
+        description="Count the parameters (meta device, no weight file read), measure the activations "
+        "(one forward + backward of the real model on fake tensors, at micro-batch 1 and 2, with gradient "
+        "checkpointing as configured and on), and add up every strategy's per-GPU memory with the "
+        "DeepSpeed JSONs' buffers. Prints which strategies fit, the largest micro-batch of each, the "
+        "accumulation for the global batch and the fastest strategy that fits, with its launch command.",
+    )
+    _add_config_args(plan)
+    plan.add_argument("--gpus", type=int, required=True, help="GPUs per node")
+    plan.add_argument("--gpu-memory", required=True, help="memory of one GPU, e.g. 40GB, 80GiB (GB = GiB)")
+    plan.add_argument("--nodes", type=int, default=1, help="machines (default 1)")
+    plan.add_argument("--cpu-memory", help="host memory per node, e.g. 512GB: checked for the offloads")
+    plan.add_argument(
+        "--global-batch",
+        type=int,
+        help="samples per optimizer step to keep (default: the config's at N GPUs)",
+    )
+    plan.add_argument(
+        "--deepspeed-dir",
+        type=Path,
+        default=Path("configs/deepspeed"),
+        help="where the strategies' JSONs are (default configs/deepspeed)",
+    )
+    plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+
     sub.add_parser("tasks", help="list registered tasks")
     return parser
 
@@ -361,6 +388,38 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from framer_ds.lab.planner import Hardware, format_plan, make_plan, parse_bytes
+
+    problems = [
+        ConfigProblem(flag, f"must be at least 1, got {value}")
+        for flag, value in (
+            ("--gpus", args.gpus),
+            ("--nodes", args.nodes),
+            ("--global-batch", args.global_batch),
+        )
+        if value is not None and value < 1
+    ]
+    sizes = {}
+    for flag, text in (("--gpu-memory", args.gpu_memory), ("--cpu-memory", args.cpu_memory)):
+        try:
+            sizes[flag] = parse_bytes(text) if text is not None else None
+        except ValueError as exc:
+            problems.append(ConfigProblem(flag, str(exc)))
+    if problems:
+        raise ConfigError(problems, "plan")
+    hardware = Hardware(args.gpus, args.nodes, sizes["--gpu-memory"], sizes["--cpu-memory"])
+    if hardware.problems():
+        raise ConfigError([ConfigProblem("--gpu-memory", text) for text in hardware.problems()], "plan")
+    plan = make_plan(
+        args.config, args.overrides, hardware, args.deepspeed_dir, global_batch=args.global_batch
+    )
+    print(json.dumps(plan.as_dict(), indent=2) if args.json else format_plan(plan))
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     from framer_ds.tasks.registry import available_tasks
 
@@ -381,6 +440,7 @@ COMMANDS = {
     "env": cmd_env,
     "hosts": cmd_hosts,
     "checkpoint": cmd_checkpoint,
+    "plan": cmd_plan,
     "tasks": cmd_tasks,
 }
 

@@ -16,6 +16,10 @@ REUSE = "stage3_max_reuse_distance"
 ZERO_BUFFER_KEYS = (REDUCE, ALLGATHER, PREFETCH, PERSISTENCE, MAX_LIVE, REUSE)
 """Fields in elements; "auto" is resolved from the trained model by engine.zero_buffers."""
 
+HPZ = "zero_hpz_partition_size"
+"""ZeRO++'s hierarchical partition: ranks holding a secondary copy of the weights; "auto" = the
+processes of one node, so weight gathers in backward stay inside the node."""
+
 AUTO_BUCKET_CAP = 48 * 2**20
 """The largest bucket "auto" picks (~5e7 elements, a 7B full fine-tune); anything above it is big for
 every model."""

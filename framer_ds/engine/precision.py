@@ -14,7 +14,12 @@ from framer_ds.engine.accelerator import uses_deepspeed
 
 def compute_dtype(accelerator: Accelerator) -> torch.dtype:
     """The dtype the trained module computes in (DeepSpeed casts the module; DDP autocasts)."""
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
+    return dtype_of(accelerator.mixed_precision)
+
+
+def dtype_of(mixed_precision: str) -> torch.dtype:
+    """'bf16' / 'fp16' / anything else (fp32) -> the torch dtype."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision, torch.float32)
 
 
 def to_compute_dtype(accelerator: Accelerator, batch: Any, keep: frozenset[str] = frozenset()) -> Any:
@@ -25,11 +30,15 @@ def to_compute_dtype(accelerator: Accelerator, batch: Any, keep: frozenset[str] 
     """
     if not uses_deepspeed(accelerator):
         return batch
-    dtype = compute_dtype(accelerator)
+    return cast_batch(batch, compute_dtype(accelerator), keep)
+
+
+def cast_batch(batch: Any, dtype: torch.dtype, keep: frozenset[str] = frozenset()) -> Any:
+    """Every floating tensor of `batch` in `dtype`, but the `keep` keys of a dict batch."""
     if dtype == torch.float32:
         return batch
     if keep and isinstance(batch, Mapping):
-        cast = to_compute_dtype(accelerator, {k: v for k, v in batch.items() if k not in keep})
+        cast = cast_batch({k: v for k, v in batch.items() if k not in keep}, dtype)
         return {k: (v if k in keep else cast[k]) for k, v in batch.items()}
     return recursively_apply(
         lambda t: t.to(dtype),

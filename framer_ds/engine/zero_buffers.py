@@ -36,6 +36,7 @@ import torch
 from framer_ds.config.zero_fields import (
     ALLGATHER,
     AUTO_BUCKET_CAP,
+    HPZ,
     MAX_LIVE,
     PERSISTENCE,
     PREFETCH,
@@ -151,19 +152,24 @@ def oversized_warnings(zero: Mapping[str, Any], sizes: ParameterSizes, bytes_per
 
 
 def size_zero_buffers(
-    deepspeed_config: dict[str, Any], sizes: ParameterSizes, mixed_precision: str
+    deepspeed_config: dict[str, Any], sizes: ParameterSizes, mixed_precision: str, processes_per_node: int = 1
 ) -> ZeroBuffers:
     """Replace every "auto" buffer field in `deepspeed_config["zero_optimization"]` in place, and report.
 
     Must run before `accelerator.prepare`: accelerate would otherwise try its hidden_size rule (and fail
     without one) and DeepSpeed reads the values when the engine is built. `mixed_precision` (the
-    training YAML's; the JSON's own bf16/fp16 are still "auto" here) sets the bucket element size."""
+    training YAML's; the JSON's own bf16/fp16 are still "auto" here) sets the bucket element size.
+    ZeRO++'s `zero_hpz_partition_size` "auto" becomes `processes_per_node`."""
     zero = deepspeed_config.setdefault("zero_optimization", {})
     resolved = auto_values(sizes)
     auto = tuple(key for key in ZERO_BUFFER_KEYS if zero.get(key) == "auto")
     warnings = oversized_warnings(zero, sizes, element_bytes(mixed_precision))
     for key in auto:
         zero[key] = resolved[key]
+    if zero.get(HPZ) == "auto":
+        zero[HPZ], auto = processes_per_node, (*auto, HPZ)
     stage3 = zero.get("stage") == 3
-    shown = [key for key in ZERO_BUFFER_KEYS if key in zero and (stage3 or not key.startswith("stage3_"))]
+    shown = [
+        key for key in (*ZERO_BUFFER_KEYS, HPZ) if key in zero and (stage3 or not key.startswith("stage3_"))
+    ]
     return ZeroBuffers({key: int(zero[key]) for key in shown}, auto, warnings)

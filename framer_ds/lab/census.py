@@ -15,7 +15,7 @@ import torch
 
 from framer_ds.config.zero_fields import element_bytes
 from framer_ds.engine.pretrained import empty_weights
-from framer_ds.engine.zero_buffers import ParameterSizes, persistence_threshold
+from framer_ds.engine.zero_buffers import ParameterSizes, auto_values, persistence_threshold
 from framer_ds.lab.memory_model import ParameterCensus
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
@@ -39,13 +39,14 @@ def census_of(
         persistent_small=sum(n for n in sizes.numels if n <= threshold) if threshold else 0,
         helper_bytes=helper_elements * element_bytes(mixed_precision),
         frozen_bytes_per_element=frozen[0].element_size() if frozen else 4,
+        auto_buffers=auto_values(sizes),
     )
 
 
 def task_census(task: Task) -> ParameterCensus:
-    """The census of the model `task` trains, built on the meta device after `prepare_data` (as training
-    does: the built-in data and tiny models are made there, and a classifier's head needs its classes)."""
-    task.prepare_data()
+    """The census of the model `task` trains, built on the meta device after `prepare_model_assets`
+    (built-in tiny models; a classifier's head needs its classes)."""
+    task.prepare_model_assets()
     with empty_weights():
         model = task.build_model()
         helpers = task.frozen_helpers()

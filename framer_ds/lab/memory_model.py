@@ -17,7 +17,7 @@ the larger of the two phases. Activations are an input: they are measured, not m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from framer_ds.config.zero_fields import MAX_LIVE, PERSISTENCE, REDUCE, bucket_bytes, element_bytes
@@ -43,6 +43,8 @@ class ParameterCensus:
     frozen_bytes_per_element: int = FP32
     """DDP keeps frozen weights in the dtype the task loaded them in; DeepSpeed casts them to the model
     dtype."""
+    auto_buffers: Mapping[str, int] = field(default_factory=dict)
+    """What "auto" resolves to for each DeepSpeed buffer field, for this model (engine.zero_buffers)."""
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,12 @@ class Task(ABC):
         """Create cached data the task needs (runs on the local main process before the others read)."""
         return None
 
+    def prepare_model_assets(self) -> None:
+        """Create what `build_model` and `example_batch` read (built-in tiny models, the class list of
+        built-in data), and nothing slower: `framer-ds plan` calls it instead of `prepare_data`. The
+        default is `prepare_data`; a task whose data preparation is heavy (encoding audio) overrides it."""
+        self.prepare_data()
+
     def encode_data(self) -> str:
         """`framer-ds data encode-audio`: encode raw media into the cache training reads, ahead of a run
         (e.g. on a CPU node); returns what was done. Tasks with nothing to encode keep this error."""
@@ -130,6 +136,18 @@ class Task(ABC):
 
     def collate_fn(self) -> Callable[[list[Any]], Any] | None:
         return None
+
+    def example_batch(self, micro_batch_size: int) -> Any:
+        """A micro-batch with the LARGEST shapes training will meet, as `training_loss` receives it:
+        what `framer-ds plan` runs forward and backward to measure activations. Values do not matter.
+        The default collates the first items of the training set (so it reads the data); a task whose
+        items vary in size (padded text) or whose training reads something other than the raw items
+        (a latent cache) builds it from its config instead."""
+        train_set, _ = self.build_datasets()
+        if len(train_set) == 0:
+            raise ConfigError([ConfigProblem("data", "the training set is empty; point it at the data")])
+        items = [train_set[i % len(train_set)] for i in range(micro_batch_size)]
+        return (self.collate_fn() or torch.utils.data.default_collate)(items)
 
     def frozen_helpers(self) -> list[torch.nn.Module]:
         """Frozen models outside the trained one that stay on every device through training (a VAE and an

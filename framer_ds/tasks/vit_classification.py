@@ -228,6 +228,12 @@ class VitClassificationTask(Task):
             enable()
         return model
 
+    def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """Every image is resized to the model's size, so the shapes come from its config alone."""
+        arch = self.vit_config()
+        size = (micro_batch_size, arch.num_channels, arch.image_size, arch.image_size)
+        return {"pixel_values": torch.zeros(size), "labels": torch.zeros(micro_batch_size, dtype=torch.long)}
+
     def training_loss(self, model, batch) -> torch.Tensor:
         return model(pixel_values=batch["pixel_values"], labels=batch["labels"]).loss
 

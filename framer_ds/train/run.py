@@ -3,6 +3,7 @@ the loaders, all through `accelerator.prepare`."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +66,8 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     # Before prepare: the DeepSpeed engine reads its buffer sizes when it is built.
     zero_buffers = None
     if plugin is not None:
-        zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision)
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))  # set by torchrun
+        zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision, per_node)
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = torch.optim.AdamW(
         trainable,

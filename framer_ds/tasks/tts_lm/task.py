@@ -18,7 +18,14 @@ from torch.utils.data import ConcatDataset, Dataset
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.samplers import LengthGroupedSampler, RatioMixSampler
 from framer_ds.data.token_batches import collate_packed, collate_padded
-from framer_ds.data.token_sequences import IGNORE_INDEX, AllSamplesTooLong, LengthStats, apply_length_policy
+from framer_ds.data.token_sequences import (
+    IGNORE_INDEX,
+    AllSamplesTooLong,
+    LengthStats,
+    PackedBlock,
+    TokenSequence,
+    apply_length_policy,
+)
 from framer_ds.engine.accelerator import frozen_model_init, uses_zero3
 from framer_ds.engine.export import save_peft_adapter_gathered, save_pretrained_gathered
 from framer_ds.tasks.base import Task, TrainingLoss
@@ -81,6 +88,10 @@ class TtsLmTask(Task):
     def prepare_data(self) -> None:
         self.assets.ensure_builtin()
         self.data.encode_audio_if_needed(show_progress=True)
+
+    def prepare_model_assets(self) -> None:
+        """The tiny model and tokenizer when built in; never the audio encoding."""
+        self.assets.ensure_builtin()
 
     def encode_data(self) -> str:
         self.assets.ensure_builtin()
@@ -151,6 +162,17 @@ class TtsLmTask(Task):
 
         return packed
 
+    def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """Samples vary in length; the peak comes from the longest batch training allows: every row a
+        full `max_seq_length` sequence (a block full of samples when packing), every label counted."""
+        length, pad = self.config.data.max_seq_length, self.assets.special.pad
+        full = TokenSequence([pad] * length, [pad] * length)
+        if self.config.data.length_policy != "pack":
+            return self.collate_fn()([full] * micro_batch_size)
+        block = PackedBlock()
+        block.add(full)
+        return self.collate_fn()([block] * micro_batch_size)
+
     # --- model and objective -------------------------------------------------------------------------
 
     def setup_frozen(self, accelerator) -> None:
@@ -186,8 +208,10 @@ class TtsLmTask(Task):
         return TrainingLoss(
             losses.sum(),
             {
-                "loss_text": (losses[text].sum(), text.sum()),
-                "loss_audio": (losses[audio].sum(), audio.sum()),
+                # where(), not losses[mask]: no device sync, and the shapes do not depend on the data
+                # (the planner's activation probe runs this on tensors without values)
+                "loss_text": (losses.where(text, 0).sum(), text.sum()),
+                "loss_audio": (losses.where(audio, 0).sum(), audio.sum()),
             },
         )
 

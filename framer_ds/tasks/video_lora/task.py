@@ -138,6 +138,33 @@ class VideoLoraTask(Task):
         self._data_notes, self.trained_fps = built.notes, built.conditioning_fps
         return built.train, built.val
 
+    def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """The batch as the latent cache stores it (what the UNet sees), shaped from the config and the
+        VAE's and image encoder's config.json. Without a cache training encodes pixels first under
+        no_grad, in chunks: a transient this batch leaves out."""
+        from diffusers import AutoencoderKLTemporalDecoder
+        from transformers import CLIPVisionConfig
+
+        vae = AutoencoderKLTemporalDecoder.load_config(self.svd_path(), subfolder="vae")
+        embedding = CLIPVisionConfig.from_pretrained(
+            self.svd_path(), subfolder="image_encoder"
+        ).projection_dim
+        data, k = self.config.data, micro_batch_size
+        scale = 2 ** (len(vae["block_out_channels"]) - 1)
+        latent = (vae["latent_channels"], data.height // scale, data.width // scale)
+        batch = {
+            "target": torch.zeros(k, data.num_frames, *latent),
+            "first": torch.zeros(k, *latent),
+            "image_emb": torch.zeros(k, 1, embedding),
+            "cond_sigma": torch.full((k,), 0.02),
+            "fps": torch.full((k,), float(self.config.model.fps or 7)),
+        }
+        if self.config.model.mode == "interpolation":
+            batch["last"] = torch.zeros(k, *latent)
+        if self.uses_pairs:
+            batch["frame_weights"] = torch.ones(k, data.num_frames)
+        return batch
+
     # --- models --------------------------------------------------------------------------------------
 
     def build_model(self) -> torch.nn.Module:

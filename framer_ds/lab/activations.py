@@ -1,0 +1,165 @@
+"""Measure a config's activation memory without weights, data or the memory itself: the planner's second
+input.
+
+How: the task's model is built on the meta device (`engine.pretrained.empty_weights`), its parameters
+become fake tensors (`torch._subclasses.FakeTensorMode`: shapes, dtypes and devices, no storage), and one
+forward + backward of the task's own `training_loss` on `Task.example_batch(k)` runs under PyTorch's
+`MemTracker` (torch.distributed._tools.mem_tracker), which follows every tensor's storage through
+autograd. What is kept is the peak of activations plus backward temporaries (gradients of activations)
+over the whole step - not weights, gradients or optimizer states, which the memory model counts. Run at
+two micro-batch sizes, the two peaks give a line, fixed + per-sample x k: the planner reads it at any
+micro-batch. It is the real model's real graph (gradient checkpointing, LoRA, the loss's float upcasts
+included) at full size, in seconds, on a laptop.
+
+The device: fake tensors are made on the GPU when one is present, else on the CPU, so the kernels chosen
+are that device's (attention saves what the device's SDPA kernel saves). Not in it: the caching
+allocator's rounding and fragmentation (the planner's stated allowance covers them), and the no_grad
+VAE/encoder transient of a video run without a latent cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import send_to_device
+
+from framer_ds.engine.precision import cast_batch, dtype_of
+from framer_ds.engine.pretrained import empty_weights
+from framer_ds.tasks.base import Task, TrainingLoss
+from framer_ds.tasks.registry import get_task_class
+from framer_ds.tasks.run_config import load_run_config
+
+PROBE_MICRO_BATCHES = (1, 2)
+
+
+@dataclass(frozen=True)
+class ActivationProbe:
+    """Activation bytes of one rank's micro-batch: fixed + per_sample x k, fitted from two measurements."""
+
+    micro_batches: tuple[int, ...]
+    measured_bytes: tuple[int, ...]
+    fixed: int
+    per_sample: int
+    gradient_checkpointing: bool
+    device: str
+
+    def at(self, micro_batch: int) -> int:
+        return max(0, self.fixed + self.per_sample * micro_batch)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "micro_batches": list(self.micro_batches),
+            "measured_bytes": list(self.measured_bytes),
+            "fixed_bytes": self.fixed,
+            "per_sample_bytes": self.per_sample,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "device": self.device,
+        }
+
+
+def _tracker():
+    """A MemTracker that also keeps the peak of activations + temporaries (its own peak is of the total,
+    at which point most activations are already freed)."""
+    try:
+        from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
+    except ImportError as exc:  # added in torch 2.5
+        raise RuntimeError(
+            f"the activation probe needs torch's MemTracker (torch >= 2.5; this is {torch.__version__})"
+        ) from exc
+
+    class ActivationTracker(MemTracker):
+        activation_peak = 0
+
+        def _track_module_params_and_buffers(
+            self, module: torch.nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            """MemTracker hooks every parameter's gradient, which fails on a frozen one (a LoRA's base):
+            hook only the trained ones, so their gradients still count as gradients, not temporaries."""
+            memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+            if install_grad_hooks:
+                for param in module.parameters():
+                    if param.requires_grad and param not in self._param_to_grad_hook_handles:
+                        self._param_to_grad_hook_handles[param] = (
+                            param.register_hook(self._count_gradient),
+                            param.register_post_accumulate_grad_hook(lambda p: self._count_gradient(p.grad)),
+                        )
+            return memory
+
+        def _count_gradient(self, grad: torch.Tensor) -> None:
+            self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            """Only the whole-step peak: MemTracker's per-module peaks walk every module after every op
+            (a tiny UNet took a minute), and the probe reads none of them."""
+            for device, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snap[_TOTAL_KEY]:
+                    self._peak_mem[device] = snap[_TOTAL_KEY]
+
+        def _update_snap(self, *args: Any, **kwargs: Any) -> None:
+            super()._update_snap(*args, **kwargs)
+            for snap in self._curr_mem_snap.values():
+                now = snap.get(_MemRefType.ACT, 0) + snap.get(_MemRefType.TEMP, 0)
+                self.activation_peak = max(self.activation_peak, now)
+
+    return ActivationTracker()
+
+
+def _loss_of(result: torch.Tensor | TrainingLoss) -> torch.Tensor:
+    return result.loss if isinstance(result, TrainingLoss) else result
+
+
+def probe_activations(
+    task: Task, micro_batches: Sequence[int] = PROBE_MICRO_BATCHES, fake: bool = True
+) -> ActivationProbe:
+    """One forward + backward per micro-batch size of `task`'s model on fake tensors (module docstring).
+    `fake=False` runs the same step on real tensors with real (random) weights: the check that the fake
+    run follows the same graph, for models small enough to run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if len(set(micro_batches)) < 2:
+        raise ValueError(f"need two different micro-batch sizes to fit a line, got {list(micro_batches)}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = dtype_of(task.config.train.mixed_precision)
+    task.prepare_model_assets()
+    with empty_weights():
+        model = task.build_model()
+    if dtype != torch.float32:  # as DeepSpeed casts the module (DDP's autocast computes in it too)
+        model.to(dtype)  # still on the meta device: fake parameters cannot be swapped for a cast
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    with mode:
+        model.to_empty(device=device)
+    model.train()
+    measured = []
+    for k in micro_batches:
+        batch = cast_batch(task.example_batch(k), dtype, task.full_precision_keys)
+        tracker = _tracker()
+        with mode, tracker:
+            _loss_of(task.training_loss(model, send_to_device(batch, device))).backward()
+        measured.append(tracker.activation_peak)
+        model.zero_grad(set_to_none=True)
+    (k1, k2), (m1, m2) = micro_batches[:2], measured[:2]
+    per_sample = max(0, round((m2 - m1) / (k2 - k1)))
+    return ActivationProbe(
+        micro_batches=tuple(micro_batches),
+        measured_bytes=tuple(measured),
+        fixed=m1 - per_sample * k1,
+        per_sample=per_sample,
+        gradient_checkpointing=bool(task.config.train.gradient_checkpointing),
+        device=device,
+    )
+
+
+def probe_config(
+    config_path: Path | str, overrides: Sequence[str] = (), gradient_checkpointing: bool | None = None
+) -> ActivationProbe:
+    """The probe of a config file; `gradient_checkpointing` True/False overrides the config's setting."""
+    extra = (
+        [] if gradient_checkpointing is None else [f"train.gradient_checkpointing={gradient_checkpointing}"]
+    )
+    config = load_run_config(config_path, [*overrides, *extra])
+    return probe_activations(get_task_class(config.task)(config))

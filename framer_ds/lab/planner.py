@@ -1,0 +1,395 @@
+"""`framer-ds plan`: which strategy fits a config on given hardware, at which micro-batch, and the launch
+command - answered before the job queues.
+
+Inputs, all without weights: the parameter census (lab/census.py), the measured activation line
+(lab/activations.py, with gradient checkpointing as configured and switched on) and the DeepSpeed JSON
+of each strategy with its "auto" buffers resolved as the engine would (engine.zero_buffers). The memory
+model (lab/memory_model.py) adds them up per strategy. A GPU's memory is not all the tensors': the plan
+keeps an allowance for the CUDA context, kernels' workspaces and the caching allocator's fragmentation,
+and says how much.
+
+The recommendation is the fastest strategy that fits, in the order a step usually costs: DDP, ZeRO-2,
+ZeRO++ (only across nodes, where its quantized, node-local gathers pay), ZeRO-3, then the offloads. At
+the configured micro-batch first; else at the largest micro-batch that fits, with more accumulation
+for the same global batch; else the same with gradient checkpointing switched on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from framer_ds.lab.activations import ActivationProbe, probe_activations
+from framer_ds.lab.census import task_census
+from framer_ds.lab.memory_model import STRATEGIES, MemoryEstimate, ParameterCensus, estimate
+from framer_ds.tasks.registry import get_task_class
+from framer_ds.tasks.run_config import load_run_config
+
+GiB = 2**30
+ALLOWANCE_FIXED = GiB
+"""CUDA context and kernel workspaces (cuBLAS, NCCL): ~0.5-1 GiB on an H100 with torch 2.x."""
+ALLOWANCE_SHARE = 0.05
+"""The caching allocator's rounding and fragmentation, as a share of the GPU."""
+SPEED_ORDER = ("ddp", "zero2", "zeropp", "zero3", "zero2_offload", "zero3_offload")
+SINGLE_NODE_SIZES = (1, 2, 4, 8)
+MAX_MICRO_BATCH = 4096
+
+
+def parse_bytes(text: str) -> int:
+    """'40GB', '80GiB', '512G', '24000MB' -> bytes. GB and GiB both mean 2^30 (as nvidia-smi's MiB)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{text!r} is not a size; write e.g. 40GB, 80GiB or 512G")
+    power = " KMGT".index(match.group(2).upper() or " ")
+    return int(float(match.group(1)) * 1024**power)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus_per_node: int
+    nodes: int
+    gpu_bytes: int
+    cpu_bytes: int | None = None
+    """Host memory per node, for the offload strategies; None: not checked."""
+
+    @property
+    def world(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def allowance(self) -> int:
+        return ALLOWANCE_FIXED + int(ALLOWANCE_SHARE * self.gpu_bytes)
+
+    @property
+    def usable(self) -> int:
+        return self.gpu_bytes - self.allowance
+
+    def problems(self) -> list[str]:
+        if self.usable <= 0:
+            return [
+                f"{self.gpu_bytes / GiB:.2f} GiB per GPU leaves nothing after the {self.allowance / GiB:.2f} "
+                "GiB allowance for the CUDA context and fragmentation; give the GPU's memory, e.g. 40GB"
+            ]
+        return []
+
+
+@dataclass
+class StrategyRow:
+    """One strategy on the hardware: its peak at the configured micro-batch and the largest that fits."""
+
+    strategy: str
+    fits: bool
+    device_bytes: int
+    host_bytes_per_node: int
+    largest_micro_batch: int
+    """0: not even one sample fits."""
+    micro_batch: int
+    """The micro-batch this row runs at: the configured one, or the largest that fits below it."""
+    accumulation: int
+    global_batch: int
+    note: str = ""
+    terms: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Recommendation:
+    strategy: str
+    micro_batch: int
+    accumulation: int
+    gradient_checkpointing: bool
+    command: str
+    why: str
+
+
+@dataclass
+class Plan:
+    config: str
+    overrides: list[str]
+    hardware: Hardware
+    census: ParameterCensus
+    activations: dict[str, ActivationProbe]
+    """"configured" and, when the config has it off, "checkpointing"."""
+    micro_batch: int
+    global_batch: int
+    rows: list[StrategyRow]
+    checkpointing_rows: list[StrategyRow]
+    recommendation: Recommendation | None
+
+    def as_dict(self) -> dict[str, Any]:
+        census = asdict(self.census)
+        census["auto_buffers"] = dict(self.census.auto_buffers)
+        return {
+            "config": self.config,
+            "overrides": self.overrides,
+            "hardware": {
+                **asdict(self.hardware),
+                "world": self.hardware.world,
+                "allowance_bytes": self.hardware.allowance,
+                "usable_bytes": self.hardware.usable,
+            },
+            "census": census,
+            "activations": {name: probe.as_dict() for name, probe in self.activations.items()},
+            "micro_batch": self.micro_batch,
+            "global_batch": self.global_batch,
+            "strategies": [asdict(row) for row in self.rows],
+            "with_gradient_checkpointing": [asdict(row) for row in self.checkpointing_rows],
+            "recommendation": asdict(self.recommendation) if self.recommendation else None,
+        }
+
+
+def resolved_zero(strategy: str, census: ParameterCensus, deepspeed_dir: Path, hardware: Hardware) -> dict:
+    """The strategy's `zero_optimization` with "auto" replaced as the engine replaces it."""
+    if strategy == "ddp":
+        return {}
+    path = deepspeed_dir / f"{strategy}.json"
+    try:
+        zero = dict(json.loads(path.read_text()).get("zero_optimization", {}))
+    except (OSError, ValueError) as exc:
+        raise FileNotFoundError(
+            f"{path}: {exc}; run from the repository root or pass --deepspeed-dir"
+        ) from None
+    for key, value in census.auto_buffers.items():
+        if zero.get(key) == "auto":
+            zero[key] = value
+    if zero.get("zero_hpz_partition_size") == "auto":
+        zero["zero_hpz_partition_size"] = hardware.gpus_per_node
+    return zero
+
+
+def _largest_fitting(fits) -> int:
+    """The largest k in [1, MAX_MICRO_BATCH] with fits(k), for a monotone fits; 0 when none."""
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= MAX_MICRO_BATCH and fits(high):
+        low, high = high, high * 2
+    high = min(high, MAX_MICRO_BATCH + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def _split_batch(global_batch: int, world: int, largest: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) for `global_batch` over `world` ranks, the micro-batch at most
+    `largest`: the largest one that divides each rank's share, so the global batch stays exact; when
+    the share does not split over the ranks, the largest micro-batch with accumulation rounded up."""
+    if global_batch % world:
+        return largest, max(1, math.ceil(global_batch / (largest * world)))
+    share = global_batch // world
+    micro = max(d for d in range(1, min(largest, share) + 1) if share % d == 0)
+    return micro, share // micro
+
+
+def strategy_row(
+    strategy: str,
+    census: ParameterCensus,
+    probe: ActivationProbe,
+    hardware: Hardware,
+    mixed_precision: str,
+    zero: dict,
+    micro_batch: int,
+    global_batch: int,
+) -> StrategyRow:
+    def memory(k: int) -> MemoryEstimate:
+        return estimate(strategy, census, hardware.world, mixed_precision, probe.at(k), zero)
+
+    def host_per_node(found: MemoryEstimate) -> int:
+        return found.peak("host") * hardware.gpus_per_node
+
+    def fits(k: int) -> bool:
+        found = memory(k)
+        host_ok = hardware.cpu_bytes is None or host_per_node(found) <= hardware.cpu_bytes
+        return found.peak("device") <= hardware.usable and host_ok
+
+    largest = _largest_fitting(fits)
+    runs_at, accumulation = _split_batch(
+        global_batch, hardware.world, min(micro_batch, largest) or micro_batch
+    )
+    found = memory(micro_batch)
+    note = ""
+    if strategy == "zeropp" and hardware.nodes == 1:
+        note = "ZeRO++ pays off across nodes; on one node ZeRO-3 is as fast without the secondary copy"
+    if hardware.cpu_bytes is not None and host_per_node(found) > hardware.cpu_bytes:
+        note = f"needs {host_per_node(found) / GiB:.1f} GiB of host memory per node"
+    return StrategyRow(
+        strategy=strategy,
+        fits=fits(micro_batch),
+        device_bytes=found.peak("device"),
+        host_bytes_per_node=host_per_node(found),
+        largest_micro_batch=largest,
+        micro_batch=runs_at,
+        accumulation=accumulation,
+        global_batch=runs_at * accumulation * hardware.world,
+        note=note,
+        terms=found.by_name(),
+    )
+
+
+def launch_command(
+    strategy: str, hardware: Hardware, config_path: str, overrides: Sequence[str], deepspeed_dir: Path
+) -> str:
+    """The `accelerate launch` line for the shipped configs (one line per node when multi-node)."""
+    tail = ["-m", "framer_ds", "train", config_path, *overrides]
+    if hardware.nodes > 1:
+        head = ["--config_file", "configs/accelerate_multinode.yaml"]
+        head += ["--num_machines", str(hardware.nodes), "--num_processes", str(hardware.world)]
+        head += ["--machine_rank", "RANK", "--main_process_ip", "HEAD_NODE", "--main_process_port", "29500"]
+        if strategy == "ddp":
+            head = ["--multi_gpu", *head[2:]]
+    elif strategy == "ddp":
+        head = ["--multi_gpu"] if hardware.world > 1 else []
+        head += ["--num_processes", str(hardware.world)]
+    else:
+        size = hardware.world if hardware.world in SINGLE_NODE_SIZES else 8
+        head = ["--config_file", f"configs/accelerate_{size}gpu.yaml"]
+        if size != hardware.world:
+            head += ["--num_processes", str(hardware.world)]
+    if strategy != "ddp":
+        head += ["--deepspeed_config_file", str(deepspeed_dir / f"{strategy}.json")]
+    return shlex.join(["accelerate", "launch", *head, *tail])
+
+
+def _recommend(
+    rows: list[StrategyRow], hardware: Hardware, configured_micro_batch: int
+) -> tuple[StrategyRow, str] | None:
+    ranked = [row for s in SPEED_ORDER for row in rows if row.strategy == s]
+    ranked = [row for row in ranked if row.strategy != "zeropp" or hardware.nodes > 1]
+    for row in ranked:
+        if row.fits:
+            return row, f"the fastest strategy that fits at micro-batch {configured_micro_batch}"
+    for row in ranked:
+        if row.largest_micro_batch >= 1:
+            why = (
+                f"nothing fits at micro-batch {configured_micro_batch}; the fastest that fits at a smaller "
+                f"one ({row.micro_batch}), with {row.accumulation} accumulation steps for the global batch"
+            )
+            return row, why
+    return None
+
+
+def make_plan(
+    config_path: Path | str,
+    overrides: Sequence[str],
+    hardware: Hardware,
+    deepspeed_dir: Path = Path("configs/deepspeed"),
+    strategies: Sequence[str] = STRATEGIES,
+    global_batch: int | None = None,
+) -> Plan:
+    """Census, activation probes and every strategy's row; see the module docstring."""
+    config = load_run_config(config_path, overrides)
+    task = get_task_class(config.task)(config)
+    census = task_census(task)
+    train = config.train
+    probes = {"configured": probe_activations(task)}
+    if not train.gradient_checkpointing:
+        switched = load_run_config(config_path, [*overrides, "train.gradient_checkpointing=true"])
+        probes["checkpointing"] = probe_activations(get_task_class(switched.task)(switched))
+    micro_batch = train.micro_batch_size
+    target = global_batch or micro_batch * train.gradient_accumulation_steps * hardware.world
+
+    def rows_for(probe: ActivationProbe) -> list[StrategyRow]:
+        out = []
+        for strategy in strategies:
+            try:
+                zero = resolved_zero(strategy, census, deepspeed_dir, hardware)
+            except FileNotFoundError as exc:
+                out.append(StrategyRow(strategy, False, 0, 0, 0, micro_batch, 0, 0, note=str(exc)))
+                continue
+            mp = train.mixed_precision
+            out.append(strategy_row(strategy, census, probe, hardware, mp, zero, micro_batch, target))
+        return out
+
+    rows = rows_for(probes["configured"])
+    checkpointing_rows = rows_for(probes["checkpointing"]) if "checkpointing" in probes else []
+    config_str = str(config_path)
+    chosen, switched_on = _recommend(rows, hardware, micro_batch), False
+    if chosen is None and checkpointing_rows:
+        chosen, switched_on = _recommend(checkpointing_rows, hardware, micro_batch), True
+    recommendation = None
+    if chosen is not None:
+        row, why = chosen
+        extra = list(overrides)
+        if (row.micro_batch, row.accumulation) != (micro_batch, train.gradient_accumulation_steps):
+            extra += [
+                f"train.micro_batch_size={row.micro_batch}",
+                f"train.gradient_accumulation_steps={row.accumulation}",
+            ]
+        if switched_on:
+            extra.append("train.gradient_checkpointing=true")
+            why += ", with gradient checkpointing switched on"
+        command = launch_command(row.strategy, hardware, config_str, extra, deepspeed_dir)
+        checkpointing = bool(train.gradient_checkpointing or switched_on)
+        recommendation = Recommendation(
+            row.strategy, row.micro_batch, row.accumulation, checkpointing, command, why
+        )
+    return Plan(
+        config=config_str,
+        overrides=list(overrides),
+        hardware=hardware,
+        census=census,
+        activations=probes,
+        micro_batch=micro_batch,
+        global_batch=target,
+        rows=rows,
+        checkpointing_rows=checkpointing_rows,
+        recommendation=recommendation,
+    )
+
+
+def _gib(value: int) -> str:
+    """GiB from 1 GiB up, MiB below (a LoRA's terms are a few MiB)."""
+    return f"{value / GiB:.2f} GiB" if abs(value) >= GiB else f"{value / 2**20:.1f} MiB"
+
+
+def format_plan(plan: Plan) -> str:
+    """The table `framer-ds plan` prints."""
+    hw, census = plan.hardware, plan.census
+    lines = [
+        f"plan for {plan.config}{' ' + ' '.join(plan.overrides) if plan.overrides else ''}",
+        f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s), {_gib(hw.gpu_bytes)} each; "
+        f"{_gib(hw.usable)} usable after a {_gib(hw.allowance)} allowance (CUDA context and kernels "
+        f"{_gib(ALLOWANCE_FIXED)} + {ALLOWANCE_SHARE:.0%} for allocator fragmentation)"
+        + (f"; host {_gib(hw.cpu_bytes)} per node" if hw.cpu_bytes else ""),
+        f"parameters: {census.trainable:,} trainable, {census.frozen:,} frozen"
+        + (f"; frozen helpers on every GPU: {_gib(census.helper_bytes)}" if census.helper_bytes else ""),
+    ]
+    for name, probe in plan.activations.items():
+        state = "on" if probe.gradient_checkpointing else "off"
+        lines.append(
+            f"activations ({name}, gradient checkpointing {state}; measured on {probe.device} with fake "
+            f"tensors): {_gib(probe.fixed)} + {_gib(probe.per_sample)} per sample"
+        )
+    lines.append(f"micro-batch {plan.micro_batch}, global batch {plan.global_batch} (x{hw.world} ranks)")
+    for title, rows in (("", plan.rows), (" (gradient checkpointing on)", plan.checkpointing_rows)):
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"strategies{title}:",
+            f"{'':<14} fits  peak/GPU     host/node    largest mb  accumulation",
+        ]
+        for row in rows:
+            host = _gib(row.host_bytes_per_node) if row.host_bytes_per_node else "-"
+            accumulation = f"{row.accumulation} (mb {row.micro_batch})" if row.largest_micro_batch else "-"
+            lines.append(
+                f"{row.strategy:<14} {'yes' if row.fits else 'no':<5} {_gib(row.device_bytes):<12} "
+                f"{host:<12} {row.largest_micro_batch:<11} {accumulation}"
+                + (f"  - {row.note}" if row.note else "")
+            )
+    lines.append("")
+    if plan.recommendation is None:
+        lines.append(
+            "nothing fits, even at micro-batch 1 with gradient checkpointing: add GPUs or nodes (ZeRO-3 "
+            "shards with their number), or an offload strategy with more host memory"
+        )
+    else:
+        rec = plan.recommendation
+        lines += [f"recommended: {rec.strategy} - {rec.why}", f"  {rec.command}"]
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""`framer-ds plan`: the activation probe, the planner's search and recommendation, and the command on every
+shipped config with no weight file anywhere (config.json stand-ins for the checkpoints it names)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, TINY_VIT_OVERRIDES
+from framer_ds.cli.main import main
+from framer_ds.lab.activations import ActivationProbe, probe_activations
+from framer_ds.lab.memory_model import ParameterCensus, estimate
+from framer_ds.lab.planner import GiB, Hardware, launch_command, parse_bytes, strategy_row
+from framer_ds.tasks.registry import get_task_class
+from framer_ds.tasks.run_config import load_run_config
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def tiny_vit_task(*overrides: str):
+    config = load_run_config(REPO / "configs/quickstart.yaml", [*TINY_VIT_OVERRIDES, *overrides])
+    return get_task_class(config.task)(config)
+
+
+def test_fake_tensor_probe_follows_the_real_graph_and_checkpointing_lowers_it(data_cache):
+    """The same step on real tensors (random weights) and on fake ones gives the same bytes at each
+    micro-batch (to a few scalars: the real run's loss reduction keeps an 8-byte tensor the fake one does
+    not); gradient checkpointing on makes the per-sample line smaller, so the flag is measured."""
+    fake = probe_activations(tiny_vit_task())
+    real = probe_activations(tiny_vit_task(), fake=False)
+    assert fake.measured_bytes == pytest.approx(real.measured_bytes, abs=64) and fake.per_sample > 0
+    assert fake.at(2) == fake.measured_bytes[1] and fake.at(1) == fake.measured_bytes[0]
+    checkpointed = probe_activations(tiny_vit_task("train.gradient_checkpointing=true"))
+    assert checkpointed.gradient_checkpointing and checkpointed.per_sample < fake.per_sample
+
+
+def test_largest_micro_batch_accumulation_and_recommendation_by_hand():
+    """1e9 fp32 trainable parameters, 1 GiB of activations per sample, 4 x 24 GiB. DDP holds 16 bytes per
+    parameter (weights, gradients, two Adam states) = 14.90 GiB; usable = 24 - (1 + 5% x 24) = 21.8 GiB;
+    so 6 samples fit, and the global batch 32 (8 per rank) splits as micro-batch 4 x 2 accumulation."""
+    census = ParameterCensus(trainable=10**9, frozen=0, largest_trainable=10**7)
+    probe = ActivationProbe((1, 2), (GiB, 2 * GiB), 0, GiB, False, "cpu")
+    hardware = Hardware(gpus_per_node=4, nodes=1, gpu_bytes=24 * GiB)
+    assert hardware.usable == 24 * GiB - GiB - int(0.05 * 24 * GiB)
+    ddp = strategy_row("ddp", census, probe, hardware, "no", {}, micro_batch=8, global_batch=32)
+    assert ddp.device_bytes == 16 * 10**9 + 8 * GiB and not ddp.fits
+    assert ddp.largest_micro_batch == 6 and (ddp.micro_batch, ddp.accumulation, ddp.global_batch) == (
+        4,
+        2,
+        32,
+    )
+
+    zero = {"stage": 2, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 2**20}
+    zero2 = strategy_row("zero2", census, probe, hardware, "no", zero, micro_batch=8, global_batch=32)
+    by_hand = estimate("zero2", census, 4, "no", 8 * GiB, zero).peak()
+    assert zero2.fits and zero2.device_bytes == by_hand and zero2.accumulation == 1
+    fits_at = [
+        k for k in range(1, 64) if estimate("zero2", census, 4, "no", k * GiB, zero).peak() <= hardware.usable
+    ]
+    assert zero2.largest_micro_batch == max(fits_at)
+
+    offload = {**zero, "offload_optimizer": {"device": "cpu"}}
+    small_host = Hardware(4, 1, 24 * GiB, cpu_bytes=8 * GiB)  # 4 ranks x 3e9 host bytes each do not fit
+    row = strategy_row("zero2_offload", census, probe, small_host, "no", offload, 8, 32)
+    assert not row.fits and "host memory per node" in row.note
+
+
+def test_launch_commands_name_shipped_files(tmp_path):
+    for gpus, strategy in ((4, "zero2"), (3, "zero3"), (1, "ddp"), (8, "ddp")):
+        command = launch_command(
+            strategy, Hardware(gpus, 1, 80 * GiB), "CFG", ["a=1"], Path("configs/deepspeed")
+        )
+        assert command.startswith("accelerate launch") and command.endswith("-m framer_ds train CFG a=1")
+        for word in command.split():
+            if word.endswith((".yaml", ".json")):
+                assert (REPO / word).is_file(), word
+    assert "--num_processes 3" in launch_command(
+        "zero3", Hardware(3, 1, GiB), "C", [], Path("configs/deepspeed")
+    )
+    multi = launch_command("zeropp", Hardware(8, 2, GiB), "C", [], Path("configs/deepspeed"))
+    assert "accelerate_multinode.yaml --num_machines 2 --num_processes 16" in multi and "zeropp.json" in multi
+    assert parse_bytes("40GB") == parse_bytes("40GiB") == 40 * GiB and parse_bytes("512M") == 512 * 2**20
+
+
+@pytest.fixture(scope="module")
+def checkpoints_without_weights(tmp_path_factory, data_cache) -> dict[str, list[str]]:
+    """config.json (and a tokenizer) for every checkpoint a shipped config names, and no weight file:
+    ViT-L/16, SVD (UNet, VAE, CLIP ViT-H image encoder at their published sizes), the TTS LM; per config
+    the overrides that point at them."""
+    from diffusers import AutoencoderKLTemporalDecoder, UNetSpatioTemporalConditionModel
+    from PIL import Image
+    from transformers import CLIPVisionConfig, ViTConfig
+
+    from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts
+
+    root = tmp_path_factory.mktemp("no_weights")
+    vit = ViTConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+    vit.save_pretrained(root / "vit-large")
+    for split in ("train", "val"):
+        for name in ("cat", "dog"):
+            (root / "imagenet" / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(root / "imagenet" / split / name / "a.png")
+    with torch.device("meta"):
+        UNetSpatioTemporalConditionModel().save_config(root / "svd" / "unet")
+        AutoencoderKLTemporalDecoder(
+            block_out_channels=(128, 256, 512, 512),
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            layers_per_block=2,
+        ).save_config(root / "svd" / "vae")
+    encoder = CLIPVisionConfig(
+        hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16, patch_size=14,
+        projection_dim=1024,
+    )  # fmt: skip
+    encoder.save_pretrained(root / "svd" / "image_encoder")
+    tts = root / "tts"
+    tts.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ensure_tiny_tts() / "model" / name, tts / name)
+    assert not [p for p in root.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt")]
+    svd = [f"model.pretrained_model_name_or_path={root / 'svd'}"]
+    return {
+        "vit_classification/vit_large_imagenet.yaml": [
+            f"model.pretrained_model_name_or_path={root / 'vit-large'}",
+            f"data.root={root / 'imagenet'}",
+        ],
+        "video_lora/svd_img2vid_320x512_14f.yaml": svd,
+        "video_lora/svd_interp_576x576_10f.yaml": svd,
+        "tts_lm/granite_1b_pretrain.yaml": [f"model.pretrained_model_name_or_path={tts}"],
+        "tts_lm/lora_sft.yaml": [f"model.pretrained_model_name_or_path={tts}"],
+    }
+
+
+def test_plan_runs_on_every_shipped_config_without_weights(checkpoints_without_weights, capsys):
+    shipped = sorted(
+        str(p.relative_to(REPO / "configs/tasks")) for p in (REPO / "configs/tasks").rglob("*.yaml")
+    )
+    assert set(checkpoints_without_weights) <= set(shipped)
+    for name in shipped:
+        overrides = checkpoints_without_weights.get(name, [])
+        argv = ["plan", str(REPO / "configs/tasks" / name), *overrides, "--gpus", "4", "--gpu-memory", "80GB"]
+        assert main([*argv, "--json"]) == 0, name
+        plan = json.loads(capsys.readouterr().out)
+        assert [row["strategy"] for row in plan["strategies"]] == [
+            "ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp"
+        ], name  # fmt: skip
+        assert plan["census"]["trainable"] > 0 and plan["activations"]["configured"]["per_sample_bytes"] > 0
+        assert plan["recommendation"]["command"].startswith("accelerate launch"), name
+
+
+def test_plan_table_and_bad_flags_all_reported(capsys):
+    config = str(REPO / "configs/quickstart.yaml")
+    assert main(["plan", config, *TINY_VIT_OVERRIDES, "--gpus", "2", "--gpu-memory", "16GB"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended: ddp" in out and "accelerate launch --multi_gpu --num_processes 2" in out
+    assert "usable after a" in out and "largest mb" in out
+    assert main(["plan", config, "--gpus", "0", "--gpu-memory", "lots"]) == 1
+    err = capsys.readouterr().err
+    assert "--gpus: must be at least 1" in err and "'lots' is not a size" in err
