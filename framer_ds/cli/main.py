@@ -196,6 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
+    report = sub.add_parser(
+        "report",
+        help="PNG curves and a markdown table from run directories (metrics.jsonl, or a job's logs/*.out)",
+        description="Overlay the runs' loss, eval metrics, learning rate, throughput and memory over steps "
+        "(one PNG each, one legend entry per run) and write report.md with a summary table: steps, time, "
+        "samples/s, peak memory, final loss, final and best eval values. A run without metrics.jsonl is "
+        "read from its Slurm log (RUN_DIR/logs/*.out, or the .out file itself).",
+    )
+    report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="output_dir of a run, or a log")
+    report.add_argument("--out", type=Path, default=Path("report"), help="where to write (default ./report)")
+
     sub.add_parser("tasks", help="list registered tasks")
     return parser
 
@@ -420,6 +431,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from framer_ds.lab.report import write_report
+
+    report = write_report(args.runs, args.out)
+    print(report.read_text().split("\n\n")[1])
+    print(f"wrote {report} and its plots")
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     from framer_ds.tasks.registry import available_tasks
 
@@ -441,6 +461,7 @@ COMMANDS = {
     "hosts": cmd_hosts,
     "checkpoint": cmd_checkpoint,
     "plan": cmd_plan,
+    "report": cmd_report,
     "tasks": cmd_tasks,
 }
 

@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,13 @@ class MetricsLogger:
 
     def log(self, values: dict[str, float], step: int) -> None:
         if self._file is not None:
-            line = {"step": step, **{k: _finite_or_str(v) for k, v in values.items()}}
+            # "time": wall clock (Unix seconds), so `framer-ds report` can give a run's time and a curve
+            # over hours; only in this file, W&B and TensorBoard stamp their own.
+            line = {
+                "step": step,
+                "time": round(time.time(), 3),
+                **{k: _finite_or_str(v) for k, v in values.items()},
+            }
             self._file.write(json.dumps(line) + "\n")
         if self.accelerator.log_with:
             self.accelerator.log(values, step=step)

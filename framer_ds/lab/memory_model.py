@@ -60,11 +60,12 @@ class MemoryEstimate:
     strategy: str
     terms: tuple[Term, ...]
 
-    def peak(self, where: Where = "device") -> int:
-        """Persistent terms plus the larger phase (backward with the activations, or the optimizer step)."""
+    def peak(self, where: Where | None = "device") -> int:
+        """Persistent terms plus the larger phase (backward with the activations, or the optimizer step).
+        `where=None`: device and host together, as on a CPU run where they are the same memory."""
         parts = {"persistent": 0, "backward": 0, "step": 0}
         for term in self.terms:
-            if term.where == where:
+            if where is None or term.where == where:
                 parts[term.phase] += term.bytes
         return parts["persistent"] + max(parts["backward"], parts["step"])
 

@@ -1,0 +1,102 @@
+"""How close `framer-ds plan`'s per-rank prediction is to the measured peak, per model and strategy.
+
+Why: the planner is only worth its answer if its numbers hold; the target is within 15%. Each cell runs
+the same training as `benchmarks/strategy_memory.py` (its models, configs and instrument,
+framer_ds/lab/measure.py: peak allocated bytes above the imports, largest rank, through the last step)
+and puts beside it what the planner predicts for that config file, strategy and process count: the
+census, the activation probe at the run's micro-batch, the shipped JSON's buffers resolved as the engine
+resolves them, added up by framer_ds/lab/memory_model.py. On a CPU the offloaded terms live in the same
+memory as the rest, so a CPU cell compares the measured peak with device + host together; on a GPU
+(`torch.cuda.max_memory_allocated`) with the device terms only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+from strategy_memory import REPO, machine, measure
+
+from framer_ds.lab.activations import probe_activations
+from framer_ds.lab.census import task_census
+from framer_ds.lab.memory_model import estimate
+from framer_ds.lab.planner import Hardware, resolved_zero
+from framer_ds.tasks.registry import get_task_class
+from framer_ds.tasks.run_config import load_run_config
+
+SECTION = "## planner_accuracy"
+TARGET = 0.15
+MODELS = ("vit_85m", "unet_lora", "tiny_lora")
+STRATEGIES = ("plain", "ddp", "zero2", "zero3", "zero2_offload", "zero3_offload")
+
+
+def predict(config_path: Path, strategy: str, processes: int) -> int:
+    """What the planner says one rank allocates for this config, strategy and process count."""
+    import torch
+
+    config = load_run_config(config_path)
+    task = get_task_class(config.task)(config)
+    census = task_census(task)
+    probe = probe_activations(get_task_class(config.task)(config))
+    world = 1 if strategy == "plain" else processes
+    hardware = Hardware(world, 1, 0)
+    zero = resolved_zero(
+        "ddp" if strategy == "plain" else strategy, census, REPO / "configs/deepspeed", hardware
+    )
+    found = estimate(
+        "ddp" if strategy == "plain" else strategy,
+        census,
+        world,
+        config.train.mixed_precision,
+        probe.at(config.train.micro_batch_size),
+        zero,
+    )
+    return found.peak("device" if torch.cuda.is_available() else None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--write", type=Path, help="replace the planner_accuracy section of this file")
+    args = parser.parse_args()
+    from framer_ds.lab.measure import measurement_env
+    from framer_ds.storage.locations import default_cache_dir
+
+    rows = ["| model | strategy | predicted MiB | measured MiB | error |", "|---|---|---|---|---|"]
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="planner_accuracy_") as tmp:
+        work = Path(tmp)
+        env = measurement_env(default_cache_dir(), pythonpath=REPO)
+        for model in args.models.split(","):
+            for strategy in args.strategies.split(","):
+                measured = measure(model, strategy, REPO, work, args.steps, args.processes, env)
+                config_path = work / f"{model}_{strategy}" / "config.yaml"  # what measure() trained
+                predicted = predict(config_path, strategy, args.processes) / 2**20
+                error = (predicted - measured["run_mib"]) / measured["run_mib"]
+                errors.append(abs(error))
+                rows.append(
+                    f"| {model} | {strategy} | {predicted:.0f} | {measured['run_mib']:.0f} | {error:+.1%} |"
+                )
+                print(rows[-1], flush=True)
+    within = sum(e <= TARGET for e in errors)
+    summary = f"{within} of {len(errors)} cells within {TARGET:.0%}; largest error {max(errors):.1%}."
+    print(summary)
+    if args.write is not None:
+        from report import write_section
+
+        command = "python benchmarks/planner_accuracy.py " + shlex.join(sys.argv[1:])
+        text = "\n".join(
+            [SECTION, "", __doc__.split("\n\n")[1].replace("\n", " "), "", f"Command: `{command}`", "",
+             f"Machine: {machine()}", "", *rows, "", summary]
+        )  # fmt: skip
+        write_section(args.write, SECTION, text + "\n")
+
+
+if __name__ == "__main__":
+    main()
