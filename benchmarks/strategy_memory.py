@@ -34,6 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from framer_ds.lab.bench import launch_args
 from framer_ds.lab.measure import measure_launch, measurement_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,21 +110,6 @@ def training_config(model: str, code: Path, work: Path, steps: int) -> dict:
     return config
 
 
-def launch_args(strategy: str, code: Path, processes: int) -> list[str]:
-    if strategy == "plain":
-        return ["--num_processes", "1"]
-    if strategy == "ddp":
-        return ["--multi_gpu", "--num_processes", str(processes)]
-    return [
-        "--config_file",
-        str(code / "configs/accelerate_cpu_2proc.yaml"),
-        "--num_processes",
-        str(processes),
-        "--deepspeed_config_file",
-        str(code / f"configs/deepspeed/{strategy}.json"),
-    ]
-
-
 def measure(model: str, strategy: str, code: Path, work: Path, steps: int, processes: int, env: dict) -> dict:
     import yaml
 
@@ -134,7 +120,10 @@ def measure(model: str, strategy: str, code: Path, work: Path, steps: int, proce
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     port = 29500 + os.getpid() % 1000
-    found = measure_launch(config_path, [], launch_args(strategy, code, processes), run_dir, env, code, port)
+    import torch
+
+    args = launch_args(strategy, processes, code / "configs/deepspeed", gpu=torch.cuda.is_available())
+    found = measure_launch(config_path, [], args, run_dir, env, code, port)
     if found.steps != steps:
         raise RuntimeError(f"{model} / {strategy}: {found.steps} optimizer-step hooks for {steps} steps")
     return {

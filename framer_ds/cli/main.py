@@ -10,6 +10,7 @@ from pathlib import Path
 
 from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, RunSetupError
+from framer_ds.lab.memory_model import STRATEGIES
 
 OVERRIDES_HELP = """overrides:
   Any config key can be set after the config path as a dotted key=value; values are read as YAML:
@@ -195,6 +196,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the strategies' JSONs are (default configs/deepspeed)",
     )
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+
+    bench = sub.add_parser(
+        "bench",
+        help="short real trainings of a config per strategy and process count: memory, speed, loss, plots",
+        description="Train CONFIG for --steps optimizer steps under each strategy and process count, each "
+        "its own `accelerate launch`, measured alike (peak allocated memory per rank after every step, "
+        "s/step after two warm-up steps). Writes bench.json, bench.csv, bench.md and PNG plots (memory, "
+        "throughput, step time, scaling efficiency) to --output, and logs them to W&B when the config "
+        "does. A strategy that cannot run here becomes a row with its reason.",
+    )
+    _add_config_args(bench)
+    bench.add_argument(
+        "--strategies", default="ddp,zero2,zero3", help="comma-separated, of " + ", ".join(STRATEGIES)
+    )
+    bench.add_argument("--nproc", default="1,2", help="process counts, comma-separated (default 1,2)")
+    bench.add_argument(
+        "--steps", type=int, default=8, help="optimizer steps per run (default 8; >= 5 with --profile)"
+    )
+    bench.add_argument("--output", type=Path, help="where to write (default runs/bench/<config name>)")
+    bench.add_argument(
+        "--deepspeed-dir", type=Path, default=Path("configs/deepspeed"), help="the strategies' JSONs"
+    )
+    bench.add_argument(
+        "--profile",
+        action="store_true",
+        help="PyTorch profiler traces of steps 3-5 per run (Chrome trace JSON) and where the time goes",
+    )
 
     report = sub.add_parser(
         "report",
@@ -431,6 +459,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import shlex
+
+    from framer_ds.lab.bench import run_bench
+
+    strategies = [s for s in args.strategies.split(",") if s]
+    problems = [
+        ConfigProblem("--strategies", f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+        for s in strategies
+        if s not in STRATEGIES
+    ]
+    try:
+        counts = [int(n) for n in args.nproc.split(",") if n]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        problems.append(ConfigProblem("--nproc", f"{args.nproc!r}: give process counts, e.g. 1,2"))
+    if args.steps < (5 if args.profile else 3):
+        problems.append(
+            ConfigProblem("--steps", "at least 3 (5 with --profile): two warm-up steps come first")
+        )
+    missing = [s for s in strategies if s != "ddp" and not (args.deepspeed_dir / f"{s}.json").is_file()]
+    problems += [
+        ConfigProblem("--deepspeed-dir", f"{args.deepspeed_dir / (s + '.json')} not found") for s in missing
+    ]
+    if problems:
+        raise ConfigError(problems, "bench")
+    out = args.output or Path("runs/bench") / args.config.stem
+    command = shlex.join(["framer-ds", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else ""
+    rows, files = run_bench(
+        args.config, args.overrides, strategies, counts, args.steps, out, args.deepspeed_dir, args.profile,
+        command=command,
+    )  # fmt: skip
+    from framer_ds.lab.bench import markdown
+
+    print(markdown(rows))
+    print(f"wrote {', '.join(str(f) for f in files)}")
+    return 0 if any(r.ok for r in rows) else 1
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from framer_ds.lab.report import write_report
 
@@ -461,6 +529,7 @@ COMMANDS = {
     "hosts": cmd_hosts,
     "checkpoint": cmd_checkpoint,
     "plan": cmd_plan,
+    "bench": cmd_bench,
     "report": cmd_report,
     "tasks": cmd_tasks,
 }

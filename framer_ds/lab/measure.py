@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 WORKER_SCRIPT = Path(__file__).resolve()
 
@@ -78,17 +79,44 @@ def run_worker(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
         if len(steps) == 1:
             reset()  # from here on the peak is the steady state: steps 2..N, start-up excluded
 
+    rank = int(os.environ.get("RANK", "0"))
+    profiler = _profiler(out_dir, rank) if os.environ.get(PROFILE_ENV) else None
     handle = register_optimizer_step_post_hook(after_step)
+    if profiler is not None:
+        profiler.start()
+        profile_handle = register_optimizer_step_post_hook(lambda *_: profiler.step())
     run_training(load_run_config(config_path, overrides))
     handle.remove()
-    rank = int(os.environ.get("RANK", "0"))
     record = {
         "rank": rank,
         "steps": steps,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "baseline_bytes": baseline,
     }
+    if profiler is not None:
+        profile_handle.remove()
+        profiler.stop()
+        from framer_ds.lab.profile_summary import step_breakdown
+
+        record["profile_seconds"] = step_breakdown(profiler.events() or [])
     (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+PROFILE_ENV = "FRAMER_DS_PROFILE"
+"""Set (to 1) in a measured launch's environment: each rank also writes a Chrome trace of steps 3-5."""
+
+
+def _profiler(out_dir: Path, rank: int):
+    """PyTorch's profiler over three optimizer steps after two of warm-up, one Chrome trace per rank."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(out_dir / f"trace_rank{rank}.json")),
+    )
 
 
 # --- the driver ----------------------------------------------------------------------------------------
@@ -108,8 +136,12 @@ class Measurement:
     steps: int
     processes: int
     wall_s: float
+    rank_bytes: tuple[int, ...] = ()
+    """run_bytes of every rank, in rank order."""
+    profile_seconds: dict[str, float] | None = None
+    """Rank 0's profiled steps by category (lab/profile_summary.py), with FRAMER_DS_PROFILE set."""
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -156,14 +188,16 @@ def measure_launch(
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"measured run failed ({shlex.join(command)}):\n{done.stderr[-4000:]}")
-    ranks = [json.loads(p.read_text()) for p in sorted(work_dir.glob("rank*.json"))]
+    records = sorted(work_dir.glob("rank*.json"), key=lambda p: int(p.stem.removeprefix("rank")))
+    ranks = [json.loads(p.read_text()) for p in records]
     if not ranks or not ranks[0]["steps"]:
         raise RuntimeError(f"measured run recorded no optimizer step ({shlex.join(command)})")
     # steps[0] holds the peak of start-up + step 1; steps[-1] the peak of steps 2..N (reset after step 1)
     stamps = [t for t, _, _ in ranks[0]["steps"]]
     timed = stamps[2:] if len(stamps) > 3 else stamps  # the first two steps warm up allocators and buffers
+    rank_bytes = tuple(max(p for _, p, _ in r["steps"]) - r["baseline_bytes"] for r in ranks)
     return Measurement(
-        run_bytes=max(max(p for _, p, _ in r["steps"]) - r["baseline_bytes"] for r in ranks),
+        run_bytes=max(rank_bytes),
         steady_bytes=max(r["steps"][-1][1] - r["baseline_bytes"] for r in ranks),
         peak_bytes=max(max(p for _, p, _ in r["steps"]) for r in ranks),
         shared_bytes=max(s for r in ranks for _, _, s in r["steps"]),
@@ -172,6 +206,8 @@ def measure_launch(
         steps=len(stamps),
         processes=len(ranks),
         wall_s=time.perf_counter() - started,
+        rank_bytes=rank_bytes,
+        profile_seconds=ranks[0].get("profile_seconds"),
     )
 
 

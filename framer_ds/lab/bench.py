@@ -1,0 +1,284 @@
+"""`framer-ds bench`: the same config trained for a few steps under each strategy and process count,
+measured the same way (lab/measure.py), into one table, files and plots.
+
+Why short real runs and not a model: the comparison our users ran by hand (DDP vs ZeRO stages vs
+offload, 1 vs N processes: memory, step time, throughput, loss) is only trusted when every cell ran the
+same code path as training. Each cell is its own `accelerate launch` (its own process group); a cell that
+fails - ZeRO++'s quantization kernels on a machine without CUDA, an out-of-memory - becomes a row with
+its reason, and the others still run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from framer_ds.lab.measure import PROFILE_ENV, measure_launch, measurement_env
+from framer_ds.lab.profile_summary import format_breakdown, hta_breakdown
+from framer_ds.lab.report import read_history
+from framer_ds.storage.locations import default_cache_dir
+
+MiB = 2**20
+RUN_OVERRIDES = (
+    "train.checkpoint_every=null",
+    "train.checkpoint_every_epochs=null",
+    "train.eval_every=null",  # evaluated once, at the end: the final eval metric of the row
+    "train.eval_every_epochs=null",
+    "log.wandb=null",  # the bench logs one summary run, not one run per cell
+)
+
+
+def launch_args(strategy: str, processes: int, deepspeed_dir: Path, gpu: bool) -> list[str]:
+    """`accelerate launch` flags for one cell: DDP (one process: plain), or DeepSpeed with the strategy's
+    JSON; "plain" is one process without DDP."""
+    if strategy in ("plain", "ddp"):
+        return (["--multi_gpu"] if strategy == "ddp" and processes > 1 else []) + [
+            "--num_processes",
+            str(processes),
+        ]
+    base = "configs/accelerate_8gpu.yaml" if gpu else "configs/accelerate_cpu_2proc.yaml"
+    config_dir = deepspeed_dir.resolve().parent.parent
+    return [
+        "--config_file", str(config_dir / base), "--num_processes", str(processes),
+        "--deepspeed_config_file", str(deepspeed_dir / f"{strategy}.json"),
+    ]  # fmt: skip
+
+
+@dataclass
+class BenchRow:
+    strategy: str
+    processes: int
+    ok: bool
+    error: str = ""
+    peak_mib_per_rank: list[float] = field(default_factory=list)
+    s_per_step: float | None = None
+    samples_per_s: float | None = None
+    final_loss: float | None = None
+    eval: dict[str, float] = field(default_factory=dict)
+    wall_s: float | None = None
+    profile: dict[str, float] | None = None
+    hta: dict[str, float] | None = None
+    traces: list[str] = field(default_factory=list)
+
+    @property
+    def peak_mib(self) -> float | None:
+        return max(self.peak_mib_per_rank) if self.peak_mib_per_rank else None
+
+
+EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<text>[\w.]*(?:Error|Exception): .+)$")
+LAUNCHER_ERRORS = ("ChildFailedError", "CalledProcessError")
+
+
+def failure_reason(error: str) -> str:
+    """The exception a failed launch's ranks raised (not the launcher's own "child failed"), else the
+    last line of its stderr."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    raised = [m["text"] for line in lines if (m := EXCEPTION_LINE.match(line))]
+    raised = [
+        text for text in raised if not text.startswith(LAUNCHER_ERRORS) and "ChildFailedError" not in text
+    ]
+    return (raised or lines or ["failed"])[-1][:300]
+
+
+def run_cell(
+    config: Path,
+    overrides: list[str],
+    strategy: str,
+    processes: int,
+    steps: int,
+    out_dir: Path,
+    deepspeed_dir: Path,
+    profile: bool,
+    port: int,
+    cwd: Path,
+) -> BenchRow:
+    import torch
+
+    gpu = torch.cuda.is_available()
+    cell = out_dir / f"{strategy}_n{processes}"
+    shutil.rmtree(cell, ignore_errors=True)  # a cell run again starts clean (its worker records, its run)
+    run_overrides = [*overrides, *RUN_OVERRIDES, f"train.max_steps={steps}", f"output_dir={cell / 'run'}"]
+    env = measurement_env(default_cache_dir())
+    if profile:
+        env[PROFILE_ENV] = "1"
+    args = launch_args(strategy, processes, deepspeed_dir, gpu)
+    try:
+        found = measure_launch(config, run_overrides, args, cell, env, cwd, port)
+    except RuntimeError as exc:
+        reason = failure_reason(str(exc))
+        if strategy == "zeropp" and not gpu:
+            reason = f"ZeRO++ quantizes with CUDA kernels, this machine has no GPU ({reason})"
+        return BenchRow(strategy, processes, ok=False, error=reason)
+    history = read_history(cell / "run")
+    global_batch = history.summary.get("global batch")
+    last_eval = history.evals[-1] if history.evals else {}
+    return BenchRow(
+        strategy,
+        processes,
+        ok=True,
+        peak_mib_per_rank=[b / MiB for b in found.rank_bytes],
+        s_per_step=found.s_per_step,
+        samples_per_s=global_batch / found.s_per_step if global_batch and found.s_per_step else None,
+        final_loss=history.train[-1]["loss"] if history.train else None,
+        eval={k: v for k, v in last_eval.items() if k.startswith("eval/")},
+        wall_s=found.wall_s,
+        profile=found.profile_seconds,
+        hta=hta_breakdown(cell) if profile and gpu else None,
+        traces=[str(p) for p in sorted(cell.glob("trace_rank*.json"))],
+    )
+
+
+def scaling_efficiency(rows: list[BenchRow]) -> dict[tuple[str, int], float]:
+    """Throughput at N processes over N/n0 x the throughput at the fewest processes n0, per strategy."""
+    out = {}
+    for strategy in dict.fromkeys(r.strategy for r in rows):
+        measured = sorted(
+            (r.processes, r.samples_per_s) for r in rows if r.strategy == strategy and r.samples_per_s
+        )
+        if len(measured) < 2:
+            continue
+        n0, base = measured[0]
+        for n, rate in measured:
+            out[strategy, n] = rate / (base * n / n0)
+    return out
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(rows: list[BenchRow]) -> str:
+    efficiency = scaling_efficiency(rows)
+    eval_names = sorted({k for r in rows for k in r.eval})
+    head = ["strategy", "processes", "peak MiB/rank (max)", "s/step", "samples/s", "scaling", "final loss"]
+    lines = [
+        "| " + " | ".join([*head, *eval_names, "wall s", "note"]) + " |",
+        "|" + "---|" * (len(head) + len(eval_names) + 2),
+    ]
+    for r in rows:
+        scaling = efficiency.get((r.strategy, r.processes))
+        note = r.error if not r.ok else (format_breakdown(r.profile) if r.profile else "")
+        cells = [
+            r.strategy, str(r.processes), _number(r.peak_mib, ".0f"), _number(r.s_per_step, ".3f"),
+            _number(r.samples_per_s, ".3g"), "-" if scaling is None else f"{scaling:.0%}",
+            _number(r.final_loss, ".4f"), *[_number(r.eval.get(n), ".4f") for n in eval_names],
+            _number(r.wall_s, ".0f"), note.replace("|", "/"),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_bench_files(rows: list[BenchRow], out_dir: Path, header: dict[str, Any]) -> list[Path]:
+    """bench.json (everything), bench.csv (one line per cell), bench.md (the table) and the plots."""
+    from framer_ds.lab.bench_plots import plot_bench
+
+    efficiency = scaling_efficiency(rows)
+    records = [
+        {**asdict(r), "peak_mib": r.peak_mib, "scaling_efficiency": efficiency.get((r.strategy, r.processes))}
+        for r in rows
+    ]
+    (out_dir / "bench.json").write_text(json.dumps({**header, "cells": records}, indent=2))
+    columns = ["strategy", "processes", "ok", "peak_mib", "s_per_step", "samples_per_s", "scaling_efficiency",
+               "final_loss", "wall_s", "error"]  # fmt: skip
+    with (out_dir / "bench.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)
+    command = f"Command: `{header['command']}`\n\nMachine: {header['machine']}\n\n"
+    plots = plot_bench(rows, efficiency, out_dir)
+    images = "\n\n".join(f"![{p.stem}]({p.name})" for p in plots)
+    (out_dir / "bench.md").write_text(
+        f"# framer-ds bench: {header['config']}\n\n{command}{markdown(rows)}\n\n{images}\n"
+    )
+    return [out_dir / "bench.json", out_dir / "bench.csv", out_dir / "bench.md", *plots]
+
+
+def log_to_wandb(
+    config_path: Path, overrides: list[str], rows: list[BenchRow], files: list[Path], out_dir: Path
+) -> bool:
+    """One W&B run holding the table and the plots, when the config logs to W&B."""
+    from framer_ds.compat import require
+    from framer_ds.tasks.run_config import load_run_config
+
+    wandb_config = load_run_config(config_path, overrides).log.wandb
+    if wandb_config is None:
+        return False
+    wandb = require("wandb", "logging the bench to W&B (log.wandb)")
+    run = wandb.init(
+        project=wandb_config.project,
+        entity=wandb_config.entity,
+        name=f"bench {config_path.stem}",
+        mode="offline" if wandb_config.offline else "online",
+        dir=str(out_dir),
+        job_type="bench",
+    )
+    table = wandb.Table(columns=["strategy", "processes", "peak_mib", "s_per_step", "samples_per_s", "error"])
+    for r in rows:
+        table.add_data(r.strategy, r.processes, r.peak_mib, r.s_per_step, r.samples_per_s, r.error)
+    run.log({"bench": table, **{p.stem: wandb.Image(str(p)) for p in files if p.suffix == ".png"}})
+    run.finish()
+    return True
+
+
+def machine() -> str:
+    import platform
+
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
+    return f"{device}; torch {torch.__version__}; Python {platform.python_version()}"
+
+
+def run_bench(
+    config: Path,
+    overrides: list[str],
+    strategies: list[str],
+    processes: list[int],
+    steps: int,
+    out_dir: Path,
+    deepspeed_dir: Path,
+    profile: bool = False,
+    port: int = 29620,
+    cwd: Path | None = None,
+    command: str = "",
+) -> tuple[list[BenchRow], list[Path]]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for strategy in strategies:
+        for n in processes:
+            row = run_cell(
+                config,
+                overrides,
+                strategy,
+                n,
+                steps,
+                out_dir,
+                deepspeed_dir,
+                profile,
+                port,
+                cwd or Path.cwd(),
+            )
+            port += 1
+            rows.append(row)
+            status = (
+                f"peak {row.peak_mib:.0f} MiB/rank, {row.s_per_step:.3f} s/step"
+                if row.ok
+                else f"failed: {row.error}"
+            )
+            print(f"{strategy} x{n}: {status}", flush=True)
+    header = {
+        "config": str(config),
+        "overrides": overrides,
+        "command": command,
+        "machine": machine(),
+        "steps": steps,
+    }
+    files = write_bench_files(rows, out_dir, header)
+    if log_to_wandb(config, overrides, rows, files, out_dir):
+        print("logged the table and plots to W&B")
+    return rows, files
