@@ -70,7 +70,7 @@ def test_largest_micro_batch_accumulation_and_recommendation_by_hand():
 
 
 def test_launch_commands_name_shipped_files(tmp_path):
-    for gpus, strategy in ((4, "zero2"), (3, "zero3"), (1, "ddp"), (8, "ddp")):
+    for gpus, strategy in ((4, "zero2"), (3, "zero3"), (1, "ddp"), (8, "ddp"), (1, "zero3_offload")):
         command = launch_command(
             strategy, Hardware(gpus, 1, 80 * GiB), "CFG", ["a=1"], Path("configs/deepspeed")
         )

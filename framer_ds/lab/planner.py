@@ -246,6 +246,8 @@ def launch_command(
     elif strategy == "ddp":
         head = ["--multi_gpu"] if hardware.world > 1 else []
         head += ["--num_processes", str(hardware.world)]
+    elif hardware.world == 1:  # accelerate_1gpu.yaml runs without DeepSpeed
+        head = ["--config_file", "configs/accelerate_1gpu_offload.yaml"]
     else:
         size = hardware.world if hardware.world in SINGLE_NODE_SIZES else 8
         head = ["--config_file", f"configs/accelerate_{size}gpu.yaml"]
