@@ -97,9 +97,9 @@ def main() -> None:
     if args.write is not None:
         from report import write_section
 
-        command = "python benchmarks/planner_accuracy.py " + shlex.join(sys.argv[1:])
+        command = "python " + shlex.join(sys.argv)  # as typed, from wherever it ran
         text = "\n".join(
-            [SECTION, "", __doc__.split("\n\n")[1].replace("\n", " "), "", f"Command: `{command}`", "",
+            [SECTION, "", __doc__.split("\n\n")[1].replace("\n", " ").strip(), "", f"Command: `{command}`", "",
              f"Machine: {machine()}", "", *rows, "", summary]
         )  # fmt: skip
         write_section(args.write, SECTION, text + "\n")
