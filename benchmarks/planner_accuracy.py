@@ -98,10 +98,9 @@ def main() -> None:
         from report import write_section
 
         command = "python " + shlex.join(sys.argv)  # as typed, from wherever it ran
-        text = "\n".join(
-            [SECTION, "", __doc__.split("\n\n")[1].replace("\n", " ").strip(), "", f"Command: `{command}`", "",
-             f"Machine: {machine()}", "", *rows, "", summary]
-        )  # fmt: skip
+        method = __doc__.split("\n\n")[1].replace("\n", " ").strip()
+        parts = [SECTION, method, f"Command: `{command}`", f"Machine: {machine()}", "\n".join(rows), summary]
+        text = "\n\n".join(parts)
         write_section(args.write, SECTION, text + "\n")
 
 
