@@ -122,7 +122,8 @@ def measure(model: str, strategy: str, code: Path, work: Path, steps: int, proce
     port = 29500 + os.getpid() % 1000
     import torch
 
-    args = launch_args(strategy, processes, code / "configs/deepspeed", gpu=torch.cuda.is_available())
+    gpu = torch.cuda.is_available()
+    args = launch_args(strategy, processes, code / "configs/deepspeed", gpu, accelerate_dir=code / "configs")
     found = measure_launch(config_path, [], args, run_dir, env, code, port)
     if found.steps != steps:
         raise RuntimeError(f"{model} / {strategy}: {found.steps} optimizer-step hooks for {steps} steps")

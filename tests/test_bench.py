@@ -81,3 +81,12 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
   error_file: <N/A>"""
     assert failure_reason(stderr) == "ValueError: This op had not been implemented on CPU backend."
     assert failure_reason("killed\n") == "killed"
+
+
+def test_bad_bench_flags_are_reported_together(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    argv = ["bench", "configs/quickstart.yaml", "--strategies", "ddp,zero4,zero3", "--nproc", "0,2"]
+    assert main([*argv, "--steps", "4", "--profile", "--deepspeed-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "unknown strategy 'zero4'" in err and "--nproc: '0,2'" in err and "5 with --profile" in err
+    assert f"{tmp_path / 'zero3.json'} not found" in err

@@ -462,38 +462,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import shlex
 
-    from framer_ds.lab.bench import run_bench
+    from framer_ds.lab.bench import markdown, parse_bench_request, run_bench
 
-    strategies = [s for s in args.strategies.split(",") if s]
-    problems = [
-        ConfigProblem("--strategies", f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
-        for s in strategies
-        if s not in STRATEGIES
-    ]
-    try:
-        counts = [int(n) for n in args.nproc.split(",") if n]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        problems.append(ConfigProblem("--nproc", f"{args.nproc!r}: give process counts, e.g. 1,2"))
-    if args.steps < (5 if args.profile else 3):
-        problems.append(
-            ConfigProblem("--steps", "at least 3 (5 with --profile): two warm-up steps come first")
-        )
-    missing = [s for s in strategies if s != "ddp" and not (args.deepspeed_dir / f"{s}.json").is_file()]
-    problems += [
-        ConfigProblem("--deepspeed-dir", f"{args.deepspeed_dir / (s + '.json')} not found") for s in missing
-    ]
-    if problems:
-        raise ConfigError(problems, "bench")
+    strategies, counts = parse_bench_request(
+        args.strategies, args.nproc, args.steps, args.profile, args.deepspeed_dir
+    )
     out = args.output or Path("runs/bench") / args.config.stem
     command = shlex.join(["framer-ds", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else ""
     rows, files = run_bench(
         args.config, args.overrides, strategies, counts, args.steps, out, args.deepspeed_dir, args.profile,
         command=command,
     )  # fmt: skip
-    from framer_ds.lab.bench import markdown
-
     print(markdown(rows))
     print(f"wrote {', '.join(str(f) for f in files)}")
     return 0 if any(r.ok for r in rows) else 1

@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.lab.measure import PROFILE_ENV, measure_launch, measurement_env
+from framer_ds.lab.memory_model import STRATEGIES
 from framer_ds.lab.profile_summary import format_breakdown, hta_breakdown
 from framer_ds.lab.report import read_history
 from framer_ds.storage.locations import default_cache_dir
@@ -33,20 +35,62 @@ RUN_OVERRIDES = (
 )
 
 
-def launch_args(strategy: str, processes: int, deepspeed_dir: Path, gpu: bool) -> list[str]:
+def launch_args(
+    strategy: str, processes: int, deepspeed_dir: Path, gpu: bool, accelerate_dir: Path = Path("configs")
+) -> list[str]:
     """`accelerate launch` flags for one cell: DDP (one process: plain), or DeepSpeed with the strategy's
-    JSON; "plain" is one process without DDP."""
+    JSON on a DeepSpeed accelerate YAML from `accelerate_dir` (its num_processes overridden); "plain" is
+    one process without DDP."""
     if strategy in ("plain", "ddp"):
         return (["--multi_gpu"] if strategy == "ddp" and processes > 1 else []) + [
             "--num_processes",
             str(processes),
         ]
-    base = "configs/accelerate_8gpu.yaml" if gpu else "configs/accelerate_cpu_2proc.yaml"
-    config_dir = deepspeed_dir.resolve().parent.parent
     return [
-        "--config_file", str(config_dir / base), "--num_processes", str(processes),
+        "--config_file", str(accelerate_dir / deepspeed_yaml(gpu)), "--num_processes", str(processes),
         "--deepspeed_config_file", str(deepspeed_dir / f"{strategy}.json"),
     ]  # fmt: skip
+
+
+def deepspeed_yaml(gpu: bool) -> str:
+    return "accelerate_8gpu.yaml" if gpu else "accelerate_cpu_2proc.yaml"
+
+
+def parse_bench_request(
+    strategies_text: str, nproc_text: str, steps: int, profile: bool, deepspeed_dir: Path
+) -> tuple[list[str], list[int]]:
+    """The strategies and process counts `framer-ds bench` was given, or a ConfigError with every
+    problem: unknown strategies, bad counts, too few steps, missing JSONs or accelerate YAML."""
+    import torch
+
+    strategies = [s for s in strategies_text.split(",") if s]
+    problems = [
+        ConfigProblem("--strategies", f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+        for s in strategies
+        if s not in STRATEGIES
+    ]
+    try:
+        counts = [int(n) for n in nproc_text.split(",") if n]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        problems.append(ConfigProblem("--nproc", f"{nproc_text!r}: give process counts, e.g. 1,2"))
+    if steps < (5 if profile else 3):
+        problems.append(
+            ConfigProblem("--steps", "at least 3 (5 with --profile): two warm-up steps come first")
+        )
+    deepspeed = [s for s in strategies if s in STRATEGIES and s != "ddp"]
+    base = Path("configs") / deepspeed_yaml(torch.cuda.is_available())
+    if deepspeed and not base.is_file():
+        problems.append(ConfigProblem("bench", f"{base} not found: run from the repository root"))
+    problems += [
+        ConfigProblem("--deepspeed-dir", f"{deepspeed_dir / (s + '.json')} not found")
+        for s in deepspeed
+        if not (deepspeed_dir / f"{s}.json").is_file()
+    ]
+    if problems:
+        raise ConfigError(problems, "bench")
+    return strategies, counts
 
 
 @dataclass
