@@ -151,6 +151,20 @@ def oversized_warnings(zero: Mapping[str, Any], sizes: ParameterSizes, bytes_per
     return out
 
 
+def resolve_auto(
+    zero: dict[str, Any], resolved: Mapping[str, int], processes_per_node: int
+) -> tuple[str, ...]:
+    """Replace, in place, every "auto" buffer field of a `zero_optimization` section with its value in
+    `resolved` (`auto_values`), and hpZ's "auto" with `processes_per_node`; returns the keys replaced.
+    The engine before `prepare` and the planner (for any hardware) resolve a JSON the same way."""
+    auto = tuple(key for key in ZERO_BUFFER_KEYS if zero.get(key) == "auto")
+    for key in auto:
+        zero[key] = resolved[key]
+    if zero.get(HPZ) == "auto":
+        zero[HPZ], auto = processes_per_node, (*auto, HPZ)
+    return auto
+
+
 def size_zero_buffers(
     deepspeed_config: dict[str, Any], sizes: ParameterSizes, mixed_precision: str, processes_per_node: int = 1
 ) -> ZeroBuffers:
@@ -161,13 +175,8 @@ def size_zero_buffers(
     training YAML's; the JSON's own bf16/fp16 are still "auto" here) sets the bucket element size.
     ZeRO++'s `zero_hpz_partition_size` "auto" becomes `processes_per_node`."""
     zero = deepspeed_config.setdefault("zero_optimization", {})
-    resolved = auto_values(sizes)
-    auto = tuple(key for key in ZERO_BUFFER_KEYS if zero.get(key) == "auto")
     warnings = oversized_warnings(zero, sizes, element_bytes(mixed_precision))
-    for key in auto:
-        zero[key] = resolved[key]
-    if zero.get(HPZ) == "auto":
-        zero[HPZ], auto = processes_per_node, (*auto, HPZ)
+    auto = resolve_auto(zero, auto_values(sizes), processes_per_node)
     stage3 = zero.get("stage") == 3
     shown = [
         key for key in (*ZERO_BUFFER_KEYS, HPZ) if key in zero and (stage3 or not key.startswith("stage3_"))

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from framer_ds.engine.zero_buffers import resolve_auto
 from framer_ds.lab.activations import ActivationProbe, probe_activations
 from framer_ds.lab.census import task_census
 from framer_ds.lab.memory_model import STRATEGIES, MemoryEstimate, ParameterCensus, estimate
@@ -154,11 +155,7 @@ def resolved_zero(strategy: str, census: ParameterCensus, deepspeed_dir: Path, h
         raise FileNotFoundError(
             f"{path}: {exc}; run from the repository root or pass --deepspeed-dir"
         ) from None
-    for key, value in census.auto_buffers.items():
-        if zero.get(key) == "auto":
-            zero[key] = value
-    if zero.get("zero_hpz_partition_size") == "auto":
-        zero["zero_hpz_partition_size"] = hardware.gpus_per_node
+    resolve_auto(zero, census.auto_buffers, hardware.gpus_per_node)
     return zero
 
 
