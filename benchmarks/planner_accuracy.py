@@ -23,7 +23,7 @@ from pathlib import Path
 from strategy_memory import REPO, machine, measure
 
 from framer_ds.lab.activations import probe_activations
-from framer_ds.lab.census import task_census
+from framer_ds.lab.census import meta_model, task_census
 from framer_ds.lab.memory_model import estimate
 from framer_ds.lab.planner import Hardware, resolved_zero
 from framer_ds.tasks.registry import get_task_class
@@ -41,8 +41,9 @@ def predict(config_path: Path, strategy: str, processes: int) -> int:
 
     config = load_run_config(config_path)
     task = get_task_class(config.task)(config)
-    census = task_census(task)
-    probe = probe_activations(get_task_class(config.task)(config))
+    model = meta_model(task)
+    census = task_census(task, model)
+    probe = probe_activations(task, model=model)
     world = 1 if strategy == "plain" else processes
     hardware = Hardware(world, 1, 0)
     zero = resolved_zero(

@@ -29,7 +29,7 @@ import torch
 from accelerate.utils import send_to_device
 
 from framer_ds.engine.precision import cast_batch, dtype_of
-from framer_ds.engine.pretrained import empty_weights
+from framer_ds.lab.census import meta_model
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
@@ -114,20 +114,22 @@ def _loss_of(result: torch.Tensor | TrainingLoss) -> torch.Tensor:
 
 
 def probe_activations(
-    task: Task, micro_batches: Sequence[int] = PROBE_MICRO_BATCHES, fake: bool = True
+    task: Task,
+    micro_batches: Sequence[int] = PROBE_MICRO_BATCHES,
+    fake: bool = True,
+    model: torch.nn.Module | None = None,
 ) -> ActivationProbe:
     """One forward + backward per micro-batch size of `task`'s model on fake tensors (module docstring).
     `fake=False` runs the same step on real tensors with real (random) weights: the check that the fake
-    run follows the same graph, for models small enough to run."""
+    run follows the same graph, for models small enough to run. `model`: the task's `meta_model` when
+    the caller built it already; the probe gives it fake (or empty) parameters, so count it first."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if len(set(micro_batches)) < 2:
         raise ValueError(f"need two different micro-batch sizes to fit a line, got {list(micro_batches)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = dtype_of(task.config.train.mixed_precision)
-    task.prepare_model_assets()
-    with empty_weights():
-        model = task.build_model()
+    model = meta_model(task) if model is None else model
     if dtype != torch.float32:  # as DeepSpeed casts the module (DDP's autocast computes in it too)
         model.to(dtype)  # still on the meta device: fake parameters cannot be swapped for a cast
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()

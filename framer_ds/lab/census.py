@@ -43,12 +43,19 @@ def census_of(
     )
 
 
-def task_census(task: Task) -> ParameterCensus:
-    """The census of the model `task` trains, built on the meta device after `prepare_model_assets`
-    (built-in tiny models; a classifier's head needs its classes)."""
+def meta_model(task: Task) -> torch.nn.Module:
+    """The model `task` trains, built on the meta device after `prepare_model_assets` (built-in tiny
+    models; a classifier's head needs its classes): what the census counts and the probe runs."""
     task.prepare_model_assets()
     with empty_weights():
-        model = task.build_model()
+        return task.build_model()
+
+
+def task_census(task: Task, model: torch.nn.Module | None = None) -> ParameterCensus:
+    """The census of the model `task` trains; `model`: its `meta_model`, when the caller has built it
+    already (the planner builds one for the census and the activation probe)."""
+    model = meta_model(task) if model is None else model
+    with empty_weights():
         helpers = task.frozen_helpers()
     return census_of(model, helpers, task.config.train.mixed_precision)
 
