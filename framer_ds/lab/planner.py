@@ -200,12 +200,11 @@ def strategy_row(
     def host_per_node(found: MemoryEstimate) -> int:
         return found.peak("host") * hardware.gpus_per_node
 
-    def fits(k: int) -> bool:
-        found = memory(k)
+    def within(found: MemoryEstimate) -> bool:
         host_ok = hardware.cpu_bytes is None or host_per_node(found) <= hardware.cpu_bytes
         return found.peak("device") <= hardware.usable and host_ok
 
-    largest = _largest_fitting(fits)
+    largest = _largest_fitting(lambda k: within(memory(k)))
     runs_at, accumulation = _split_batch(
         global_batch, hardware.world, min(micro_batch, largest) or micro_batch
     )
@@ -217,7 +216,7 @@ def strategy_row(
         note = f"needs {host_per_node(found) / GiB:.1f} GiB of host memory per node"
     return StrategyRow(
         strategy=strategy,
-        fits=fits(micro_batch),
+        fits=within(found),
         device_bytes=found.peak("device"),
         host_bytes_per_node=host_per_node(found),
         largest_micro_batch=largest,
@@ -294,17 +293,21 @@ def make_plan(
     micro_batch = train.micro_batch_size
     target = global_batch or micro_batch * train.gradient_accumulation_steps * hardware.world
 
+    zeros: dict[str, dict | FileNotFoundError] = {}  # each JSON read once, for both probes
+    for strategy in strategies:
+        try:
+            zeros[strategy] = resolved_zero(strategy, census, deepspeed_dir, hardware)
+        except FileNotFoundError as exc:
+            zeros[strategy] = exc
+
     def rows_for(probe: ActivationProbe) -> list[StrategyRow]:
-        out = []
-        for strategy in strategies:
-            try:
-                zero = resolved_zero(strategy, census, deepspeed_dir, hardware)
-            except FileNotFoundError as exc:
-                out.append(StrategyRow(strategy, False, 0, 0, 0, micro_batch, 0, 0, note=str(exc)))
-                continue
-            mp = train.mixed_precision
-            out.append(strategy_row(strategy, census, probe, hardware, mp, zero, micro_batch, target))
-        return out
+        mp = train.mixed_precision
+        return [
+            StrategyRow(strategy, False, 0, 0, 0, micro_batch, 0, 0, note=str(zero))
+            if isinstance(zero, FileNotFoundError)
+            else strategy_row(strategy, census, probe, hardware, mp, zero, micro_batch, target)
+            for strategy, zero in zeros.items()
+        ]
 
     rows = rows_for(probes["configured"])
     checkpointing_rows = rows_for(probes["checkpointing"]) if "checkpointing" in probes else []
