@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from strategy_memory import REPO, machine, measure
+from strategy_memory import REPO, measure
 
 from framer_ds.lab.activations import probe_activations
 from framer_ds.lab.census import meta_model, task_census
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--write", type=Path, help="replace the planner_accuracy section of this file")
     args = parser.parse_args()
-    from framer_ds.lab.measure import measurement_env
+    from framer_ds.lab.measure import describe_machine, measurement_env
     from framer_ds.storage.locations import default_cache_dir
 
     rows = [
@@ -100,7 +100,14 @@ def main() -> None:
 
         command = "python " + shlex.join(sys.argv)  # as typed, from wherever it ran
         method = __doc__.split("\n\n")[1].replace("\n", " ").strip()
-        parts = [SECTION, method, f"Command: `{command}`", f"Machine: {machine()}", "\n".join(rows), summary]
+        parts = [
+            SECTION,
+            method,
+            f"Command: `{command}`",
+            f"Machine: {describe_machine()}",
+            "\n".join(rows),
+            summary,
+        ]
         text = "\n\n".join(parts)
         write_section(args.write, SECTION, text + "\n")
 

@@ -25,17 +25,15 @@ commit before a change: the "before" column); the instruments here stay the same
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import shlex
 import sys
 import tempfile
 from pathlib import Path
 
 from framer_ds.lab.bench import launch_args
-from framer_ds.lab.measure import measure_launch, measurement_env
+from framer_ds.lab.measure import describe_machine, measure_launch, measurement_env
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## strategy_memory"
@@ -139,22 +137,6 @@ def measure(model: str, strategy: str, code: Path, work: Path, steps: int, proce
     }
 
 
-def machine() -> str:
-    import accelerate
-    import deepspeed
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    device = (
-        torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({cpu}, {os.cpu_count()} cores)"
-    )
-    return (
-        f"{device}; torch {torch.__version__}, accelerate {accelerate.__version__}, deepspeed "
-        f"{deepspeed.__version__}, Python {platform.python_version()}; "
-        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
-    )
-
-
 def table(results: dict[tuple[str, str], dict], models: list[str], strategies: list[str]) -> list[str]:
     head = "| model | " + " | ".join(strategies) + " |"
     rows = [head, "|---" * (len(strategies) + 1) + "|"]
@@ -242,7 +224,7 @@ def write_table(args: argparse.Namespace, rows: list[str]) -> None:
     blocks = [b for b in re.split(r"(?m)^(?=### )", existing) if b.strip()]
     intro = blocks.pop(0) if blocks and not blocks[0].startswith("### ") else INTRO
     command = "python benchmarks/strategy_memory.py " + shlex.join(sys.argv[1:])
-    block = "\n".join([heading, "", f"Command: `{command}`", "", f"Machine: {machine()}", "", *rows])
+    block = "\n".join([heading, "", f"Command: `{command}`", "", f"Machine: {describe_machine()}", "", *rows])
     kept = [b.rstrip("\n") for b in blocks if b.splitlines()[0] != heading]
     write_section(path, SECTION, "\n\n".join([intro.rstrip("\n"), *kept, block]) + "\n")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.lab.measure import PROFILE_ENV, measure_launch, measurement_env
+from framer_ds.lab.measure import PROFILE_ENV, describe_machine, measure_launch, measurement_env
 from framer_ds.lab.memory_model import STRATEGIES
 from framer_ds.lab.profile_summary import format_breakdown, hta_breakdown
 from framer_ds.lab.report import read_history
@@ -269,15 +269,6 @@ def log_to_wandb(
     return True
 
 
-def machine() -> str:
-    import platform
-
-    import torch
-
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
-    return f"{device}; torch {torch.__version__}; Python {platform.python_version()}"
-
-
 def run_bench(
     config: Path,
     overrides: list[str],
@@ -319,7 +310,7 @@ def run_bench(
         "config": str(config),
         "overrides": overrides,
         "command": command,
-        "machine": machine(),
+        "machine": describe_machine(),
         "steps": steps,
     }
     files = write_bench_files(rows, out_dir, header)

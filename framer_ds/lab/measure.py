@@ -145,6 +145,30 @@ class Measurement:
         return asdict(self)
 
 
+def describe_machine() -> str:
+    """The "Machine:" line of a measurement: device, versions, when (UTC)."""
+    import datetime as dt
+    import platform
+
+    import accelerate
+    import torch
+
+    try:
+        import deepspeed
+
+        deepspeed_version = f", deepspeed {deepspeed.__version__}"
+    except ImportError:
+        deepspeed_version = ""
+    cpu = platform.processor() or platform.machine()
+    device = (
+        torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({cpu}, {os.cpu_count()} cores)"
+    )
+    return (
+        f"{device}; torch {torch.__version__}, accelerate {accelerate.__version__}{deepspeed_version}, "
+        f"Python {platform.python_version()}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    )
+
+
 def measurement_env(cache: Path, pythonpath: Path | None = None, env: dict[str, str] | None = None) -> dict:
     """The environment of a measured launch: one OpenMP thread per rank, the counter preloaded on a CPU."""
     import torch
