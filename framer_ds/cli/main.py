@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from framer_ds.cli.lab_commands import LAB_COMMANDS, add_lab_commands
+from framer_ds.cli.options import add_config_args
 from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, RunSetupError
-from framer_ds.lab.memory_model import STRATEGIES
 
 OVERRIDES_HELP = """overrides:
   Any config key can be set after the config path as a dotted key=value; values are read as YAML:
@@ -25,13 +26,6 @@ distributed:
   accelerate launch --config_file configs/accelerate_4gpu.yaml -m framer_ds train CONFIG
   (--deepspeed_config_file configs/deepspeed/zero3.json swaps the strategy)
 """
-
-
-def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, help="training YAML (see configs/)")
-    parser.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.max_steps=20"
-    )
 
 
 def _add_export_args(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         "command that runs it).",
         epilog=OVERRIDES_HELP,
     )
-    _add_config_args(train)
+    add_config_args(train)
     train.add_argument(
         "--overwrite", action="store_true", help="start over in an output_dir that already holds a run"
     )
@@ -81,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser(
         "validate", help="check a training YAML (and launch configs) without loading weights or data"
     )
-    _add_config_args(validate)
+    add_config_args(validate)
     validate.add_argument("--accelerate-config", type=Path, help="accelerate YAML to cross-check")
     validate.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON to cross-check")
     validate.add_argument(
@@ -96,12 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="dataset tools")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
     check = data_sub.add_parser("check", help="validate a config's dataset before launch and print a report")
-    _add_config_args(check)
+    add_config_args(check)
     encode = data_sub.add_parser(
         "encode-audio",
         help="encode a config's audio files with its codec into the cache training reads (resumable)",
     )
-    _add_config_args(encode)
+    add_config_args(encode)
 
     sample = sub.add_parser(
         "sample",
@@ -120,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         "get", help="one resolved value of a training YAML (with overrides), e.g. for a launch script"
     )
     get.add_argument("key", help="dotted key, e.g. output_dir or train.micro_batch_size")
-    _add_config_args(get)
+    add_config_args(get)
     docs = config_sub.add_parser("docs", help="the config reference of every built-in task, as markdown")
     docs.add_argument("--write", type=Path, metavar="PATH", help="write it to PATH (docs/config.md)")
 
@@ -170,70 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--same-slots", action="store_true", help="fail unless every host runs the same number (accelerate)"
     )
 
-    plan = sub.add_parser(
-        "plan",
-        help="which strategy fits on N GPUs, the largest micro-batch and the launch command (no weights)",
-        description="Count the parameters (meta device, no weight file read), measure the activations "
-        "(one forward + backward of the real model on fake tensors, at micro-batch 1 and 2, with gradient "
-        "checkpointing as configured and on), and add up every strategy's per-GPU memory with the "
-        "DeepSpeed JSONs' buffers. Prints which strategies fit, the largest micro-batch of each, the "
-        "accumulation for the global batch and the fastest strategy that fits, with its launch command.",
-    )
-    _add_config_args(plan)
-    plan.add_argument("--gpus", type=int, required=True, help="GPUs per node")
-    plan.add_argument("--gpu-memory", required=True, help="memory of one GPU, e.g. 40GB, 80GiB (GB = GiB)")
-    plan.add_argument("--nodes", type=int, default=1, help="machines (default 1)")
-    plan.add_argument("--cpu-memory", help="host memory per node, e.g. 512GB: checked for the offloads")
-    plan.add_argument(
-        "--global-batch",
-        type=int,
-        help="samples per optimizer step to keep (default: the config's at N GPUs)",
-    )
-    plan.add_argument(
-        "--deepspeed-dir",
-        type=Path,
-        default=Path("configs/deepspeed"),
-        help="where the strategies' JSONs are (default configs/deepspeed)",
-    )
-    plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-
-    bench = sub.add_parser(
-        "bench",
-        help="short real trainings of a config per strategy and process count: memory, speed, loss, plots",
-        description="Train CONFIG for --steps optimizer steps under each strategy and process count, each "
-        "its own `accelerate launch`, measured alike (peak allocated memory per rank after every step, "
-        "s/step after two warm-up steps). Writes bench.json, bench.csv, bench.md and PNG plots (memory, "
-        "throughput, step time, scaling efficiency) to --output, and logs them to W&B when the config "
-        "does. A strategy that cannot run here becomes a row with its reason.",
-    )
-    _add_config_args(bench)
-    bench.add_argument(
-        "--strategies", default="ddp,zero2,zero3", help="comma-separated, of " + ", ".join(STRATEGIES)
-    )
-    bench.add_argument("--nproc", default="1,2", help="process counts, comma-separated (default 1,2)")
-    bench.add_argument(
-        "--steps", type=int, default=8, help="optimizer steps per run (default 8; >= 5 with --profile)"
-    )
-    bench.add_argument("--output", type=Path, help="where to write (default runs/bench/<config name>)")
-    bench.add_argument(
-        "--deepspeed-dir", type=Path, default=Path("configs/deepspeed"), help="the strategies' JSONs"
-    )
-    bench.add_argument(
-        "--profile",
-        action="store_true",
-        help="PyTorch profiler traces of steps 3-5 per run (Chrome trace JSON) and where the time goes",
-    )
-
-    report = sub.add_parser(
-        "report",
-        help="PNG curves and a markdown table from run directories (metrics.jsonl, or a job's logs/*.out)",
-        description="Overlay the runs' loss, eval metrics, learning rate, throughput and memory over steps "
-        "(one PNG each, one legend entry per run) and write report.md with a summary table: steps, time, "
-        "samples/s, peak memory, final loss, final and best eval values. A run without metrics.jsonl is "
-        "read from its Slurm log (RUN_DIR/logs/*.out, or the .out file itself).",
-    )
-    report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="output_dir of a run, or a log")
-    report.add_argument("--out", type=Path, default=Path("report"), help="where to write (default ./report)")
+    add_lab_commands(sub)
 
     sub.add_parser("tasks", help="list registered tasks")
     return parser
@@ -427,66 +358,6 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    import json
-
-    from framer_ds.lab.planner import Hardware, format_plan, make_plan, parse_bytes
-
-    problems = [
-        ConfigProblem(flag, f"must be at least 1, got {value}")
-        for flag, value in (
-            ("--gpus", args.gpus),
-            ("--nodes", args.nodes),
-            ("--global-batch", args.global_batch),
-        )
-        if value is not None and value < 1
-    ]
-    sizes = {}
-    for flag, text in (("--gpu-memory", args.gpu_memory), ("--cpu-memory", args.cpu_memory)):
-        try:
-            sizes[flag] = parse_bytes(text) if text is not None else None
-        except ValueError as exc:
-            problems.append(ConfigProblem(flag, str(exc)))
-    if problems:
-        raise ConfigError(problems, "plan")
-    hardware = Hardware(args.gpus, args.nodes, sizes["--gpu-memory"], sizes["--cpu-memory"])
-    if hardware.problems():
-        raise ConfigError([ConfigProblem("--gpu-memory", text) for text in hardware.problems()], "plan")
-    plan = make_plan(
-        args.config, args.overrides, hardware, args.deepspeed_dir, global_batch=args.global_batch
-    )
-    print(json.dumps(plan.as_dict(), indent=2) if args.json else format_plan(plan))
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    import shlex
-
-    from framer_ds.lab.bench import markdown, parse_bench_request, run_bench
-
-    strategies, counts = parse_bench_request(
-        args.strategies, args.nproc, args.steps, args.profile, args.deepspeed_dir
-    )
-    out = args.output or Path("runs/bench") / args.config.stem
-    command = shlex.join(["framer-ds", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else ""
-    rows, files = run_bench(
-        args.config, args.overrides, strategies, counts, args.steps, out, args.deepspeed_dir, args.profile,
-        command=command,
-    )  # fmt: skip
-    print(markdown(rows))
-    print(f"wrote {', '.join(str(f) for f in files)}")
-    return 0 if any(r.ok for r in rows) else 1
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from framer_ds.lab.report import write_report
-
-    report = write_report(args.runs, args.out)
-    print(report.read_text().split("\n\n")[1])
-    print(f"wrote {report} and its plots")
-    return 0
-
-
 def cmd_tasks(args: argparse.Namespace) -> int:
     from framer_ds.tasks.registry import available_tasks
 
@@ -507,9 +378,7 @@ COMMANDS = {
     "env": cmd_env,
     "hosts": cmd_hosts,
     "checkpoint": cmd_checkpoint,
-    "plan": cmd_plan,
-    "bench": cmd_bench,
-    "report": cmd_report,
+    **LAB_COMMANDS,
     "tasks": cmd_tasks,
 }
 
