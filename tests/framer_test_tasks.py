@@ -120,6 +120,65 @@ class MlpRegressionTask(Task):
             save_module_gathered(accelerator, model, out_dir / "model.safetensors")
 
 
+class ScriptedEvalDataConfig(MlpDataConfig):
+    eval_script: list[float] = Field(
+        default_factory=list,
+        description="eval/score of this process's k-th evaluation (the last value once past the end); "
+        "empty = no eval/score.",
+    )
+    no_eval_set: bool = Field(False, description="Build no eval set.")
+    sample_every: int = Field(0, description="write_samples every N steps: an image, two videos, audio.")
+
+
+@register_task
+class ScriptedEvalTask(MlpRegressionTask):
+    """The MLP task with an eval metric the test decides (`data.eval_script`, by evaluation count in
+    this process) and media samples of every kind a tracker shows (PNG, GIF, mp4, WAV)."""
+
+    name = "test_scripted_eval"
+    summary = "Test-only: MLP regression with a scripted eval/score and media samples."
+    DataConfig = ScriptedEvalDataConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.evaluations = 0
+
+    def build_datasets(self):
+        train, evaluation = super().build_datasets()
+        return train, None if self.config.data.no_eval_set else evaluation
+
+    def summarize_eval(self, sums, num_samples):
+        metrics = super().summarize_eval(sums, num_samples)
+        script = self.config.data.eval_script
+        if script:
+            metrics["eval/score"] = float(script[min(self.evaluations, len(script) - 1)])
+        self.evaluations += 1
+        return metrics
+
+    def sample_every(self) -> int:
+        return self.config.data.sample_every
+
+    def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
+        if not accelerator.is_main_process:
+            return []
+        import numpy as np
+        import soundfile
+        from PIL import Image
+
+        from framer_ds.data.video_write import write_video
+
+        folder = Path(out_dir) / f"step_{step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        frames = [np.full((16, 24, 3), 40 * t, dtype=np.uint8) for t in range(5)]  # 5 frames, 24 x 16
+        Image.fromarray(frames[2]).save(folder / "image.png")
+        gif = [Image.fromarray(frame) for frame in frames]
+        gif[0].save(folder / "clip_gif.gif", save_all=True, append_images=gif[1:], duration=100, loop=0)
+        write_video(folder / "clip_mp4.mp4", frames, fps=8)
+        tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000).astype(np.float32)
+        soundfile.write(folder / "tone.wav", tone, 16000)
+        return [folder / name for name in ("image.png", "clip_gif.gif", "clip_mp4.mp4", "tone.wav")]
+
+
 class TokenModelConfig(StrictModel):
     width: int = 64
     depth: int = 2

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 from transformers import ViTForImageClassification
 
@@ -51,6 +53,8 @@ def test_two_process_run(strategy, tmp_path):
         "train.gradient_accumulation_steps=2",
         "train.checkpoint_every=2",
         "train.eval_every=4",
+        "train.best_metric=eval/accuracy",
+        "train.best_mode=max",
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     train_lines, eval_lines = read_metrics(run_dir)
@@ -65,4 +69,10 @@ def test_two_process_run(strategy, tmp_path):
     weights = load_file(run_dir / "final" / "model.safetensors")
     assert weights and all(w.numel() > 0 for w in weights.values())
     ViTForImageClassification.from_pretrained(run_dir / "final")
+    # best/ is written by every rank like final/ (a collective under ZeRO-3): the one evaluation, at the
+    # last step, is the best, so best/ holds the same full weights as final/.
+    assert json.loads((run_dir / "best" / "best.json").read_text())["step"] == 4
+    best = load_file(run_dir / "best" / "model.safetensors")
+    assert best.keys() == weights.keys() and all(torch.equal(best[k], weights[k]) for k in weights)
+    ViTForImageClassification.from_pretrained(run_dir / "best")
     assert proc.stdout.count("done: 4 steps") == 1

@@ -39,7 +39,7 @@ def test_throughput_excludes_time_spent_in_actions(monkeypatch):
 
 
 class RecordAfterEval(StepAction):
-    """What "keep the best checkpoint" will be: an action that reads the evaluation just made."""
+    """An action that reads the evaluation just made (as KeepBest does)."""
 
     name = "record"
     seen: ClassVar[list[tuple[int, dict]]] = []
@@ -59,6 +59,25 @@ def test_a_new_behaviour_is_one_more_action(tmp_path: Path, monkeypatch):
     result = loop.run_training(load_run_config(config))
     assert [step for step, _ in RecordAfterEval.seen] == [4, 8]
     assert RecordAfterEval.seen[-1][1] == result.eval_metrics  # it ran after the evaluation of its step
+
+
+@pytest.mark.parametrize(
+    ("train", "names"),
+    [
+        ({}, ["log", "evaluate", "samples", "checkpoint"]),
+        (
+            {"best_metric": "eval/loss", "best_mode": "min"},
+            ["log", "evaluate", "keep-best", "samples", "checkpoint"],
+        ),
+    ],
+)
+def test_keep_best_follows_the_evaluation_and_precedes_the_checkpoint(tmp_path: Path, train, names):
+    """After the evaluation it reads, before the checkpoint that stores the best value it updates."""
+    from types import SimpleNamespace
+
+    config = load_run_config(mlp_config(tmp_path / "c.yaml", tmp_path / "run", train=train))
+    run = SimpleNamespace(config=config, task=SimpleNamespace(sample_every=lambda: 0))
+    assert [action.name for action in actions_module.default_actions(run)] == names
 
 
 @pytest.mark.parametrize(

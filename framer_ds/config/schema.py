@@ -126,6 +126,43 @@ class TrainConfig(StrictModel):
         description="Evaluate every N epochs (fractions allowed), resolved into optimizer steps once the "
         "data and the number of processes are known; instead of eval_every.",
     )
+    best_metric: str | None = Field(
+        None,
+        description="Keep output_dir/best/ (the task's export, plus best.json) at the evaluation where this "
+        "metric was best so far, e.g. eval/loss or eval/accuracy; needs an eval set; null = off.",
+    )
+    best_mode: Literal["max", "min"] | None = Field(
+        None,
+        validate_default=True,
+        description="Whether a higher (max, e.g. eval/accuracy) or lower (min, e.g. eval/loss) "
+        "best_metric is better; required with best_metric.",
+    )
+
+    @field_validator("best_metric", mode="after")
+    @classmethod
+    def _best_metric_is_an_eval_metric(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("eval/") or value == "eval/"):
+            raise ValueError(
+                "best_metric names an evaluation metric as metrics.jsonl writes it, starting with 'eval/' "
+                f"(e.g. eval/loss, eval/accuracy): write 'eval/{value.split('/')[-1]}'"
+            )
+        return value
+
+    @field_validator("best_mode", mode="after")
+    @classmethod
+    def _best_mode_with_best_metric(cls, value: str | None, info: ValidationInfo) -> str | None:
+        metric = info.data.get("best_metric")
+        if "best_metric" not in info.data:  # best_metric itself failed: reported there
+            return value
+        if metric is not None and value is None:
+            raise ValueError(
+                f"best_metric is {metric!r}: set best_mode to max if a higher value is better "
+                "(accuracy, IoU) or min if a lower one is (loss)"
+            )
+        if metric is None and value is not None:
+            raise ValueError("best_mode has no effect without best_metric: set both (e.g. eval/loss, min)")
+        return value
+
     checkpoint_every: int | None = Field(
         None, ge=1, description="Write a resumable checkpoint every N optimizer steps; null = never."
     )

@@ -40,6 +40,17 @@ class TrainerState:
     batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     samples_seen: int = 0
     world_size: int = 1  # processes that wrote the checkpoint (a ZeRO checkpoint is sharded by it)
+    # The best evaluation so far (train.best_metric), so a resumed run replaces best/ only with a better
+    # model. Checkpoints written before these fields existed load with them unset.
+    best_metric: str | None = None  # the metric and mode the value was judged by: another one on resume
+    best_mode: str | None = None  # makes the stored value meaningless, and it is forgotten
+    best_value: float | None = None
+    best_step: int | None = None
+
+    def forget_best_unless(self, metric: str | None, mode: str | None) -> None:
+        """Keep the stored best only if it was judged by `metric` and `mode` (the config that runs now)."""
+        if (self.best_metric, self.best_mode) != (metric, mode):
+            self.best_metric, self.best_mode, self.best_value, self.best_step = metric, mode, None, None
 
 
 def checkpoints_root(output_dir: Path) -> Path:

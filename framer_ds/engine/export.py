@@ -9,6 +9,8 @@ refuses to write a tensor with zero elements.
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from safetensors.torch import save_file
 from framer_ds import __version__
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.accelerator import uses_zero3
-from framer_ds.storage.atomic import atomic_write_json
+from framer_ds.storage.atomic import atomic_write_json, publish_dir, staging_dir
 
 EXPORT_RECORD = "framer_ds_export.json"
 EXPORT_RECORD_FORMAT = 1
@@ -88,6 +90,25 @@ def save_peft_adapter_gathered(accelerator: Accelerator, model: torch.nn.Module,
     state = gathered_trainable_state_dict(accelerator, model)
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+    accelerator.wait_for_everyone()
+
+
+def publish_export(accelerator: Accelerator, target: Path, write: Callable[[Path], None]) -> None:
+    """Write an export directory (`final/`, `best/`) atomically. Call on EVERY rank.
+
+    `write(staging)` runs on every rank (gathering weights under ZeRO-3 is a collective; rank 0 writes
+    the files) into a staging directory beside `target`; rank 0 publishes it only after every rank
+    finished, replacing an older `target` so that one complete copy exists at every instant."""
+    target = Path(target)
+    staging = staging_dir(target)
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    write(staging)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        publish_dir(staging, target)
     accelerator.wait_for_everyone()
 
 

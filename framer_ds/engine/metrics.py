@@ -21,6 +21,7 @@ from accelerate import Accelerator
 
 from framer_ds.compat import require
 from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.tracker_media import TensorBoardMedia, wandb_media
 
 
 class MetricsLogger:
@@ -32,6 +33,7 @@ class MetricsLogger:
         self.accelerator = accelerator
         self.path = Path(config.output_dir) / "metrics.jsonl"
         self._file = None
+        self._tensorboard_media: TensorBoardMedia | None = None  # built at the first media, main process
         if accelerator.is_main_process:
             self._file = self.path.open("a", buffering=1)
             self._file.write(json.dumps({"step": start_step, "run_summary": summary}) + "\n")
@@ -64,16 +66,23 @@ class MetricsLogger:
 
     def log_media(self, name: str, paths: list[Path], step: int) -> None:
         """Files written by a task (main process): listed in metrics.jsonl as paths relative to the run
-        directory, and sent to W&B as videos, audio or images by their suffix (offline mode too)."""
+        directory, and sent to each tracker as videos, audio or images by their suffix: W&B (offline
+        mode too) and TensorBoard (`engine.tracker_media`)."""
         if not paths or not self.accelerator.is_main_process:
             return
         if self._file is not None:
             relative = [str(Path(p).relative_to(self.path.parent)) for p in paths]
             self._file.write(json.dumps({"step": step, f"media/{name}": relative}) + "\n")
-        if self.accelerator.log_with and any(t.name == "wandb" for t in self.accelerator.trackers):
+        trackers = {t.name for t in self.accelerator.trackers} if self.accelerator.log_with else set()
+        if "wandb" in trackers:
             wandb = require("wandb", "logging media to W&B (log.wandb)")
-            media = [_wandb_media(wandb, Path(p)) for p in paths]
+            media = [wandb_media(wandb, Path(p)) for p in paths]
             self.accelerator.get_tracker("wandb", unwrap=True).log({name: media}, step=step)
+        if "tensorboard" in trackers:
+            if self._tensorboard_media is None:
+                writer = self.accelerator.get_tracker("tensorboard", unwrap=True)
+                self._tensorboard_media = TensorBoardMedia(writer)
+            self._tensorboard_media.log(name, [Path(p) for p in paths], step)
 
     def close(self) -> None:
         """Close metrics.jsonl. Trackers are finished with the process group, once per run, by
@@ -83,40 +92,38 @@ class MetricsLogger:
             self._file = None
 
 
-def _wandb_media(wandb, path: Path):
-    suffix = path.suffix.lower()
-    if suffix in {".mp4", ".gif", ".webm", ".ogg"}:
-        return wandb.Video(str(path), caption=path.stem)
-    if suffix in {".wav", ".flac", ".mp3"}:
-        return wandb.Audio(str(path), caption=path.stem)
-    return wandb.Image(str(path), caption=path.stem)
-
-
 def memory_stats() -> dict[str, float]:
-    """GPU max allocated/reserved (GiB) on GPU; process RSS (GiB) on CPU, plus the peak of every heap
-    allocation and mapping when the allocation counter is preloaded (framer_ds/lab/alloc_counter.c):
-    RSS hides memory allocated but not yet touched, which a GPU's allocator would have to provide."""
+    """GPU allocated/reserved, now and peak (GiB) on GPU; process RSS (GiB) on CPU, plus, when the allocation
+    counter is preloaded (framer_ds/lab/alloc_counter.c), the peak of every heap allocation and mapping
+    (RSS hides memory allocated but not yet touched, which a GPU's allocator would have to provide) and
+    the peak of tensor bytes alone (`max_tensor_allocated_gb`: what a GPU's max_allocated means)."""
     if torch.cuda.is_available():
         return {
+            "memory/allocated_gb": torch.cuda.memory_allocated() / 2**30,
+            "memory/reserved_gb": torch.cuda.memory_reserved() / 2**30,
             "memory/max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
             "memory/max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30,
         }
     stats = {"memory/rss_gb": _this_process().memory_info().rss / 2**30}
-    peak = _host_allocation_peak()
-    if peak is not None:
-        stats["memory/max_allocated_gb"] = peak() / 2**30
+    peaks = _host_allocation_peaks()
+    if peaks is not None:
+        stats["memory/max_allocated_gb"] = peaks[0]() / 2**30
+        stats["memory/max_tensor_allocated_gb"] = peaks[1]() / 2**30
     return stats
 
 
 @functools.cache
-def _host_allocation_peak() -> Callable[[], int] | None:
-    """The preloaded allocation counter's peak-bytes function, or None when it is not loaded."""
+def _host_allocation_peaks() -> tuple[Callable[[], int], Callable[[], int]] | None:
+    """The preloaded allocation counter's peak-bytes functions (every allocation, tensors only), or None
+    when it is not loaded."""
     try:
-        peak = ctypes.CDLL(None).framer_alloc_peak_bytes
+        counter = ctypes.CDLL(None)
+        peaks = (counter.framer_alloc_peak_bytes, counter.framer_alloc_tensor_peak_bytes)
     except (AttributeError, OSError):
         return None
-    peak.restype = ctypes.c_int64
-    return peak
+    for peak in peaks:
+        peak.restype = ctypes.c_int64
+    return peaks
 
 
 @functools.cache

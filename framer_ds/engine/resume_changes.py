@@ -22,6 +22,8 @@ FROZEN = ("task", "model", "data", "train.micro_batch_size", "train.seed", "trai
 # How a run is resumed, not what it computes.
 NOT_COMPARED = ("output_dir", "overwrite_output_dir", "train.resume", "train.resume_allow_changes", "imports")
 ACCUMULATION = "train.gradient_accumulation_steps"
+# What the best value in the checkpoint was judged by: another metric or mode makes it meaningless.
+BEST_TRACKING = ("train.best_metric", "train.best_mode")
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -65,6 +67,8 @@ def resume_changes(
             applied.append(line + " (the global batch stays the same at the new number of processes)")
         elif _under(key, (*FROZEN, ACCUMULATION)) and not _under(key, allowed):
             refused.append(ConfigProblem(key, f"{before!r} in the checkpoint, {after!r} now"))
+        elif key in BEST_TRACKING:
+            applied.append(line + _best_tracking_note(config))
         else:
             applied.append(line)
     if refused:
@@ -82,6 +86,14 @@ def resume_changes(
             "resume",
         )
     return applied
+
+
+def _best_tracking_note(config: RunConfigBase) -> str:
+    if config.train.best_metric is None:
+        return " (best/ stays as it is and is no longer updated)"
+    return (
+        " (the best value in the checkpoint was judged otherwise: best/ is replaced at the next evaluation)"
+    )
 
 
 def _same_global_batch(config: RunConfigBase, old_accumulation: Any, old_world: int, new_world: int) -> bool:

@@ -138,13 +138,16 @@ def clear_run_dir(out: Path) -> None:
 
 def set_aside_newer(out: Path, step: int) -> list[Path]:
     """Resuming from step N while later checkpoints exist starts a new timeline: the later ones (and a
-    final/ exported from them) move to `checkpoints/abandoned/<time>_from_step_N/`. Left in place they
-    would be what `latest` picks after the next preemption, and keep-last-K pruning, which keeps the
-    highest step numbers, would delete the NEW checkpoints in their favour."""
+    final/ exported from them, and a best/ exported after step N) move to
+    `checkpoints/abandoned/<time>_from_step_N/`. Left in place they would be what `latest` picks after
+    the next preemption, and keep-last-K pruning, which keeps the highest step numbers, would delete the
+    NEW checkpoints in their favour; a stale best/ would stand for a model this timeline never had."""
     root = checkpoints_root(out)
     newer = [path for path in complete_checkpoints(out) if step_of(path) > step]
     if (out / "final").is_dir() and newer:
         newer.append(out / "final")
+    if _best_step(out) > step:  # best/ exported after the resume point belongs to the abandoned timeline
+        newer.append(out / "best")
     if not newer:
         return []
     destination = root / ABANDONED_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}_from_step_{step}"
@@ -154,6 +157,14 @@ def set_aside_newer(out: Path, step: int) -> list[Path]:
         os.replace(path, destination / path.name)
         moved.append(destination / path.name)
     return moved
+
+
+def _best_step(out: Path) -> int:
+    """The step `best/` was exported at (train.best_metric), or -1 when there is none."""
+    try:
+        return int(json.loads((out / "best" / "best.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
 
 
 def drop_samples_after(samples_dir: Path, step: int) -> None:

@@ -14,6 +14,7 @@ BUILTIN_TASK_MODULES = (
     "framer_ds.tasks.vit_classification",
     "framer_ds.tasks.video_lora.task",
     "framer_ds.tasks.tts_lm.task",
+    "framer_ds.tasks.drivable_vit.task",
 )
 
 

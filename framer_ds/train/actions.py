@@ -1,4 +1,5 @@
-"""What happens after an optimizer step, as named actions: log, evaluate, write samples, checkpoint.
+"""What happens after an optimizer step, as named actions: log, evaluate, keep the best, write samples,
+checkpoint.
 
 Why actions: the loop stays a short sequence ("step, then every due action"), and a new behaviour
 (keep the best checkpoint after each eval, say) is one more action in `default_actions` instead of
@@ -20,9 +21,12 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import TrainConfig
 from framer_ds.engine.checkpoint import TrainerState, save_checkpoint
+from framer_ds.engine.export import publish_export
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
+from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.train.console import say
 from framer_ds.train.evaluate import evaluate
 from framer_ds.train.faults import Preempted
@@ -85,6 +89,7 @@ class StepContext:
     epoch_before: float = 0.0  # position in epochs before and after the step just taken
     epoch_now: float = 0.0
     eval_metrics: dict[str, float] = field(default_factory=dict)  # the latest evaluation
+    evaluated_at: int | None = None  # the step of that evaluation
 
     @property
     def output_dir(self) -> Path:
@@ -196,8 +201,80 @@ class Evaluate(StepAction):
         ctx.eval_metrics = evaluate(
             run.accelerator, run.task, run.model, run.eval_loader, run.config.train.max_eval_batches
         )
+        ctx.evaluated_at = ctx.state.global_step
         ctx.logger.log(ctx.eval_metrics, ctx.state.global_step)
         say(run.accelerator, _format_metrics(ctx.state.global_step, ctx.eval_metrics))
+
+
+BEST_DIR = "best"
+BEST_RECORD = "best.json"
+
+
+class KeepBest(StepAction):
+    """After an evaluation that beats every earlier one on `train.best_metric` (strictly; the first
+    always does), `best/` becomes the task's export of the model as it is now, plus `best.json` (step,
+    metric, value, mode), published atomically like `final/`. The best value lives in TrainerState, so
+    it is in every checkpoint and a resumed run replaces `best/` only with a better model."""
+
+    name = "keep-best"
+
+    def __init__(self, metric: str, mode: str):
+        super().__init__(Cadence())
+        self.metric, self.mode = metric, mode
+
+    def due(self, ctx: StepContext) -> bool:
+        return ctx.evaluated_at == ctx.state.global_step
+
+    def run(self, ctx: StepContext) -> None:
+        state, step = ctx.state, ctx.state.global_step
+        if self.metric not in ctx.eval_metrics:
+            available = ", ".join(sorted(ctx.eval_metrics)) or "none"
+            raise ConfigError(
+                [
+                    ConfigProblem(
+                        "train.best_metric",
+                        f"{self.metric!r} is not among the metrics task {ctx.run.task.name!r} evaluates "
+                        f"(at step {step}: {available}); set train.best_metric to one of them",
+                    )
+                ],
+                "the run's config",
+            )
+        value = float(ctx.eval_metrics[self.metric])
+        state.forget_best_unless(self.metric, self.mode)
+        if state.best_value is not None and not (ctx.output_dir / BEST_DIR / BEST_RECORD).is_file():
+            # best/ was set aside with an abandoned timeline (resumed from before it): nothing on disk
+            # holds the stored best any more, so this timeline's evaluations start best/ anew.
+            state.best_value = state.best_step = None
+        if self.improves(value, state.best_value):
+            record = {"step": step, "metric": self.metric, "value": value, "mode": self.mode}
+            write_export(ctx.run, ctx.output_dir / BEST_DIR, record=(BEST_RECORD, record))
+            state.best_value, state.best_step = value, step
+            say(ctx.run.accelerator, f"step {step}: best {self.metric}={value:.4f} so far, exported to best/")
+        elif not math.isfinite(value):
+            say(ctx.run.accelerator, f"step {step}: {self.metric}={value} is not finite; best/ is kept")
+        if state.best_value is not None:
+            ctx.logger.log({f"best/{self.metric}": state.best_value}, step)
+
+    def improves(self, value: float, best: float | None) -> bool:
+        """Strictly better than `best` (any finite value beats none; NaN and inf never count)."""
+        if not math.isfinite(value):
+            return False
+        if best is None:
+            return True
+        return value > best if self.mode == "max" else value < best
+
+
+def write_export(run: TrainingRun, target: Path, record: tuple[str, dict] | None = None) -> None:
+    """The task's export (`final/`, `best/`) into `target`, atomically, with an optional JSON record
+    (name, content) inside it, published together with the weights. Call on EVERY rank."""
+    accelerator = run.accelerator
+
+    def write(staging: Path) -> None:
+        run.task.export_with_record(accelerator, run.model, staging)
+        if record is not None and accelerator.is_main_process:
+            atomic_write_json(staging / record[0], record[1])
+
+    publish_export(accelerator, target, write)
 
 
 class WriteSamples(StepAction):
@@ -242,12 +319,17 @@ def checkpoint_cadence(train: TrainConfig) -> Cadence:
 
 
 def default_actions(run: TrainingRun) -> list[StepAction]:
-    """In order: the log line first (it covers the step just taken), the checkpoint last (it captures
-    what the others did, and a stop signal ends the run there)."""
+    """In order: the log line first (it covers the step just taken), the best model right after the
+    evaluation it follows, the checkpoint last (it captures what the others did, the best value
+    included, and a stop signal ends the run there)."""
     train = run.config.train
+    keep_best = (
+        [KeepBest(train.best_metric, train.best_mode or "max")] if train.best_metric is not None else []
+    )
     return [
         LogMetrics(Cadence(train.log_every)),
         Evaluate(evaluation_cadence(train)),
+        *keep_best,
         WriteSamples(Cadence(run.task.sample_every())),
         SaveCheckpoint(checkpoint_cadence(train)),
     ]

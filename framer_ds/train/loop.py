@@ -1,13 +1,13 @@
 """The ONE training loop: windows of micro-batches -> optimizer steps -> the step actions that are due.
 
 It never knows which task it runs: the task supplies model, data, loss, eval values and export; what
-happens after a step (log, evaluate, samples, checkpoint) is a list of actions (`train/actions.py`).
+happens after a step (log, evaluate, keep the best, samples, checkpoint) is a list of actions
+(`train/actions.py`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,10 +25,9 @@ from framer_ds.engine.metrics import MetricsLogger
 from framer_ds.engine.resume_changes import resume_changes
 from framer_ds.engine.run_dir import check_run_dir, check_shared_run_dir, claim_run_dir, prepare_run_dir
 from framer_ds.engine.universal import adapt_to_world_size, prepare_resume
-from framer_ds.storage.atomic import publish_dir, staging_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
-from framer_ds.train.actions import StepContext, Throughput, default_actions, run_due_actions
+from framer_ds.train.actions import StepContext, Throughput, default_actions, run_due_actions, write_export
 from framer_ds.train.console import above_the_progress_bar, say
 from framer_ds.train.faults import NonFiniteTracker, Preempted, StopRequest, write_preempted_marker
 from framer_ds.train.run import TrainingRun, apply_config_after_resume, build_training_run
@@ -114,7 +113,7 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
     logger = MetricsLogger(accelerator, config, summary, state.global_step)
     try:
         eval_metrics = _train(run, state, logger, stop)
-        _export(run, Path(config.output_dir))
+        write_export(run, Path(config.output_dir) / "final")
     finally:
         logger.close()
     return TrainResult(Path(config.output_dir), state.global_step, eval_metrics)
@@ -184,19 +183,3 @@ def _train(
         finally:
             progress.close()
     return ctx.eval_metrics
-
-
-def _export(run: TrainingRun, output_dir: Path) -> None:
-    """Write `final/` atomically: every rank writes into its staging directory, rank 0 publishes it."""
-    accelerator = run.accelerator
-    final = output_dir / "final"
-    staging = staging_dir(final)
-    if accelerator.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    run.task.export_with_record(accelerator, run.model, staging)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        publish_dir(staging, final)
-    accelerator.wait_for_everyone()

@@ -11,6 +11,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
 from framer_ds.tasks.base import Task
@@ -55,6 +56,18 @@ def fused_adam_supported(device: torch.device, parameters: list[torch.nn.Paramet
 def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainingRun:
     train_cfg = config.train
     train_set, eval_set = task.build_datasets()
+    if eval_set is None and train_cfg.best_metric is not None:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "train.best_metric",
+                    f"is {train_cfg.best_metric!r} but task {task.name!r} built no eval set, so there is no "
+                    "best evaluation to keep: give the task validation data (see its data options) or set "
+                    "train.best_metric=null",
+                )
+            ],
+            "the run's config",
+        )
     task.setup_frozen(accelerator)
     train_set, eval_set = task.precompute(accelerator, train_set, eval_set)
     model = task.build_model()

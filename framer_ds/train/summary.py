@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from framer_ds.config.schema import TrainConfig
 from framer_ds.engine.accelerator import describe_strategy
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.train.actions import checkpoint_cadence, evaluation_cadence
@@ -36,11 +37,22 @@ def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None
         if run.eval_loader is not None
         else "never (no eval set)",
         "checkpoint": checkpoint_cadence(train).describe(plan.updates_per_epoch, "only on a stop signal"),
+        "keep best": _best_tracking(train, state),
         "start": f"step {state.global_step} from {resumed_from}"
         if resumed_from is not None
         else "step 0 (new run)",
     }
     return summary
+
+
+def _best_tracking(train: TrainConfig, state: TrainerState) -> str:
+    if train.best_metric is None:
+        return "off (train.best_metric not set)"
+    tracked = f"best/ at the {'highest' if train.best_mode == 'max' else 'lowest'} {train.best_metric}"
+    judged_alike = (state.best_metric, state.best_mode) == (train.best_metric, train.best_mode)
+    if judged_alike and state.best_value is not None:
+        return f"{tracked} (so far {state.best_value:.6g} at step {state.best_step})"
+    return tracked
 
 
 def format_summary(summary: dict[str, Any]) -> str:

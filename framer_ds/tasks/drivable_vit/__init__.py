@@ -1,0 +1,1 @@
+"""drivable_vit: drivable-space segmentation from several cameras over several frames."""
