@@ -84,7 +84,6 @@ def _build_pipeline(
         "num_frames": 4,
         **(unet_overrides or {}),
     }
-    unet = UNetSpatioTemporalConditionModel(**unet_config)
     vae = AutoencoderKLTemporalDecoder(
         in_channels=3,
         out_channels=3,
@@ -105,6 +104,47 @@ def _build_pipeline(
             projection_dim=unet_config["cross_attention_dim"],
         )
     )
+    return _assemble(UNetSpatioTemporalConditionModel(**unet_config), vae, image_encoder)
+
+
+# The image encoder of stable-video-diffusion-img2vid(-xt): OpenCLIP ViT-H/14's vision tower with a
+# 1024-wide projection (its image_encoder/config.json).
+SVD_IMAGE_ENCODER = CLIPVisionConfig(
+    image_size=224,
+    patch_size=14,
+    hidden_size=1280,
+    intermediate_size=5120,
+    num_hidden_layers=32,
+    num_attention_heads=16,
+    projection_dim=1024,
+    hidden_act="gelu",
+)
+
+
+# The VAE of stable-video-diffusion-img2vid(-xt) (its vae/config.json; diffusers' defaults are smaller).
+SVD_VAE = {
+    "down_block_types": ("DownEncoderBlock2D",) * 4,
+    "block_out_channels": (128, 256, 512, 512),
+    "layers_per_block": 2,
+    "latent_channels": 4,
+    "sample_size": 768,
+    "scaling_factor": 0.18215,
+    "force_upcast": True,
+}
+
+
+def _build_full_size_pipeline(seed: int) -> StableVideoDiffusionPipeline:
+    """SVD at its real size: diffusers' default UNetSpatioTemporalConditionModel config IS SVD's UNet
+    (1.5B), plus SVD's VAE and the ViT-H/14 image encoder."""
+    torch.manual_seed(seed)
+    return _assemble(
+        UNetSpatioTemporalConditionModel(),
+        AutoencoderKLTemporalDecoder(**SVD_VAE),
+        CLIPVisionModelWithProjection(SVD_IMAGE_ENCODER),
+    )
+
+
+def _assemble(unet, vae, image_encoder) -> StableVideoDiffusionPipeline:
     # Default CLIPImageProcessor == SVD's feature_extractor config (224 px, OpenAI CLIP mean/std).
     feature_extractor = image_processor_class("CLIPImageProcessor")()
     scheduler = EulerDiscreteScheduler(**SVD_SCHEDULER_CONFIG)
@@ -140,6 +180,18 @@ def create_tiny_svd(path: Path, seed: int = 0, unet_overrides: dict[str, object]
         _fix_processor_class(staging)
 
     return build_once(path, MARKER, build, "tiny SVD checkpoint")
+
+
+def create_full_size_svd(path: Path, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Build (once) a RANDOM Stable Video Diffusion checkpoint of the real size (1.5B UNet, ViT-H image
+    encoder, the SVD VAE) at `path`, saved in `dtype`: memory and speed benchmarks at the size users train
+    (benchmarks/gpu/) without downloading the weights. Idempotent and atomic like `create_tiny_svd`."""
+
+    def build(staging: Path) -> None:
+        _build_full_size_pipeline(seed).to(dtype=dtype).save_pretrained(staging)
+        _fix_processor_class(staging)
+
+    return build_once(path, MARKER, build, "full-size random SVD checkpoint")
 
 
 def load_svd_components(

@@ -114,9 +114,7 @@ class OptimizerStep:
             batch = to_compute_dtype(accelerator, batch, task.full_precision_keys)
             with accumulation_step(accelerator, model, boundary):
                 loss, parts = split_training_loss(task.training_loss(model, batch))
-                bad, stop = exchange_flags(
-                    accelerator, not bool(torch.isfinite(loss.detach()).all()), self.stop_requested()
-                )
+                bad, stop = loss_flags(accelerator, loss, self.stop_requested)
                 poisoned = poisoned or bad
                 if not poisoned:
                     self._last_finite_batch = batch
@@ -166,6 +164,13 @@ class OptimizerStep:
         for group, lr in zip(optimizer.param_groups, saved, strict=True):
             group["lr"] = lr
         inner._last_lr = saved
+
+
+def loss_flags(accelerator, loss: torch.Tensor, stop_requested: Callable[[], bool]) -> tuple[bool, bool]:
+    """(some rank's loss is not finite, some rank was asked to stop), agreed by every rank: one device
+    sync and, with several ranks, one all-reduce per micro-batch. Its own function because that is what
+    the non-finite policy costs; benchmarks/gpu/nonfinite_cost.py measures it by replacing it."""
+    return exchange_flags(accelerator, not bool(torch.isfinite(loss.detach()).all()), stop_requested())
 
 
 def split_training_loss(result: torch.Tensor | TrainingLoss) -> tuple[torch.Tensor, dict]:
