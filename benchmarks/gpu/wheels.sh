@@ -9,7 +9,9 @@ python=${PYTHON:-.venv/bin/python}
 packages=(deepspeed hjson diffusers importlib_metadata av pydantic pydantic_core annotated_types
   typing_inspection snac soundfile cffi pycparser datasets dill multiprocess)
 mkdir -p .whl
-grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qxF '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
 for name in "${packages[@]}"; do
   version=$("$python" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")
   if [ "$name" = deepspeed ]; then
