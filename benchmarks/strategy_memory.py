@@ -129,6 +129,8 @@ def measure(model: str, strategy: str, code: Path, work: Path, steps: int, proce
         "peak_mib": found.peak_bytes / 2**20,
         "run_mib": found.run_bytes / 2**20,
         "steady_mib": found.steady_bytes / 2**20,
+        "tensor_run_mib": found.tensor_run_bytes / 2**20,
+        "tensor_steady_mib": found.tensor_steady_bytes / 2**20,
         "shared_mib": found.shared_bytes / 2**20,
         "rss_mib": found.rss_bytes / 2**20,
         "s_per_step": found.s_per_step,

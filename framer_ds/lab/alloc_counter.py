@@ -2,8 +2,10 @@
 
 On a GPU, `torch.cuda.max_memory_allocated` is the measure; on a CPU nothing in torch counts every
 allocation of every thread, so CPU memory benchmarks run their processes with this library in
-LD_PRELOAD; the peak is then in the run's metrics (`memory/max_allocated_gb`), and
-benchmarks/strategy_memory.py reads it after every optimizer step.
+LD_PRELOAD. It keeps two peaks: every allocation of the process (`memory/max_allocated_gb` in the run's
+metrics) and tensor bytes alone (`memory/max_tensor_allocated_gb`: CPU tensor storage allocated by c10
+and mapped weight files, what a GPU's allocator would hold); framer_ds/lab/measure.py reads both after
+every optimizer step.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ must read memory the same way, or their figures cannot be compared. Each rank ru
 `framer-ds train` does; an optimizer-step hook reads the peak of every allocation so far - on a GPU
 `torch.cuda.max_memory_allocated`, on a CPU the allocation counter preloaded into the process
 (alloc_counter.c: every malloc-family allocation and every mapping, safetensors files included) - and
-the bytes allocated before training started (the imports) are subtracted.
+the bytes allocated before training started (the imports) are subtracted. On a CPU the same counter also
+keeps a tensors-only peak (tensor storage and mapped weight files), the figure that means what a GPU's
+`max_memory_allocated` means and the one a prediction of device memory is compared with; the
+whole-process figure beside it adds Python objects, gloo and DeepSpeed host structures and decoding.
 
 This file also runs as a script (`python framer_ds/lab/measure.py CONFIG OUT_DIR`, under `accelerate
 launch`): the worker imports only `load_run_config` and `run_training`, so a benchmark can point
@@ -21,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,36 +35,63 @@ WORKER_SCRIPT = Path(__file__).resolve()
 # --- the worker: one rank of one training run ----------------------------------------------------------
 
 
-def _readers():
-    """(peak bytes so far, bytes allocated now, reset the peak to now, shared-memory bytes mapped now)."""
+@dataclass(frozen=True)
+class _Readers:
+    """This process's memory figures: every allocation (`peak`, `live`, `reset`), tensors only (`tensor_*`:
+    what a GPU's allocator counts) and the shared memory mapped now."""
+
+    peak: Callable[[], int]
+    live: Callable[[], int]
+    reset: Callable[[], None]
+    tensor_peak: Callable[[], int]
+    tensor_live: Callable[[], int]
+    tensor_reset: Callable[[], None]
+    shared: Callable[[], int]
+
+
+def _readers() -> _Readers:
+    """On a GPU the CUDA allocator's figures (tensors only, so both pairs are the same); on a CPU the
+    preloaded allocation counter's two pairs (alloc_counter.c)."""
     import ctypes
 
     import torch
 
     if torch.cuda.is_available():
-        return (
-            torch.cuda.max_memory_allocated,
-            torch.cuda.memory_allocated,
-            torch.cuda.reset_peak_memory_stats,
+        cuda = torch.cuda
+        return _Readers(
+            cuda.max_memory_allocated,
+            cuda.memory_allocated,
+            cuda.reset_peak_memory_stats,
+            cuda.max_memory_allocated,
+            cuda.memory_allocated,
+            lambda: None,  # reset_peak_memory_stats above resets the one peak both pairs read
             lambda: 0,
         )
+    counter = ctypes.CDLL(None)
     try:
-        counter = ctypes.CDLL(None)
-        peak, live, reset, shared = (
-            counter.framer_alloc_peak_bytes,
-            counter.framer_alloc_live_bytes,
-            counter.framer_alloc_reset_peak,
-            counter.framer_alloc_shared_bytes,
-        )
+        functions = [
+            getattr(counter, f"framer_alloc_{name}")
+            for name in (
+                "peak_bytes",
+                "live_bytes",
+                "reset_peak",
+                "tensor_peak_bytes",
+                "tensor_live_bytes",
+                "tensor_reset_peak",
+                "shared_bytes",
+            )
+        ]
     except AttributeError:
         sys.exit("measure worker: the allocation counter is not preloaded (launch it with measurement_env)")
-    peak.restype = live.restype = shared.restype = ctypes.c_int64
-    return peak, live, reset, shared
+    for function in functions:
+        function.restype = ctypes.c_int64
+    return _Readers(*functions)
 
 
 def run_worker(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
-    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes, shared bytes) to
-    out_dir, with the bytes allocated before training starts (torch, accelerate, transformers, deepspeed)."""
+    """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes, shared bytes,
+    tensor peak bytes) to out_dir, with the bytes allocated before training starts (torch, accelerate,
+    transformers, deepspeed) in both counts."""
     import contextlib
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -70,14 +101,15 @@ def run_worker(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
 
     with contextlib.suppress(ImportError):
         import deepspeed  # noqa: F401  (imported by every strategy, so the baseline is the same)
-    peak, live, reset, shared = _readers()
-    baseline = live()
-    steps: list[tuple[float, int, int]] = []
+    read = _readers()
+    baseline, tensor_baseline = read.live(), read.tensor_live()
+    steps: list[tuple[float, int, int, int]] = []
 
     def after_step(*_: object) -> None:
-        steps.append((time.perf_counter(), peak(), shared()))
-        if len(steps) == 1:
-            reset()  # from here on the peak is the steady state: steps 2..N, start-up excluded
+        steps.append((time.perf_counter(), read.peak(), read.shared(), read.tensor_peak()))
+        if len(steps) == 1:  # from here on the peaks are the steady state: steps 2..N, start-up excluded
+            read.reset()
+            read.tensor_reset()
 
     rank = int(os.environ.get("RANK", "0"))
     profiler = _profiler(out_dir, rank) if os.environ.get(PROFILE_ENV) else None
@@ -92,6 +124,7 @@ def run_worker(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
         "steps": steps,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "baseline_bytes": baseline,
+        "tensor_baseline_bytes": tensor_baseline,
     }
     if profiler is not None:
         profile_handle.remove()
@@ -128,6 +161,11 @@ class Measurement:
 
     run_bytes: int
     steady_bytes: int
+    tensor_run_bytes: int
+    tensor_steady_bytes: int
+    """The same two, tensors only: what `torch.cuda.max_memory_allocated` means (on a GPU, equal to the
+    two above; on a CPU, tensor storage and mapped weight files, without Python objects, gloo and
+    DeepSpeed host structures or video decoding)."""
     peak_bytes: int
     """Including the imports (the other two are above them)."""
     shared_bytes: int
@@ -216,15 +254,18 @@ def measure_launch(
     ranks = [json.loads(p.read_text()) for p in records]
     if not ranks or not ranks[0]["steps"]:
         raise RuntimeError(f"measured run recorded no optimizer step ({shlex.join(command)})")
-    # steps[0] holds the peak of start-up + step 1; steps[-1] the peak of steps 2..N (reset after step 1)
-    stamps = [t for t, _, _ in ranks[0]["steps"]]
+    # steps[0] holds the peaks of start-up + step 1; steps[-1] those of steps 2..N (reset after step 1)
+    stamps = [step[0] for step in ranks[0]["steps"]]
     timed = stamps[2:] if len(stamps) > 3 else stamps  # the first two steps warm up allocators and buffers
-    rank_bytes = tuple(max(p for _, p, _ in r["steps"]) - r["baseline_bytes"] for r in ranks)
+    rank_bytes = tuple(max(step[1] for step in r["steps"]) - r["baseline_bytes"] for r in ranks)
+    tensor_rank_bytes = [max(step[3] for step in r["steps"]) - r["tensor_baseline_bytes"] for r in ranks]
     return Measurement(
         run_bytes=max(rank_bytes),
         steady_bytes=max(r["steps"][-1][1] - r["baseline_bytes"] for r in ranks),
-        peak_bytes=max(max(p for _, p, _ in r["steps"]) for r in ranks),
-        shared_bytes=max(s for r in ranks for _, _, s in r["steps"]),
+        tensor_run_bytes=max(tensor_rank_bytes),
+        tensor_steady_bytes=max(r["steps"][-1][3] - r["tensor_baseline_bytes"] for r in ranks),
+        peak_bytes=max(max(step[1] for step in r["steps"]) for r in ranks),
+        shared_bytes=max(step[2] for r in ranks for step in r["steps"]),
         rss_bytes=max(r["max_rss_bytes"] for r in ranks),
         s_per_step=(timed[-1] - timed[0]) / max(len(timed) - 1, 1),
         steps=len(stamps),

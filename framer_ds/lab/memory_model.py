@@ -150,10 +150,15 @@ def _zero3(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], str
     """ZeRO-3: every parameter, frozen ones too, is partitioned; small ones (persistence threshold) stay
     whole on every rank; the parameters of the running module and what prefetch and reuse keep (at most
     max_live elements) are gathered in b. One reduce bucket and the b gradient partition exist from the
-    start. The fp32 master is a copy even when training in fp32 (measured on ViT-B: 163 MiB per rank beside
-    the 163 MiB fp32 partition at 2 ranks). zero3_offload (the shipped JSON) offloads parameters and
-    optimizer; zeropp adds hpZ's secondary partition (1/h of the model per rank,
-    `zero_hpz_partition_size` h)."""
+    start; reducing a bucket interleaves the ranks' slices of its gradients into a flat copy before the
+    reduce-scatter (coalesced_collectives.reduce_scatter_coalesced: torch.cat), up to one more bucket (or
+    all trainable elements, if fewer) in backward. The fp32 master is a copy even when training in fp32
+    (measured on ViT-B: 163 MiB per rank beside the 163 MiB fp32 partition at 2 ranks). Without optimizer
+    offload the step flattens the gradient partition (and casts it to fp32 when b is not); with it the
+    reduced gradients are copied straight into an fp32 gradient partition on the host that lives for the
+    whole run (stage3.initialize_optimizer_states), and the step makes no copy. zero3_offload (the shipped
+    JSON) offloads parameters and optimizer; zeropp adds hpZ's secondary partition (1/h of the model per
+    rank, `zero_hpz_partition_size` h)."""
     t, f = census.trainable, census.frozen
     total, p = t + f, _ceil_div(t, n)
     offload_opt = bool(zero.get("offload_optimizer", {}).get("device") in ("cpu", "nvme"))
@@ -164,22 +169,30 @@ def _zero3(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], str
     params: Where = "host" if offload_par else "device"
     live = min(int(zero.get(MAX_LIVE, total)), total)
     persistent = census.persistent_small if int(zero.get(PERSISTENCE, 0)) > 0 else 0
-    cast = FP32 * p if b != FP32 else 0
     hpz = int(zero.get("zero_hpz_partition_size", 1))
     secondary = b * _ceil_div(total, hpz) if hpz > 1 else 0
-    return [
+    bucket = _reduce_buckets({**zero, "stage": 3}, b, offload_opt)
+    terms = [
         Term("trainable weights partition", b * p, params, "persistent"),
         Term("frozen weights partition", b * _ceil_div(f, n), params, "persistent"),
         Term("persistent small parameters (whole)", b * persistent, "device", "persistent"),
         Term("gathered parameters (max live)", b * live, "device", "backward"),
         Term("gradient partition", b * p, optimizer, "persistent"),
-        Term("reduce bucket", _reduce_buckets({**zero, "stage": 3}, b, offload_opt), "device", "persistent"),
+        Term("reduce bucket", bucket, "device", "persistent"),
+        Term("reduce-scatter copy of the bucket", b * min(int(zero.get(REDUCE, 0)), t), "device", "backward"),
         Term("fp32 master partition", FP32 * p, optimizer, "persistent"),
         Term("optimizer states partition (fp32 Adam)", ADAM_STATES * FP32 * p, optimizer, "persistent"),
-        Term("flattened gradient partition", b * p, optimizer, "step"),
-        Term("fp32 gradient partition", cast, optimizer, "step"),
         Term("hpZ secondary partition", secondary, "device", "persistent"),
     ]
+    if offload_opt:
+        terms.append(Term("fp32 gradient partition", FP32 * p, "host", "persistent"))
+    else:
+        cast = FP32 * p if b != FP32 else 0
+        terms += [
+            Term("flattened gradient partition", b * p, "device", "step"),
+            Term("fp32 gradient partition", cast, "device", "step"),
+        ]
+    return terms
 
 
 def _reduce_buckets(zero: Mapping[str, Any], b: int, offload: bool) -> int:
