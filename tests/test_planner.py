@@ -95,6 +95,7 @@ def checkpoints_without_weights(tmp_path_factory, data_cache) -> dict[str, list[
     from PIL import Image
     from transformers import CLIPVisionConfig, ViTConfig
 
+    from framer_ds.diffusion.controlnet_svd import ControlNetSVDModel
     from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts
 
     root = tmp_path_factory.mktemp("no_weights")
@@ -116,6 +117,10 @@ def checkpoints_without_weights(tmp_path_factory, data_cache) -> dict[str, list[
         projection_dim=1024,
     )  # fmt: skip
     encoder.save_pretrained(root / "svd" / "image_encoder")
+    with torch.device("meta"):  # Framer's release: SVD's UNet with a 9-channel conv_in, and its ControlNet
+        framer_unet = UNetSpatioTemporalConditionModel(in_channels=9)
+        framer_unet.save_config(root / "framer" / "unet")
+        ControlNetSVDModel.from_unet(framer_unet).save_config(root / "framer" / "controlnet")
     tts = root / "tts"
     tts.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
@@ -129,6 +134,7 @@ def checkpoints_without_weights(tmp_path_factory, data_cache) -> dict[str, list[
         ],
         "video_lora/svd_img2vid_320x512_14f.yaml": svd,
         "video_lora/svd_interp_576x576_10f.yaml": svd,
+        "video_lora/framer_lora_576x576_10f.yaml": [*svd, f"model.framer.path={root / 'framer'}"],
         "tts_lm/granite_1b_pretrain.yaml": [f"model.pretrained_model_name_or_path={tts}"],
         "tts_lm/lora_sft.yaml": [f"model.pretrained_model_name_or_path={tts}"],
     }

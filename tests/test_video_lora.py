@@ -89,10 +89,12 @@ def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path, 
     with av.open(str(out)) as container:
         assert len(list(container.decode(video=0))) == 3
 
-    # `framer-ds export --merge`: the merged UNet loads with diffusers alone and computes as base+adapter
+    # `framer-ds export --format merged`: the merged UNet loads with diffusers alone and computes as
+    # base+adapter
     merged = tmp_path / "merged_unet"
-    assert main(["export", str(final), "--out", str(merged)]) == 1  # without --merge: named, not a no-op
-    assert main(["export", str(final), "--merge", "--out", str(merged)]) == 0
+    with pytest.raises(SystemExit):  # without --format: argparse names the required flag, not a no-op
+        main(["export", str(final), "--out", str(merged)])
+    assert main(["export", str(final), "--format", "merged", "--out", str(merged)]) == 0
     assert "UNetSpatioTemporalConditionModel.from_pretrained" in capsys.readouterr().out
     plain = UNetSpatioTemporalConditionModel.from_pretrained(merged)
     x, kwargs = torch.randn(1, 4, 9, 8, 8), {"added_time_ids": torch.tensor([[6.0, 127.0, 0.02]])}
@@ -104,7 +106,7 @@ def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path, 
             rtol=1e-4,
             atol=1e-5,
         )
-    assert main(["export", str(final), "--merge", "--out", str(merged)]) == 1  # never overwrites
+    assert main(["export", str(final), "--format", "merged", "--out", str(merged)]) == 1  # never overwrites
 
 
 def test_adapter_round_trip_gives_identical_unet_outputs(tmp_path):
@@ -371,7 +373,7 @@ def test_latent_cache_key_follows_what_decides_the_tensors(tmp_path):
 
 @pytest.mark.slow
 def test_image_to_video_adapter_merges_into_a_pipeline_that_runs(tmp_path, capsys):
-    """`framer-ds export --merge` of an image-to-video adapter: a diffusers directory that
+    """`framer-ds export --format merged` of an image-to-video adapter: a diffusers directory that
     `StableVideoDiffusionPipeline.from_pretrained` loads and runs, with the LoRA in its UNet."""
     from diffusers import StableVideoDiffusionPipeline
     from PIL import Image
@@ -391,7 +393,7 @@ def test_image_to_video_adapter_merges_into_a_pipeline_that_runs(tmp_path, capsy
     final, out = tmp_path / "run" / "final", tmp_path / "merged"
     adapter = load_file(final / "adapter_model.safetensors")
     assert any(".ff_in.net.2." in name for name in adapter)  # temporal feed-forward layers adapted too
-    assert main(["export", str(final), "--merge", "--out", str(out)]) == 0
+    assert main(["export", str(final), "--format", "merged", "--out", str(out)]) == 0
     assert "StableVideoDiffusionPipeline.from_pretrained" in capsys.readouterr().out
     pipe = StableVideoDiffusionPipeline.from_pretrained(out)
     task = VideoLoraTask(config)

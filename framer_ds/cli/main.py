@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="encode a config's audio files with its codec into the cache training reads (resumable)",
     )
     add_config_args(encode)
+    tracks = data_sub.add_parser(
+        "tracks",
+        help="precompute point tracks of a config's videos (data.tracks) for Framer's trajectory branch",
+    )
+    add_config_args(tracks)
 
     sample = sub.add_parser(
         "sample",
@@ -125,6 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
         "what; run `framer-ds export RUN/final --help` to list its options.",
     )
     _add_export_args(export)
+
+    evaluation = sub.add_parser(
+        "eval",
+        help="evaluate a finished run's export on its held-out data (writes RUN/eval.json)",
+        description="Evaluate RUN/final (or RUN/best) with the config recorded in it, on the run's own "
+        "held-out data, exactly as training evaluates (video_lora: eval/loss, and with "
+        "model.interp_eval the interpolation metrics). Prints the metrics and writes RUN/eval.json "
+        "(RUN/eval_best.json). Under `accelerate launch --num_processes N -m framer_ds eval RUN` the "
+        "held-out set is split between the processes.",
+    )
+    evaluation.add_argument("run_dir", type=Path, help="a finished run's output_dir")
+    evaluation.add_argument("--export", choices=["final", "best"], default="final", help="which export")
+    evaluation.add_argument("--max-batches", type=int, default=None, help="stop after N eval batches")
 
     checkpoint = sub.add_parser("checkpoint", help="checkpoint tools")
     checkpoint_sub = checkpoint.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")
@@ -242,6 +260,10 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "encode-audio":
         print(task.encode_data())
         return 0
+    if args.data_command == "tracks":
+        task.prepare_data()
+        print(task.compute_tracks())
+        return 0
     task.prepare_data()
     print(task.data_report())
     return 0
@@ -278,6 +300,18 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     return _task_command(args, "export")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from framer_ds.train.evaluate_export import eval_output_path, evaluate_run
+
+    report = evaluate_run(args.run_dir, args.export, args.max_batches)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(report["metrics"], indent=2))
+        print(f"wrote {eval_output_path(args.run_dir, args.export)}")
+    return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -374,6 +408,7 @@ COMMANDS = {
     "data": cmd_data,
     "sample": cmd_sample,
     "export": cmd_export,
+    "eval": cmd_eval,
     "config": cmd_config,
     "env": cmd_env,
     "hosts": cmd_hosts,

@@ -11,10 +11,11 @@ workers are seeded from it, so a resumed run replays the same clips, strides, cr
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Literal
@@ -202,6 +203,42 @@ def conditioning_fps(records: list[VideoRecord], sampler: ClipSampler) -> list[f
     return values
 
 
+@dataclass(frozen=True)
+class CropBox:
+    """How a frame of src_h x src_w becomes height x width: scaled to new_h x new_w (covering the target,
+    aspect kept), then the window at (top, left) kept. Point tracks follow frames through it."""
+
+    src_h: int
+    src_w: int
+    new_h: int
+    new_w: int
+    top: int
+    left: int
+    height: int
+    width: int
+
+
+def crop_box(src_h: int, src_w: int, height: int, width: int, random_crop: bool) -> CropBox:
+    """The scale that covers height x width, then the centre or a random crop (torch's global RNG)."""
+    scale = max(height / src_h, width / src_w)
+    new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
+    if random_crop:
+        top = int(torch.randint(0, new_h - height + 1, (1,)).item())
+        left = int(torch.randint(0, new_w - width + 1, (1,)).item())
+    else:
+        top, left = (new_h - height) // 2, (new_w - width) // 2
+    return CropBox(src_h, src_w, new_h, new_w, top, left, height, width)
+
+
+def apply_crop_box(frames: np.ndarray | torch.Tensor, box: CropBox) -> torch.Tensor:
+    """uint8 [T,H,W,3] -> float32 [T,3,height,width] in [0,1] (antialiased bilinear resize, crop)."""
+    pixels = torch.as_tensor(frames).permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels_last
+    if (box.new_h, box.new_w) != (box.src_h, box.src_w):
+        pixels = F.interpolate(pixels, size=(box.new_h, box.new_w), mode="bilinear", antialias=True)
+    pixels = pixels[:, :, box.top : box.top + box.height, box.left : box.left + box.width].contiguous()
+    return pixels.to(torch.float32).div_(255.0)
+
+
 def resize_and_crop(
     frames: np.ndarray | torch.Tensor, height: int, width: int, random_crop: bool
 ) -> torch.Tensor:
@@ -211,19 +248,29 @@ def resize_and_crop(
     Resize and crop run on uint8 (torch's antialiased uint8 kernel is ~10x faster than float32 on
     CPU) and only the cropped frames are converted to float: at 1024x576 -> 576x576 that is most of
     the per-clip cost after decoding."""
-    pixels = torch.as_tensor(frames).permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels_last
-    src_h, src_w = pixels.shape[-2:]
-    scale = max(height / src_h, width / src_w)
-    new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
-    if (new_h, new_w) != (src_h, src_w):
-        pixels = F.interpolate(pixels, size=(new_h, new_w), mode="bilinear", antialias=True)
-    if random_crop:
-        top = int(torch.randint(0, new_h - height + 1, (1,)).item())
-        left = int(torch.randint(0, new_w - width + 1, (1,)).item())
-    else:
-        top, left = (new_h - height) // 2, (new_w - width) // 2
-    pixels = pixels[:, :, top : top + height, left : left + width].contiguous()
-    return pixels.to(torch.float32).div_(255.0)
+    src_h, src_w = frames.shape[1:3]
+    return apply_crop_box(frames, crop_box(src_h, src_w, height, width, random_crop))
+
+
+@dataclass(frozen=True)
+class ClipPlacement:
+    """Where a training clip came from: source frames start, start + stride, ..., the crop box, and
+    whether it was flipped. Enough to carry per-video data (point tracks) onto the clip exactly; JSON
+    so it survives default_collate and the latent cache's metadata."""
+
+    start: int
+    stride: int
+    num_frames: int
+    box: CropBox
+    flipped: bool
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ClipPlacement:
+        raw = json.loads(text)
+        return cls(raw["start"], raw["stride"], raw["num_frames"], CropBox(**raw["box"]), raw["flipped"])
 
 
 def validate_svd_size(height: int, width: int, where: str = "data") -> list[ConfigProblem]:
@@ -253,7 +300,8 @@ def _coprime_step(n: int) -> int:
 
 class VideoClipDataset(Dataset):
     """Index -> {"pixel_values": float32 [T,3,H,W] in [-1,1], "video_id": str, "fps": float}, where
-    fps = source fps / stride (the rate SVD's fps conditioning should see). Augmentations (random
+    fps = source fps / stride (the rate SVD's fps conditioning should see); with `with_placement` also
+    "placement": the clip's `ClipPlacement` as JSON (for point tracks). Augmentations (random
     start/stride/crop, flip) apply only when `train`; eval clips are centred and use no randomness.
 
     A file that fails at read time (deleted or corrupted after indexing) is logged once, remembered,
@@ -276,6 +324,7 @@ class VideoClipDataset(Dataset):
         train: bool = True,
         max_retries: int = 8,
         max_failed_fraction: float = 0.05,
+        with_placement: bool = False,
     ) -> None:
         problems = validate_svd_size(height, width)
         if problems:
@@ -290,6 +339,7 @@ class VideoClipDataset(Dataset):
         self.max_retries, self.max_failed_fraction = max_retries, max_failed_fraction
         self.failed: dict[str, str] = {}  # path -> reason, for this process
         self.failures = 0  # failed reads, counting repeats
+        self.with_placement = with_placement  # items carry "placement" (ClipPlacement JSON)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -316,14 +366,19 @@ class VideoClipDataset(Dataset):
     def _load(self, record: VideoRecord) -> dict:
         start, stride = self.sampler.sample(record)
         frames = read_clip(record.path, start, self.sampler.num_frames, stride, record.first_pts)
-        pixels = resize_and_crop(frames, self.height, self.width, self.random_crop and self.train)
-        if self.train and self.hflip and torch.rand(1).item() < 0.5:
+        box = crop_box(*frames.shape[1:3], self.height, self.width, self.random_crop and self.train)
+        pixels = apply_crop_box(frames, box)
+        flipped = bool(self.train and self.hflip and torch.rand(1).item() < 0.5)
+        if flipped:
             pixels = pixels.flip(-1)
-        return {
+        item = {
             "pixel_values": pixels.mul_(2).sub_(1),
             "video_id": record.video_id,
             "fps": record.source_fps / stride,
         }
+        if self.with_placement:
+            item["placement"] = ClipPlacement(start, stride, self.sampler.num_frames, box, flipped).to_json()
+        return item
 
     def _record_failure(self, record: VideoRecord, reason: str) -> None:
         self.failures += 1

@@ -15,12 +15,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from framer_ds.diffusion.framer_conditioning import framer_conditioning
 from framer_ds.diffusion.svd_conditioning import (
     added_time_ids,
     clip_image_embeddings,
     conditioning_latents,
     interpolation_conditioning,
 )
+
+
+@dataclass
+class FramerSampling:
+    """Sampling a Framer model (`framer_model.FramerModel` as the denoiser): Framer's conditioning
+    (`framer_conditioning`) with `mask_token`, and the ControlNet on `controlnet_cond` heatmaps
+    [1,F,3,H,W] at `conditioning_scale` for the steps whose fraction i/steps lies in `step_range`
+    (Framer's `controlnet_step_range`); None heatmaps: the ControlNet is skipped (no points)."""
+
+    mask_token: Tensor
+    controlnet_cond: Tensor | None = None
+    conditioning_scale: float = 1.0
+    step_range: tuple[float, float] = (0.0, 1.0)
 
 
 @dataclass
@@ -65,16 +79,29 @@ def sample_video(
     generator: torch.Generator | None = None,
     decode_chunk_size: int = 8,
     tile_size: int | None = None,
+    framer: FramerSampling | None = None,
 ) -> Tensor:
     """first/last: [3,H,W] in [-1,1]; returns [T,3,H,W] in [-1,1]. The UNet takes 9 input channels
-    when `last` is given (noisy + conditioning latents + mask)."""
+    when `last` is given (noisy + conditioning latents + mask). `framer`: Framer's conventions (the
+    pipeline `StableVideoDiffusionInterpControlPipeline.__call__`): CLIP of first and last frame, the
+    mask token on missing frames, the mask 1 there, zero latents and embeddings unconditionally."""
     device = first.device
     dtype = next(parts.unet.parameters()).dtype
     image_emb = clip_image_embeddings(parts.image_encoder, first[None])
     first_lat = conditioning_latents(
         parts.vae, first[None], noise_aug_strength, generator=generator, tile_size=tile_size
     )
-    if last is not None:
+    if framer is not None:
+        if last is None:
+            raise ValueError("a Framer model interpolates: pass the last frame")
+        last_lat = conditioning_latents(
+            parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
+        )
+        image_emb = torch.cat([image_emb, clip_image_embeddings(parts.image_encoder, last[None])], dim=1)
+        cond = framer_conditioning(first_lat, last_lat, framer.mask_token, num_frames)
+        zeros = torch.zeros_like(first_lat)
+        uncond = framer_conditioning(zeros, zeros, framer.mask_token, num_frames)
+    elif last is not None:
         last_lat = conditioning_latents(
             parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
         )
@@ -102,15 +129,23 @@ def sample_video(
     guidance = torch.linspace(min_guidance_scale, max_guidance_scale, num_frames, device=device).view(
         1, -1, 1, 1, 1
     )
-    for t in scheduler.timesteps:
+    control: dict[str, Any] = {}
+    for i, t in enumerate(scheduler.timesteps):
         model_in = torch.cat([latents] * 2) if guided else latents
         model_in = torch.cat([scheduler.scale_model_input(model_in, t), cond.float()], dim=2)
+        if framer is not None and framer.controlnet_cond is not None:
+            low, high = framer.step_range
+            heatmaps = torch.cat([framer.controlnet_cond] * 2) if guided else framer.controlnet_cond
+            in_range = low <= i / num_inference_steps < high
+            control = {"controlnet_cond": heatmaps.to(device, dtype) if in_range else None}
+            control["conditioning_scale"] = framer.conditioning_scale
         pred = parts.denoiser(
             model_in.to(dtype),
             t,
             encoder_hidden_states=image_emb.to(dtype),
             added_time_ids=time_ids.to(dtype),
             return_dict=False,
+            **control,
         )[0].float()
         if guided:
             pred_uncond, pred_cond = pred.chunk(2)

@@ -103,7 +103,7 @@ def conditioning_latents(
     vae: torch.nn.Module,
     frames: Tensor,
     noise_aug_sigma: Tensor | float,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     tile_size: int | None = None,
 ) -> Tensor:
     """[B,3,H,W] conditioning frames in [-1,1] -> UNSCALED latents [B,C,h,w] (VAE dtype).
@@ -126,7 +126,7 @@ def target_latents(
     video: Tensor,
     chunk_size: int | None = None,
     sample: bool = True,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     tile_size: int | None = None,
 ) -> Tensor:
     """[B,T,3,H,W] video in [-1,1] -> SCALED latents [B,T,C,h,w] (x0 of the diffusion loss).

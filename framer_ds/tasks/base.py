@@ -113,6 +113,13 @@ class Task(ABC):
             ]
         )
 
+    def compute_tracks(self) -> str:
+        """`framer-ds data tracks`: precompute point tracks of every video (resumable); returns what was
+        done. Tasks without trajectories keep this error."""
+        raise ConfigError(
+            [ConfigProblem("task", f"task {self.name!r} has no point tracks (video_lora has: data.tracks)")]
+        )
+
     def data_report(self) -> str:
         """What `framer-ds data check` prints: counts and anything rejected. Raises ConfigError when
         the data is unusable. Tasks override it with a richer report."""
@@ -226,6 +233,12 @@ class Task(ABC):
         self.export(accelerator, model, out_dir)
         if accelerator.is_main_process:
             write_export_record(out_dir, self.name, self.config.model_dump(mode="json"))
+
+    def load_export(self, model: torch.nn.Module, export_dir: Path) -> None:
+        """Put the weights of this task's export (`final/`, `best/`) into `model` as `build_model` made
+        it, before `prepare`: what `framer-ds eval RUN` evaluates. Tasks that support it override this."""
+        problem = ConfigProblem(str(export_dir), f"task {self.name!r} cannot load its export to evaluate it")
+        raise ConfigError([problem])
 
     def export_command(self, export_dir: Path, options: StrictModel) -> str:
         """`framer-ds export EXPORT_DIR ...`: another form of an export (a merged model); returns what to

@@ -95,11 +95,13 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
         load_path = prepare_resume(accelerator, resume_path)  # before prepare: may set load_universal
     prepare_run_dir(accelerator, config, resumed.global_step if resumed is not None else None)
 
-    set_seed(config.train.seed)
     # Runs on the local main process while the others wait: building a model here under ZeRO-3 init
     # would start collectives the waiting ranks never join (a deadlock), hence frozen_model_init.
     with accelerator.local_main_process_first(), frozen_model_init(accelerator):
         task.prepare_data()
+    # Seeded after the data is prepared: generating a builtin set (only on the local main process, only
+    # the first time) draws random numbers, and a run must not depend on whether its data existed.
+    set_seed(config.train.seed)
     run = build_training_run(accelerator, task, config)
     state = load_checkpoint(accelerator, load_path) if load_path is not None else TrainerState()
     if load_path is not None:

@@ -4,6 +4,7 @@ frozen encoders' weights. Part of the cache key, so an edited or replaced file i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from torch.utils.data import Dataset
 
@@ -30,3 +31,32 @@ def weights_fingerprint(svd_dir: Path) -> list:
             info = path.stat()
             found.append([f"{sub}/{path.name}", info.st_size, info.st_mtime_ns])
     return found
+
+
+CACHE_FORMAT_VERSION = 1  # bump when the encoding changes what a cached entry holds
+
+
+def describe_cache(
+    config: Any, dataset: Dataset, split: str, copies: int, svd_dir: Path, dtype: str, framer_base: bool
+) -> dict[str, Any]:
+    """Everything that decides a split's cached tensors: the cache key is its hash."""
+    options, data = config.model, config.data
+    buckets = getattr(dataset, "motion_bucket_of", None)  # through wrappers
+    return {
+        "format": CACHE_FORMAT_VERSION,
+        "split": split,
+        "copies": copies,
+        "seed": config.train.seed,
+        "source": source_fingerprint(dataset),
+        "svd": weights_fingerprint(svd_dir),
+        "dtype": dtype,
+        "mode": options.mode,
+        **({"base": "framer"} if framer_base else {}),  # + the last frame's embedding
+        "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
+        "vae_tile_size": options.vae_tile_size,
+        # model.motion_bucket from_data: each entry stores its bucket, which the training quantiles decide
+        **({"motion_buckets": sorted(buckets.items())} if buckets is not None else {}),
+        "data": data.model_dump(mode="json", exclude={"cache", "val_fraction", "root", "builtin", "tracks"}),
+        # entries then store their clip placement; the tracks themselves are applied at load
+        **({"placement": True} if data.tracks is not None else {}),
+    }

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from framer_ds.config.lora import LoraBase
 from framer_ds.config.schema import StrictModel
@@ -15,6 +15,9 @@ ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 # The spatial blocks' `ff` and the temporal blocks' `ff_in` and `ff` (peft matches name suffixes).
 FEED_FORWARD_TARGETS = ["ff.net.0.proj", "ff.net.2", "ff_in.net.0.proj", "ff_in.net.2"]
 PROJECTION_TARGETS = ["proj_in", "proj_out"]
+# The users' Framer recipe: attention, transformer projections, and the `ff` feed-forwards (spatial and
+# temporal blocks; peft matches suffixes), the module names of Framer's own UNet class.
+FRAMER_TARGETS = [*ATTENTION_TARGETS, *PROJECTION_TARGETS, "ff.net.0.proj", "ff.net.2"]
 
 
 class LoraOptions(LoraBase):
@@ -24,8 +27,15 @@ class LoraOptions(LoraBase):
     )
     include_feed_forward: bool = Field(False, description="Also adapt the transformer feed-forward layers.")
     include_projections: bool = Field(False, description="Also adapt proj_in / proj_out.")
+    preset: Literal["framer"] | None = Field(
+        None,
+        description="'framer': the Framer recipe's targets (to_q, to_k, to_v, to_out.0, proj_in, "
+        "proj_out, ff.net.0.proj, ff.net.2) instead of target_modules and the include_* switches.",
+    )
 
     def targets(self) -> list[str]:
+        if self.preset == "framer":
+            return list(FRAMER_TARGETS)
         found = list(self.target_modules)
         found += FEED_FORWARD_TARGETS if self.include_feed_forward else []
         found += PROJECTION_TARGETS if self.include_projections else []
@@ -64,6 +74,63 @@ class SampleOptions(StrictModel):
     )
 
 
+class InterpEvalOptions(StrictModel):
+    """Held-out interpolation metrics at every evaluation: each held-out clip is sampled from its first
+    (and, for interpolation, last) frame with a seed fixed per clip, and compared with the real frames
+    (`eval/psnr`, `eval/psnr_mid`, `eval/ssim`, `eval/psnr_ends`, `eval/flicker_ratio`,
+    `eval/clip_distance`; definitions in framer_ds/diffusion/interp_metrics.py). Costs a full sampling
+    run per held-out clip."""
+
+    enabled: bool = Field(
+        False, description="Sample every held-out clip at each evaluation and report metrics."
+    )
+    num_inference_steps: int = Field(25, ge=1, description="Euler sampling steps per clip.")
+    min_guidance_scale: float = Field(1.0, ge=0, description="Classifier-free guidance at the first frame.")
+    max_guidance_scale: float = Field(3.0, ge=0, description="Classifier-free guidance at the last frame.")
+    noise_aug_strength: float = Field(0.02, ge=0, description="Conditioning-frame noise (SVD default).")
+    seed: int = Field(
+        0, description="Added to each clip's own seed (a hash of its id): same noise every round."
+    )
+    decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
+    clip_distance: bool = Field(
+        True, description="Also eval/clip_distance: 1 - cosine of CLIP embeddings (the run's image encoder)."
+    )
+
+
+class FramerOptions(StrictModel):
+    """A Framer checkpoint as the base (`model.base: framer`): `unet/` + `controlnet/` from here, VAE and
+    CLIP from the SVD directory (`pretrained_model_name_or_path` or `builtin`). docs/video_lora.md."""
+
+    path: Path | None = Field(
+        None, description="Local Framer directory with unet/ and controlnet/ (e.g. framer_512x320)."
+    )
+    builtin: Literal["tiny_framer"] | None = Field(
+        None, description="'tiny_framer': a tiny random Framer checkpoint built in the cache (tests, demo)."
+    )
+    train_modules: Literal["unet_lora", "controlnet", "both"] = Field(
+        "unet_lora",
+        description="'unet_lora': a LoRA on the UNet (ControlNet frozen); 'controlnet': the whole "
+        "ControlNet (UNet frozen, no LoRA); 'both'.",
+    )
+    controlnet_cond_scale: float = Field(
+        1.0, ge=0, description="Scale of the ControlNet residuals (Framer's controlnet_cond_scale)."
+    )
+    controlnet_step_range: tuple[float, float] = Field(
+        (0.0, 1.0),
+        description="Sampling only: the ControlNet runs on steps i whose fraction i/steps lies in [lo, hi) "
+        "(Framer's controlnet_step_range); training sees it at every noise level.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FramerOptions:
+        if (self.path is None) == (self.builtin is None):
+            raise ValueError("set exactly one of model.framer.path or model.framer.builtin")
+        low, high = self.controlnet_step_range
+        if not 0 <= low <= high <= 1:
+            raise ValueError("model.framer.controlnet_step_range must be [lo, hi] with 0 <= lo <= hi <= 1")
+        return self
+
+
 class VideoLoraModelConfig(StrictModel):
     pretrained_model_name_or_path: Path | None = Field(
         None, description="Local diffusers SVD directory (stable-video-diffusion-img2vid(-xt) layout)."
@@ -76,6 +143,13 @@ class VideoLoraModelConfig(StrictModel):
         description="'interpolation': condition on the first AND last frame (a zero-initialised mask "
         "channel widens conv_in); 'image_to_video': on the first frame, as SVD.",
     )
+    base: Literal["svd", "framer"] = Field(
+        "svd",
+        description="'framer': fine-tune a Framer checkpoint (model.framer) with Framer's conditioning "
+        "convention (mask token, mask on missing frames, CLIP of first and last frame); needs mode "
+        "interpolation. 'svd': stock SVD with our own conventions.",
+    )
+    framer: FramerOptions | None = Field(None, description="The Framer checkpoint when model.base is framer.")
     lora: LoraOptions = Field(
         default_factory=LoraOptions, description="Which UNet layers get LoRA, and its size."
     )
@@ -83,8 +157,12 @@ class VideoLoraModelConfig(StrictModel):
         default_factory=EdmOptions, description="The EDM noise distributions of the objective."
     )
     fps: float | None = Field(None, gt=0, description="fps conditioning; null = each clip's effective fps.")
-    motion_bucket_id: int = Field(
-        127, ge=0, le=255, description="SVD's motion conditioning (added time id); higher = more motion."
+    motion_bucket: int | Literal["from_data"] = Field(
+        127,
+        description="SVD's motion conditioning (added time id; higher = more motion): one value for every "
+        "clip, or 'from_data': each video's motion score (normal flow on downscaled frames, "
+        "data/motion_score.py) mapped to 0..255 by the training set's quantiles, so the model keeps the "
+        "motion control a fixed 127 erases.",
     )
     dropout_image: float = Field(0.1, ge=0, le=1, description="P(zero image embedding), for CFG.")
     dropout_latents: float = Field(0.1, ge=0, le=1, description="P(zero conditioning latents), for CFG.")
@@ -101,11 +179,42 @@ class VideoLoraModelConfig(StrictModel):
     samples: SampleOptions = Field(
         default_factory=SampleOptions, description="Validation videos generated while training."
     )
+    interp_eval: InterpEvalOptions = Field(
+        default_factory=InterpEvalOptions,
+        description="Held-out interpolation metrics (PSNR, SSIM, flicker, CLIP distance) at each evaluation.",
+    )
+
+    @field_validator("motion_bucket")
+    @classmethod
+    def _bucket_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 0 <= value <= 255:
+            raise ValueError(f"a motion bucket is 0..255 (or from_data), got {value}")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "motion_bucket_id" in data:
+            raise ValueError(
+                "model.motion_bucket_id is now model.motion_bucket: a number 0..255 (the same meaning), "
+                "or from_data for a bucket per clip from its measured motion"
+            )
+        return data
+
+    @property
+    def fixed_motion_bucket(self) -> int:
+        """The bucket one value stands for: the configured one, or with from_data 127, where the
+        training set's median motion lands (samples while training, and the sampler's default)."""
+        return 127 if self.motion_bucket == "from_data" else self.motion_bucket
 
     @model_validator(mode="after")
     def _one_source(self) -> VideoLoraModelConfig:
         if (self.pretrained_model_name_or_path is None) == (self.builtin is None):
             raise ValueError("set exactly one of model.pretrained_model_name_or_path or model.builtin")
+        if (self.base == "framer") != (self.framer is not None):
+            raise ValueError("model.framer is set exactly when model.base is framer")
+        if self.base == "framer" and self.mode != "interpolation":
+            raise ValueError("model.base framer needs model.mode interpolation (Framer interpolates)")
         return self
 
 
@@ -119,6 +228,47 @@ class LatentCacheOptions(StrictModel):
         None, description="Where cached clips live (shared by every node); default <cache>/latent_cache."
     )
     clips_per_video: int = Field(1, ge=1, description="Random clips encoded per training video.")
+
+
+class TrackOptions(StrictModel):
+    """Point trajectories for Framer's ControlNet branch: each video is tracked once at its source frame
+    rate (`framer-ds data tracks CONFIG`), and each training item gets `controlnet_cond`, Framer's
+    Gaussian heatmaps of K of its tracks (framer_ds/data/track_heatmaps.py, docs/video_lora.md)."""
+
+    dir: Path | None = Field(
+        None, description="Where the per-video track files live; default <cache>/point_tracks."
+    )
+    tracker: Literal["analytic", "cotracker"] = Field(
+        "analytic",
+        description="'analytic': exact tracks of data.builtin synthetic_clips; 'cotracker': Meta's "
+        "CoTracker (the cotracker package and a local cotracker_checkpoint).",
+    )
+    cotracker_checkpoint: Path | None = Field(
+        None, description="Local CoTracker checkpoint file (tracker cotracker); nothing is downloaded."
+    )
+    grid_size: int = Field(10, ge=1, description="CoTracker tracks a grid_size x grid_size grid of points.")
+    num_points: int = Field(
+        5, ge=1, description="Most trajectories per clip (K); fewer when fewer are visible in frame 0."
+    )
+    min_points: int = Field(
+        1, ge=1, description="Fewest trajectories per clip: K ~ U[min_points, num_points]."
+    )
+    dropout: float = Field(
+        0.1, ge=0, le=1, description="P(K = 0): the all-zero heatmap, so the model also runs without points."
+    )
+    moving_bias: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="0: points drawn uniformly; 1: chance proportional to a point's mean motion per frame "
+        "(static points only after every moving one).",
+    )
+
+    @model_validator(mode="after")
+    def _counts(self) -> TrackOptions:
+        if self.min_points > self.num_points:
+            raise ValueError(f"data.tracks.min_points {self.min_points} > num_points {self.num_points}")
+        return self
 
 
 class VideoLoraDataConfig(StrictModel):
@@ -144,6 +294,11 @@ class VideoLoraDataConfig(StrictModel):
     val_fraction: float = Field(0.1, ge=0, lt=1, description="Videos held out for the eval loss.")
     cache: LatentCacheOptions = Field(
         default_factory=LatentCacheOptions, description="Encode clips once and train from the cache."
+    )
+    tracks: TrackOptions | None = Field(
+        None,
+        description="Point trajectories -> `controlnet_cond` heatmaps per item (Framer's trajectory "
+        "branch); null = none.",
     )
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
+from framer_ds.data.motion_score import MotionBuckets, WithMotionBucket, score_records
 from framer_ds.data.video_clips import (
     ClipSampler,
     ImagePairDataset,
@@ -72,6 +73,7 @@ class BuiltData:
     val: Dataset | None
     notes: dict[str, str] = field(default_factory=dict)  # for the run summary
     conditioning_fps: list[float] = field(default_factory=list)  # what training conditions on
+    motion_buckets: MotionBuckets | None = None  # model.motion_bucket from_data: the training quantiles
 
 
 @dataclass
@@ -79,6 +81,7 @@ class VideoLoraData:
     config: VideoLoraDataConfig
     root: Path
     fixed_fps: float | None  # model.fps
+    motion_from_data: bool = False  # model.motion_bucket: from_data
 
     @property
     def sampler(self) -> ClipSampler:
@@ -137,6 +140,7 @@ class VideoLoraData:
             "width": data.width,
             "stride": data.stride,
             "stride_range": data.stride_range,
+            "with_placement": data.tracks is not None,  # point tracks follow each clip
         }
         train = VideoClipDataset(
             replace(found, records=train_records),
@@ -149,4 +153,27 @@ class VideoLoraData:
         if val_ids:
             val_records = [r for r in records if r.video_id in val_ids]
             val = VideoClipDataset(replace(found, records=val_records), train=False, **common)
-        return BuiltData(train, val, notes, conditioning_fps(train_records, self.sampler))
+        built = BuiltData(train, val, notes, conditioning_fps(train_records, self.sampler))
+        return self._with_motion_buckets(built, records, train_records) if self.motion_from_data else built
+
+    def motion_scores(self, records: list[VideoRecord] | None = None) -> dict[str, float]:
+        """Each video's motion score (data/motion_score.py), at the smallest training stride; cached, so
+        `prepare_data` (local main process first) computes them and the other ranks read them."""
+        records = records if records is not None else self.index().records
+        return score_records(records, self.sampler.strides[0], default_cache_dir() / "motion_scores")
+
+    def _with_motion_buckets(
+        self, built: BuiltData, records: list[VideoRecord], train_records: list[VideoRecord]
+    ) -> BuiltData:
+        scores = self.motion_scores(records)
+        buckets = MotionBuckets.from_scores([scores[r.video_id] for r in train_records])
+        per_video = {video_id: buckets.bucket(score) for video_id, score in scores.items()}
+        built.train = WithMotionBucket(built.train, per_video)
+        built.val = WithMotionBucket(built.val, per_video) if built.val is not None else None
+        built.motion_buckets = buckets
+        spread = sorted(per_video[r.video_id] for r in train_records)
+        built.notes["motion bucket"] = (
+            f"from data: {len(scores)} videos scored, training buckets {spread[0]}..{spread[-1]} "
+            f"(median {spread[len(spread) // 2]})"
+        )
+        return built

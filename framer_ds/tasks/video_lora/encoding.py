@@ -31,6 +31,8 @@ class EncodedClip:
     fps: Tensor  # [B] fps the clip plays at (an added time id unless the config fixes one)
     last: Tensor | None = None  # [B,C,h,w] for interpolation
     frame_weights: Tensor | None = None  # [B,T] loss weight per frame; None = every frame counts
+    last_image_emb: Tensor | None = None  # [B,1,D] CLIP embedding of the last frame (Framer's convention)
+    motion_bucket: Tensor | None = None  # [B] per-clip motion bucket (model.motion_bucket from_data)
 
     def unet_conditioning(self, num_frames: int) -> tuple[Tensor, Tensor | None]:
         """(conditioning latents, mask or None): first frame only, or first + last with a mask."""
@@ -67,10 +69,12 @@ def encode_clips(
     fps: Tensor,
     cond_sigma: Tensor,
     interpolation: bool,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    embed_last: bool = False,
 ) -> EncodedClip:
     """Pixel clips [B,T,3,H,W] in [-1,1]. With a generator the target is the latent mode and every
-    noise draw comes from it (deterministic eval); without, posterior samples as SVD trained."""
+    noise draw comes from it (deterministic eval); without, posterior samples as SVD trained.
+    `embed_last`: also the CLIP embedding of the last frame (a Framer base conditions on both)."""
     svd, first, vae, tile = svd_conditioning(), video[:, 0], encoders.vae, encoders.tile_size
 
     def conditioning(frames: Tensor) -> Tensor:
@@ -90,6 +94,9 @@ def encode_clips(
         cond_sigma=cond_sigma,
         fps=fps,
         last=conditioning(video[:, -1]) if interpolation else None,
+        last_image_emb=(
+            svd.clip_image_embeddings(encoders.image_encoder, video[:, -1]) if embed_last else None
+        ),
     )
 
 
@@ -100,7 +107,8 @@ def encode_pairs(
     num_frames: int,
     fps: Tensor,
     cond_sigma: Tensor,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    embed_last: bool = False,
 ) -> EncodedClip:
     """Image pairs [B,2,3,H,W] (start, end) -> a T-frame clip whose middle has no ground truth.
 
@@ -108,10 +116,42 @@ def encode_pairs(
     latents; their loss weight is zero, so the blend is never taught. What pairs teach is the ends:
     reproduce the given frames from the conditioning, the part of interpolation a pair can supervise.
     """
-    ends = encode_clips(encoders, pairs, fps, cond_sigma, True, generator)
+    ends = encode_clips(encoders, pairs, fps, cond_sigma, True, generator, embed_last)
     alpha = torch.linspace(0, 1, num_frames, device=pairs.device).view(1, -1, 1, 1, 1)
     ends.target = torch.lerp(ends.target[:, :1].float(), ends.target[:, 1:].float(), alpha).to(ends.target)
     weights = torch.zeros(pairs.shape[0], num_frames, device=pairs.device)
     weights[:, 0] = weights[:, -1] = 1.0
     ends.frame_weights = weights
     return ends
+
+
+def example_encoded_batch(
+    config: Any, svd_dir: Any, micro_batch_size: int, framer_base: bool
+) -> dict[str, Tensor]:
+    """What `framer-ds plan` runs forward and backward: an encoded micro-batch of the largest shapes, from
+    the config and the VAE's and image encoder's config.json (no weights). Without a cache training encodes
+    pixels first under no_grad, in chunks: a transient this batch leaves out."""
+    from diffusers import AutoencoderKLTemporalDecoder
+    from transformers import CLIPVisionConfig
+
+    vae = AutoencoderKLTemporalDecoder.load_config(svd_dir, subfolder="vae")
+    embedding = CLIPVisionConfig.from_pretrained(svd_dir, subfolder="image_encoder").projection_dim
+    data, k = config.data, micro_batch_size
+    scale = 2 ** (len(vae["block_out_channels"]) - 1)
+    latent = (vae["latent_channels"], data.height // scale, data.width // scale)
+    batch = {
+        "target": torch.zeros(k, data.num_frames, *latent),
+        "first": torch.zeros(k, *latent),
+        "image_emb": torch.zeros(k, 1, embedding),
+        "cond_sigma": torch.full((k,), 0.02),
+        "fps": torch.full((k,), float(config.model.fps or 7)),
+    }
+    if config.model.mode == "interpolation":
+        batch["last"] = torch.zeros(k, *latent)
+    if framer_base:
+        batch["last_image_emb"] = torch.zeros(k, 1, embedding)
+        if data.tracks is not None:  # the ControlNet's heatmaps, at pixel size
+            batch["controlnet_cond"] = torch.zeros(k, data.num_frames, 3, data.height, data.width)
+    if data.layout == "image_pairs":
+        batch["frame_weights"] = torch.ones(k, data.num_frames)
+    return batch

@@ -1,5 +1,5 @@
 """Using a video_lora adapter outside training: `framer-ds sample` (base SVD + adapter -> an mp4) and
-`framer-ds export --merge` (a diffusers directory with the LoRA merged in).
+`framer-ds export --format merged` (a diffusers directory with the LoRA merged in).
 
 Both read the adapter's metadata (`framer_ds_video_lora.json`: mode, size, the fps and motion bucket
 training conditioned on), so a sample conditions as training did without the user repeating it.
@@ -19,7 +19,6 @@ from PIL import Image
 from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
-from framer_ds.config.schema import StrictModel
 from framer_ds.data.video_clips import resize_and_crop
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
@@ -59,21 +58,6 @@ class VideoSampleCommandOptions(SampleCommandOptions):
     decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
 
 
-class VideoExportCommandOptions(StrictModel):
-    """`framer-ds export RUN/final --merge --out DIR [--base SVD_DIR]`: the LoRA merged into the UNet."""
-
-    merge: bool = Field(
-        False,
-        description="Merge the adapter into the base weights (the only export besides final/ itself, "
-        "which already is the unmerged adapter).",
-    )
-    out: Path = Field(description="A new directory for the merged model.")
-    base: Path | None = Field(None, description="The base SVD directory; default: the one training used.")
-    dtype: Literal["float32", "float16", "bfloat16"] = Field(
-        "float32", description="Dtype of the weights written."
-    )
-
-
 def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:
     path = Path(adapter_dir) / EXPORT_METADATA
     if not path.is_file():
@@ -100,6 +84,26 @@ def trained_fps_metadata(config_fps: float | None, trained: list[float]) -> dict
         "fps": statistics.median(trained),
         "fps_range": [min(trained), max(trained)],
         "fps_source": "median of the training clips' fps (source fps / stride)",
+    }
+
+
+def export_metadata(
+    config: Any, svd_dir: Path, trained_fps: list[float], motion_buckets: Any
+) -> dict[str, Any]:
+    """What a sampler needs besides the adapter: the base, the mode, the frame shape and the conditioning
+    values training used (fps, motion bucket, and with `from_data` the score quantiles)."""
+    options, data = config.model, config.data
+    return {
+        "base_model": str(svd_dir),
+        "mode": options.mode,
+        "conv_in_extra_channels": 1 if options.mode == "interpolation" and options.base != "framer" else 0,
+        "num_frames": data.num_frames,
+        "height": data.height,
+        "width": data.width,
+        **trained_fps_metadata(options.fps, trained_fps),
+        "motion_bucket_id": options.fixed_motion_bucket,
+        "motion_bucket": options.motion_bucket,
+        **({"motion_score_quantiles": motion_buckets.summary()} if motion_buckets is not None else {}),
     }
 
 
@@ -173,11 +177,17 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
     size = (metadata["height"], metadata["width"])
     first = load_frame(options.image, *size, device, options.resize)
     last = load_frame(options.last_image, *size, device, options.resize) if options.last_image else None
-    pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
+    if metadata.get("base") == "framer":  # Framer's UNet, ControlNet and conditioning convention
+        from framer_ds.tasks.video_lora.framer_inference import framer_sampler_parts
+
+        parts, framer = framer_sampler_parts(adapter_dir, metadata, device, dtype)
+    else:
+        pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
+        parts, framer = SamplerParts.from_pipeline(pipe), None
     fps = options.fps or metadata.get("fps") or DEFAULT_FPS
     num_frames = options.num_frames or metadata["num_frames"]
     frames = sample_video(
-        SamplerParts.from_pipeline(pipe),
+        parts,
         first,
         last,
         num_frames,
@@ -189,29 +199,24 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
         max_guidance_scale=options.max_guidance,
         generator=torch.Generator(device=device).manual_seed(options.seed),
         decode_chunk_size=options.decode_chunk_size,
+        framer=framer,
     )
     pixels = to_uint8_frames(frames)
     write_video(options.out, pixels, fps)
     return f"wrote {options.out}: {len(pixels)} frames at {size[1]}x{size[0]}, conditioned on {fps:g} fps"
 
 
-def export_merged(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
-    """An image-to-video adapter -> a full StableVideoDiffusionPipeline directory; an interpolation one
-    -> the merged UNet only (the stock pipeline cannot feed its first+last-frame conditioning)."""
-    if not options.merge:
-        problem = ConfigProblem(
-            "--merge",
-            f"{adapter_dir} already is the unmerged export (a peft adapter); pass --merge to write the "
-            "base model with the adapter merged in",
-        )
-        raise ConfigError([problem], "export")
-    out = Path(options.out)
+def export_merged(adapter_dir: Path, out: Path, dtype_name: str, base: Path | None = None) -> str:
+    """`--format merged`: an image-to-video adapter -> a full StableVideoDiffusionPipeline directory; an
+    interpolation one -> the merged UNet only (the stock pipeline cannot feed its first+last-frame
+    conditioning)."""
+    out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(
             [ConfigProblem("--out", f"{out} exists and is not empty; choose a new directory")], "export"
         )
-    dtype = getattr(torch, options.dtype)
-    pipe, metadata = load_pipeline_with_adapter(adapter_dir, "cpu", dtype, options.base)
+    dtype = getattr(torch, dtype_name)
+    pipe, metadata = load_pipeline_with_adapter(adapter_dir, "cpu", dtype, base)
     with building_dir(out) as staging:
         if metadata["mode"] == "interpolation":
             pipe.unet.save_pretrained(staging, safe_serialization=True)

@@ -6,7 +6,6 @@ are frozen, built outside ZeRO-3 init, and kept on the device in the compute dty
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import zlib
@@ -16,14 +15,13 @@ import torch
 from accelerate.utils import send_to_device
 from torch.utils.data import Dataset, default_collate
 
-from framer_ds.config.errors import ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, cache_key, fill_cache
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.data.video_clips import (
     validate_svd_size,
 )
 from framer_ds.diffusion import edm
-from framer_ds.engine.accelerator import frozen_model_init
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
@@ -31,25 +29,36 @@ from framer_ds.engine.rng import isolated_seed
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import register_task
-from framer_ds.tasks.video_lora.cache_fingerprints import source_fingerprint, weights_fingerprint
+from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers --format framer)
+from framer_ds.tasks.video_lora.cache_fingerprints import describe_cache
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
 from framer_ds.tasks.video_lora.data_setup import VideoLoraData, layout_problems
-from framer_ds.tasks.video_lora.encoding import EncodedClip, FrozenEncoders, encode_clips, encode_pairs
+from framer_ds.tasks.video_lora.encoding import (
+    EncodedClip,
+    FrozenEncoders,
+    encode_clips,
+    encode_pairs,
+    example_encoded_batch,
+)
 from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
+from framer_ds.tasks.video_lora.export_formats import (
+    VideoExportCommandOptions,
+    export_format,
+    load_adapter_for_eval,
+)
+from framer_ds.tasks.video_lora.framer_setup import FramerSetup
+from framer_ds.tasks.video_lora.frozen_encoders import FrozenSvdEncoders
 from framer_ds.tasks.video_lora.inference import (
     EXPORT_METADATA,
-    VideoExportCommandOptions,
     VideoSampleCommandOptions,
-    export_merged,
+    export_metadata,
     sample_to_file,
-    trained_fps_metadata,
 )
+from framer_ds.tasks.video_lora.interp_eval import interp_eval_problems
+from framer_ds.tasks.video_lora.tracks_setup import build_tracks, track_problems, with_controlnet_cond
 from framer_ds.tasks.video_lora.unet_lora import apply_lora, widen_conv_in
 
 SVD_SUBFOLDERS = ("unet", "vae", "image_encoder")
-
-
-CACHE_FORMAT_VERSION = 1  # bump when the encoding changes what a cached entry holds
 
 
 @register_task
@@ -66,14 +75,18 @@ class VideoLoraTask(Task):
 
     def __init__(self, config):
         super().__init__(config)
-        self.vae = None
-        self.image_encoder = None
+        # the VAE and image encoder; idle on the CPU between sampling rounds when the latent cache is on
+        self.frozen = FrozenSvdEncoders(self.svd_path(), keep_on_cpu=bool(config.model.samples.every))
         self.unet_config = None
         self.accelerator = None
         self._raw_eval_or_train: Dataset | None = None  # pixel clips, for sampling inputs
         self._sample_inputs = None
         self._data_notes: dict[str, str] = {}
         self.trained_fps: list[float] = []  # the fps values training conditions on (model.fps null)
+        self.motion_buckets = None  # model.motion_bucket from_data: the training set's score quantiles
+        self._track_records: list = []  # data.tracks: the videos whose tracks the items use
+        # model.base framer: Framer's UNet + ControlNet and conventions (framer_setup.py)
+        self.framer = FramerSetup(config.model, self.svd_path()) if config.model.base == "framer" else None
 
     # --- paths and pre-flight ------------------------------------------------------------------------
 
@@ -111,6 +124,17 @@ class VideoLoraTask(Task):
                 ConfigProblem("data.root", f"{data.root} does not exist; point it at a video folder.")
             )
         model = self.config.model
+        if self.framer is not None:
+            problems += self.framer.check(self.config.data)
+        problems += interp_eval_problems(self.config)
+        if model.motion_bucket == "from_data" and self.uses_pairs:
+            problems.append(
+                ConfigProblem(
+                    "model.motion_bucket",
+                    "from_data scores videos; image pairs have no motion to score: set a number such as 127",
+                )
+            )
+        problems += track_problems(self.config.data)
         return problems + layout_problems(self.config.data, model.mode, model.fps)
 
     def prepare_data(self) -> None:
@@ -118,13 +142,20 @@ class VideoLoraTask(Task):
             from framer_ds.diffusion.tiny_svd import create_tiny_svd
 
             create_tiny_svd(self.svd_path())
+        if self.framer is not None:
+            self.framer.prepare()
         if self.config.data.builtin == "synthetic_clips":
             ensure_synthetic_clips(self.data_root())
+        if self.config.model.motion_bucket == "from_data" and not self.uses_pairs:
+            self._data().motion_scores()  # once per node, before the other ranks read the cache
 
     # --- data ----------------------------------------------------------------------------------------
 
     def _data(self) -> VideoLoraData:
-        return VideoLoraData(self.config.data, self.data_root(), self.config.model.fps)
+        model = self.config.model
+        return VideoLoraData(
+            self.config.data, self.data_root(), model.fps, model.motion_bucket == "from_data"
+        )
 
     def data_report(self) -> str:
         """Counts, durations, resolutions, capped strides and every rejected file with its reason."""
@@ -136,40 +167,41 @@ class VideoLoraTask(Task):
     def build_datasets(self):
         built = self._data().build()
         self._data_notes, self.trained_fps = built.notes, built.conditioning_fps
-        return built.train, built.val
+        self.motion_buckets = built.motion_buckets
+        tracks = self.config.data.tracks
+        if tracks is None:
+            return built.train, built.val
+        if tracks.tracker == "analytic":  # exact and cheap: no separate `data tracks` step needed
+            build_tracks(self._data())
+        seed = self.config.train.seed
+        self._track_records = list(built.train.records) + list(built.val.records if built.val else [])
+        return (
+            with_controlnet_cond(built.train, self._track_records, tracks, seed),
+            with_controlnet_cond(built.val, self._track_records, tracks, seed),
+        )
+
+    def compute_tracks(self) -> str:
+        """`framer-ds data tracks`: track every video once (resumable); returns a summary."""
+        if self.config.data.tracks is None:
+            raise ConfigError([ConfigProblem("data.tracks", "not set: add a data.tracks section first.")])
+        return build_tracks(self._data())
 
     def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """The batch as the latent cache stores it (what the UNet sees), shaped from the config and the
-        VAE's and image encoder's config.json. Without a cache training encodes pixels first under
-        no_grad, in chunks: a transient this batch leaves out."""
-        from diffusers import AutoencoderKLTemporalDecoder
-        from transformers import CLIPVisionConfig
-
-        vae = AutoencoderKLTemporalDecoder.load_config(self.svd_path(), subfolder="vae")
-        embedding = CLIPVisionConfig.from_pretrained(
-            self.svd_path(), subfolder="image_encoder"
-        ).projection_dim
-        data, k = self.config.data, micro_batch_size
-        scale = 2 ** (len(vae["block_out_channels"]) - 1)
-        latent = (vae["latent_channels"], data.height // scale, data.width // scale)
-        batch = {
-            "target": torch.zeros(k, data.num_frames, *latent),
-            "first": torch.zeros(k, *latent),
-            "image_emb": torch.zeros(k, 1, embedding),
-            "cond_sigma": torch.full((k,), 0.02),
-            "fps": torch.full((k,), float(self.config.model.fps or 7)),
-        }
-        if self.config.model.mode == "interpolation":
-            batch["last"] = torch.zeros(k, *latent)
-        if self.uses_pairs:
-            batch["frame_weights"] = torch.ones(k, data.num_frames)
-        return batch
+        VAE's and image encoder's config.json (`encoding.example_encoded_batch`)."""
+        return example_encoded_batch(
+            self.config, self.svd_path(), micro_batch_size, framer_base=self.framer is not None
+        )
 
     # --- models --------------------------------------------------------------------------------------
 
     def build_model(self) -> torch.nn.Module:
         from diffusers import UNetSpatioTemporalConditionModel
 
+        if self.framer is not None:
+            model = self.framer.build_model(self.config.train.gradient_checkpointing)
+            self.unet_config = self.framer.bare_unet  # config + added-time embedding, as for SVD
+            return model
         unet = load_pretrained(UNetSpatioTemporalConditionModel, self.svd_path(), subfolder="unet")
         interpolation = self.config.model.mode == "interpolation"
         if interpolation:
@@ -184,50 +216,11 @@ class VideoLoraTask(Task):
         samples drawn, and never stay on the device during training."""
         self.accelerator = accelerator
         if not self.config.data.cache.enabled:
-            self._frozen_on_device()
+            self.frozen.on_device(self.accelerator)
 
     def frozen_helpers(self) -> list[torch.nn.Module]:
         """With the latent cache on they are on the device only to fill it and to draw samples."""
-        return [] if self.config.data.cache.enabled else list(self._load_frozen())
-
-    def _load_frozen(self) -> tuple[torch.nn.Module, torch.nn.Module]:
-        from diffusers import AutoencoderKLTemporalDecoder
-        from transformers import CLIPVisionModelWithProjection
-
-        vae = load_pretrained(AutoencoderKLTemporalDecoder, self.svd_path(), subfolder="vae")
-        encoder = load_pretrained(CLIPVisionModelWithProjection, self.svd_path(), subfolder="image_encoder")
-        return vae, encoder
-
-    def _frozen_on_device(self) -> tuple[torch.nn.Module, torch.nn.Module]:
-        accelerator = self.accelerator
-        if self.vae is None:
-            with frozen_model_init(accelerator):  # frozen helpers must not be partitioned by ZeRO-3
-                vae, encoder = self._load_frozen()
-            for module in (vae, encoder):
-                module.requires_grad_(False).eval()
-            self.vae, self.image_encoder = vae, encoder
-        dtype = compute_dtype(accelerator)
-        for module, wanted in (
-            (self.vae, _svd().vae_dtype(self.vae.config, dtype)),
-            (self.image_encoder, dtype),
-        ):
-            module.to(accelerator.device)
-            if module.dtype != wanted:  # diffusers warns on every dtype-carrying .to(), even a no-op
-                module.to(dtype=wanted)
-        return self.vae, self.image_encoder
-
-    def _release_frozen(self) -> None:
-        """Off the device: kept on CPU when sampling will want them again, else dropped."""
-        if self.vae is None:
-            return
-        if self.config.model.samples.every:
-            self.vae.to("cpu")
-            self.image_encoder.to("cpu")
-        else:
-            self.vae = self.image_encoder = None
-            gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        return [] if self.config.data.cache.enabled else list(self.frozen.load())
 
     # --- latent cache --------------------------------------------------------------------------------
 
@@ -238,24 +231,20 @@ class VideoLoraTask(Task):
             return train_set, eval_set
         cached_train = self._cached(train_set, "train", self.config.data.cache.clips_per_video)
         cached_eval = self._cached(eval_set, "eval", 1) if eval_set is not None else None
-        self._release_frozen()
+        self.frozen.release()
+        tracks = self.config.data.tracks
+        if tracks is not None:  # controlnet_cond is computed at load from the entry's clip placement
+            seed = self.config.train.seed
+            cached_train = with_controlnet_cond(cached_train, self._track_records, tracks, seed)
+            cached_eval = with_controlnet_cond(cached_eval, self._track_records, tracks, seed)
         return cached_train, cached_eval
 
     def _cache_for(self, dataset: Dataset, split: str, copies: int) -> LatentCache:
-        options, data = self.config.model, self.config.data
-        described = {
-            "format": CACHE_FORMAT_VERSION,
-            "split": split,
-            "copies": copies,
-            "seed": self.config.train.seed,
-            "source": source_fingerprint(dataset),
-            "svd": weights_fingerprint(self.svd_path()),
-            "dtype": str(compute_dtype(self.accelerator)),
-            "mode": options.mode,
-            "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
-            "vae_tile_size": options.vae_tile_size,
-            "data": data.model_dump(mode="json", exclude={"cache", "val_fraction", "root", "builtin"}),
-        }
+        data = self.config.data
+        described = describe_cache(
+            self.config, dataset, split, copies, self.svd_path(), str(compute_dtype(self.accelerator)),
+            framer_base=self.framer is not None,
+        )  # fmt: skip
         root = data.cache.dir or default_cache_dir() / "latent_cache"
         summary = {"split": split, "copies": copies, "videos": len(dataset), "svd": str(self.svd_path())}
         return LatentCache(root, cache_key(described), len(dataset) * copies, summary)
@@ -267,14 +256,16 @@ class VideoLoraTask(Task):
         cache = self._cache_for(dataset, split, copies)
 
         def encode(entry: int):
-            if self.vae is None:  # loaded only when something is left to encode
-                self._frozen_on_device()
+            if self.frozen.vae is None:  # loaded only when something is left to encode
+                self.frozen.on_device(self.accelerator)
             with isolated_seed(self.config.train.seed * 1_000_003 + entry):
                 item = dataset[entry % len(dataset)]
                 batch = send_to_device(default_collate([item]), accelerator.device)
                 batch = to_compute_dtype(accelerator, batch, self.full_precision_keys)
                 encoded = self._encode(batch, self._eval_generator(batch) if split == "eval" else None)
-            return encoded.cache_entry(0), {"video_id": item["video_id"]}
+                encoded.motion_bucket = batch.get("motion_bucket_id")  # from_data: stored with the entry
+            placement = {"placement": item["placement"]} if "placement" in item else {}
+            return encoded.cache_entry(0), {"video_id": item["video_id"], **placement}
 
         built = fill_cache(
             cache,
@@ -315,30 +306,42 @@ class VideoLoraTask(Task):
         else:
             fixed = math.exp(options.edm.cond_noise_mean)
             cond_sigma = torch.full((pixels.shape[0],), fixed, device=pixels.device)
-        encoders = FrozenEncoders(self.vae, self.image_encoder, options.vae_chunk_size, options.vae_tile_size)
+        encoders = FrozenEncoders(
+            self.frozen.vae, self.frozen.image_encoder, options.vae_chunk_size, options.vae_tile_size
+        )
         if self.uses_pairs:
             fps = torch.full((pixels.shape[0],), float(options.fps), device=pixels.device)
             num_frames = self.config.data.num_frames
-            return encode_pairs(encoders, pixels, num_frames, fps, cond_sigma, eval_generator)
-        interpolation = options.mode == "interpolation"
-        return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, eval_generator)
+            return encode_pairs(
+                encoders, pixels, num_frames, fps, cond_sigma, eval_generator, self.framer is not None
+            )
+        interpolation, framer = options.mode == "interpolation", self.framer is not None
+        return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, eval_generator, framer)
 
-    def _eval_generator(self, batch) -> torch.Generator:
-        """The same noise for a given clip on any rank and at any step."""
-        seed = zlib.crc32("|".join(batch["video_id"]).encode())
-        return torch.Generator(device=self.accelerator.device).manual_seed(seed)
+    def _eval_generator(self, batch) -> list[torch.Generator]:
+        """One generator per clip, seeded by its id: the same noise for a clip on any rank, at any step
+        and whichever clips share its batch (a seed from the whole batch's ids made eval/loss depend on
+        how the eval set was split between ranks). diffusers' `randn_tensor` takes such a list."""
+        device = self.accelerator.device
+        return [torch.Generator(device=device).manual_seed(zlib.crc32(v.encode())) for v in batch["video_id"]]
 
-    def _denoise(self, model, noisy, sigma, encoded: EncodedClip, cond, mask, image_emb) -> torch.Tensor:
+    def _denoise(
+        self, model, noisy, sigma, encoded: EncodedClip, cond, mask, image_emb, controlnet_cond=None
+    ) -> torch.Tensor:
         options = self.config.model
         fps_value = options.fps if options.fps is not None else encoded.fps.float()
         time_ids = _svd().added_time_ids(
             fps_value,
-            options.motion_bucket_id,
+            encoded.motion_bucket.float()
+            if encoded.motion_bucket is not None
+            else options.fixed_motion_bucket,
             encoded.cond_sigma.float(),
             noisy.shape[0],
             self.unet_config,
             device=noisy.device,
         )
+        if self.framer is not None:  # cond carries Framer's mask channel already
+            return self.framer.denoise(model, noisy, sigma, cond, image_emb, time_ids, controlnet_cond)
         if mask is not None:
             cond = torch.cat([cond, mask.to(cond.dtype)], dim=2)
         return _svd().unet_denoise(model, noisy, sigma, cond, image_emb, time_ids)
@@ -346,15 +349,20 @@ class VideoLoraTask(Task):
     def training_loss(self, model, batch) -> torch.Tensor:
         options = self.config.model
         encoded = self._encode(batch)
+        encoded.motion_bucket = batch.get("motion_bucket_id", encoded.motion_bucket)  # else the cache's
         target = encoded.target.float()
         batch_size = target.shape[0]
-        cond, mask = encoded.unet_conditioning(target.shape[1])
-        image_emb, cond = _svd().conditioning_dropout(
-            encoded.image_emb, cond, options.dropout_image, options.dropout_latents
-        )
+        if self.framer is not None:
+            (cond, image_emb), mask = self.framer.conditioning(encoded, target.shape[1], dropout=True), None
+        else:
+            cond, mask = encoded.unet_conditioning(target.shape[1])
+            image_emb, cond = _svd().conditioning_dropout(
+                encoded.image_emb, cond, options.dropout_image, options.dropout_latents
+            )
         sigma = edm.sample_sigmas(batch_size, options.edm.p_mean, options.edm.p_std, device=target.device)
         noisy = edm.add_noise(target, sigma)
-        denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, image_emb)
+        tracks = batch.get("controlnet_cond")
+        denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, image_emb, tracks)
         return edm.edm_loss(denoised, target, sigma, frame_weights=encoded.frame_weights)
 
     def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
@@ -363,21 +371,59 @@ class VideoLoraTask(Task):
         options = self.config.model
         generator = self._eval_generator(batch)
         encoded = self._encode(batch, generator)
+        encoded.motion_bucket = batch.get("motion_bucket_id", encoded.motion_bucket)  # else the cache's
         target = encoded.target.float()
         cond, mask = encoded.unet_conditioning(target.shape[1])
-        noise = torch.randn(target.shape, generator=generator, device=target.device, dtype=torch.float32)
+        image_emb = encoded.image_emb
+        if self.framer is not None:
+            (cond, image_emb), mask = self.framer.conditioning(encoded, target.shape[1], dropout=False), None
+        noise = torch.stack(
+            [
+                torch.randn(target.shape[1:], generator=g, device=target.device, dtype=torch.float32)
+                for g in generator
+            ]
+        )
         values: dict[str, torch.Tensor] = {}
         for sigma_value in edm.fixed_sigma_quantiles(
             options.edm.eval_sigmas, options.edm.p_mean, options.edm.p_std
         ):
             sigma = torch.full((target.shape[0],), float(sigma_value), device=target.device)
             noisy = target + sigma.view(-1, 1, 1, 1, 1) * noise
-            denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, encoded.image_emb)
+            tracks = batch.get("controlnet_cond")
+            denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, image_emb, tracks)
             values[f"loss_sigma_{float(sigma_value):.3g}"] = edm.edm_loss(
                 denoised, target, sigma, "none", frame_weights=encoded.frame_weights
             )
         values["loss"] = torch.stack(list(values.values())).mean(dim=0)
+        if options.interp_eval.enabled:
+            values.update(self._interp_eval(model, batch))
         return values
+
+    def _interp_eval(self, model, batch) -> dict[str, torch.Tensor]:
+        """`model.interp_eval` (`interp_eval.py`); every rank calls it (ZeRO-3 collectives)."""
+        from framer_ds.tasks.video_lora.interp_eval import interp_eval_batch
+
+        if not getattr(self, "_lpips_note", False):
+            self._lpips_note = True
+            self.accelerator.print("interp_eval: eval/lpips skipped (no local LPIPS backbone is configured)")
+        return interp_eval_batch(self._sampler_parts(model), batch, self.config.model)
+
+    def _sampler_parts(self, model):
+        """The model being trained with the frozen VAE and encoder on the device and SVD's scheduler."""
+        from diffusers import EulerDiscreteScheduler
+
+        from framer_ds.diffusion.sampling import SamplerParts
+
+        vae, encoder = self.frozen.on_device(self.accelerator)
+        scheduler = EulerDiscreteScheduler.from_pretrained(self.svd_path(), subfolder="scheduler")
+        return SamplerParts(model, self.unet_config, vae, encoder, scheduler)
+
+    def summarize_eval(self, sums: dict[str, torch.Tensor], num_samples: int) -> dict[str, float]:
+        """Per-clip means, and `eval/flicker_ratio` as a ratio of two totals (interp_metrics.py)."""
+        from framer_ds.diffusion.interp_metrics import INTERP_METRIC_KEYS, summarize_interp_metrics
+
+        rest = {k: v for k, v in sums.items() if k not in INTERP_METRIC_KEYS}
+        return {**super().summarize_eval(rest, num_samples), **summarize_interp_metrics(sums, num_samples)}
 
     # --- validation samples --------------------------------------------------------------------------
 
@@ -387,9 +433,6 @@ class VideoLoraTask(Task):
     def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
         """`model.samples.count` videos from held-out first (and last) frames, written under
         out_dir/step_N/; every rank takes part (ZeRO-3 forwards are collectives)."""
-        from diffusers import EulerDiscreteScheduler
-
-        from framer_ds.diffusion.sampling import SamplerParts
         from framer_ds.tasks.video_lora.validation_samples import collect_sample_inputs, write_sample_round
 
         options = self.config.model
@@ -401,9 +444,7 @@ class VideoLoraTask(Task):
                 with_reference=not self.uses_pairs,
                 fps=options.fps,
             )
-        vae, encoder = self._frozen_on_device()
-        scheduler = EulerDiscreteScheduler.from_pretrained(self.svd_path(), subfolder="scheduler")
-        parts = SamplerParts(model, self.unet_config, vae, encoder, scheduler)
+        parts = self._sampler_parts(model)
         was_training = model.training
         model.eval()
         try:
@@ -413,14 +454,15 @@ class VideoLoraTask(Task):
                 self._sample_inputs,
                 options.samples,
                 self.config.data.num_frames,
-                options.motion_bucket_id,
+                options.fixed_motion_bucket,
                 Path(out_dir) / f"step_{step}",
                 tile_size=options.vae_tile_size,
+                framer=self.framer.sampling() if self.framer is not None else None,
             )
         finally:
             model.train(was_training)
             if self.config.data.cache.enabled:
-                self._release_frozen()
+                self.frozen.release()
 
     # --- export --------------------------------------------------------------------------------------
 
@@ -435,25 +477,21 @@ class VideoLoraTask(Task):
     def export(self, accelerator, model, out_dir: Path) -> None:
         """adapter_model.safetensors + adapter_config.json (peft; with conv_in for interpolation), and
         the conditioning settings a sampler needs."""
-        save_peft_adapter_gathered(accelerator, model, out_dir)
+        framer = self.framer.export(accelerator, model, out_dir) if self.framer is not None else {}
+        if self.framer is None:
+            save_peft_adapter_gathered(accelerator, model, out_dir)
         if accelerator.is_main_process:
-            options, data = self.config.model, self.config.data
-            metadata = {
-                "base_model": str(self.svd_path()),
-                "mode": options.mode,
-                "conv_in_extra_channels": 1 if options.mode == "interpolation" else 0,
-                "num_frames": data.num_frames,
-                "height": data.height,
-                "width": data.width,
-                **trained_fps_metadata(options.fps, self.trained_fps),
-                "motion_bucket_id": options.motion_bucket_id,
-            }
-            (Path(out_dir) / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2))
+            metadata = export_metadata(self.config, self.svd_path(), self.trained_fps, self.motion_buckets)
+            (Path(out_dir) / EXPORT_METADATA).write_text(json.dumps({**metadata, **framer}, indent=2))
+
+    def load_export(self, model, export_dir: Path) -> None:
+        """The adapter of `final/` or `best/` into the model build_model made: `framer-ds eval RUN`."""
+        load_adapter_for_eval(model, Path(export_dir), framer_base=self.framer is not None)
 
     def sample(self, export_dir: Path, options: VideoSampleCommandOptions) -> str:
         """An mp4 from the adapter in `export_dir` (a run's final/ or a checkpoint's adapter/)."""
         return sample_to_file(export_dir, options)
 
     def export_command(self, export_dir: Path, options: VideoExportCommandOptions) -> str:
-        """The base SVD with the adapter merged in: a diffusers pipeline (image-to-video) or UNet."""
-        return export_merged(export_dir, options)
+        """`--format peft|merged|comfyui|framer` (`export_formats.EXPORT_FORMATS`)."""
+        return export_format(export_dir, options)

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from framer_ds.data.video_index import VIDEO_EXTENSIONS
 from framer_ds.data.video_write import to_uint8_frames, write_video
-from framer_ds.diffusion.sampling import SamplerParts, sample_video
+from framer_ds.diffusion.sampling import FramerSampling, SamplerParts, sample_video
 from framer_ds.engine.rng import isolated_seed
 from framer_ds.tasks.video_lora.config import SampleOptions
 
@@ -72,8 +72,10 @@ def write_sample_round(
     motion_bucket_id: int,
     out_dir: Path,
     tile_size: int | None = None,
+    framer: FramerSampling | None = None,
 ) -> list[Path]:
-    """Every rank calls this; returns the written videos on the main process (empty elsewhere)."""
+    """Every rank calls this; returns the written videos on the main process (empty elsewhere).
+    `framer`: a Framer base's conventions (`sampling.sample_video`)."""
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
     produced: list[tuple[int, np.ndarray]] = []
     for round_index in range(math.ceil(len(inputs) / world)):
@@ -94,6 +96,7 @@ def write_sample_round(
             generator=generator,
             decode_chunk_size=options.decode_chunk_size,
             tile_size=tile_size,
+            framer=framer,
         )
         if index < len(inputs):
             produced.append((index, to_uint8_frames(frames)))

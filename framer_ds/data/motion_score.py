@@ -1,0 +1,153 @@
+"""A motion score per indexed video, and SVD motion buckets (0..255) from the data set's quantiles.
+
+SVD conditions on a motion bucket id; fine-tuning every clip at a fixed 127 teaches the model that all
+motion is "127" and it loses the control (and its motion). `model.motion_bucket: from_data` gives each
+clip a bucket from how much it actually moves, ranked within the training set.
+
+The estimator (no OpenCV): frames are converted to grayscale, downscaled to `SCORE_WIDTH` pixels wide
+(area average) and box-blurred 3x3; for each pair of consecutive frames, brightness constancy
+`I_x u + I_y v + I_t = 0` gives the normal-flow magnitude `|I_t| / |grad I|` per pixel; its average
+weighted by `|grad I|^2` (the least-squares weight, which ignores flat regions where the flow is
+undefined) is `sum |grad I| |I_t| / sum |grad I|^2`, in pixels per frame at that width. The score is
+the mean over the frame pairs. Normal flow underestimates motion along edges (the aperture problem)
+and saturates for motion of many pixels per frame, but it is monotonic in motion, which is all a
+quantile mapping needs.
+
+Buckets: the training set's scores, sorted, define the map score -> round(255 * q) where q is the
+score's interpolated rank in [0, 1] (the lowest training score -> 0, the median -> ~127, the highest
+-> 255); held-out and new clips go through the same map, clamped. The map is a pure function of the
+scores, so every rank computes the same buckets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from framer_ds.data.video_clips import read_clip
+from framer_ds.data.video_index import VideoRecord
+from framer_ds.storage.atomic import atomic_write_json
+
+SCORE_WIDTH = 64
+MAX_PAIRS = 16
+_EPS = 1e-8
+
+
+def _prepare(frames: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 [T,H,W,3] RGB (or float [T,H,W,3] in [0,1]) -> float [T,1,h,SCORE_WIDTH] grayscale."""
+    x = torch.as_tensor(np.asarray(frames)).float()
+    if x.max() > 1.0:
+        x = x / 255.0
+    gray = (x[..., 0] * 0.299 + x[..., 1] * 0.587 + x[..., 2] * 0.114)[:, None]  # [T,1,H,W]
+    h, w = gray.shape[-2:]
+    size = (max(8, round(h * SCORE_WIDTH / w)), SCORE_WIDTH)
+    small = F.interpolate(gray, size=size, mode="area") if (h, w) != size else gray
+    return F.avg_pool2d(F.pad(small, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+
+
+def motion_score(frames: np.ndarray | torch.Tensor) -> float:
+    """Mean gradient-weighted normal-flow magnitude (pixels per frame at SCORE_WIDTH wide) of a clip
+    [T,H,W,3]; 0 for a still clip."""
+    x = _prepare(frames)
+    if x.shape[0] < 2:
+        raise ValueError("a motion score needs at least 2 frames")
+    mean = (x[1:] + x[:-1]) / 2
+    grad_x = (mean[..., :, 2:] - mean[..., :, :-2])[..., 1:-1, :] / 2
+    grad_y = (mean[..., 2:, :] - mean[..., :-2, :])[..., :, 1:-1] / 2
+    temporal = (x[1:] - x[:-1])[..., 1:-1, 1:-1]
+    grad = torch.sqrt(grad_x**2 + grad_y**2)
+    per_pair = (grad * temporal.abs()).flatten(1).sum(1) / ((grad**2).flatten(1).sum(1) + _EPS)
+    return float(per_pair.mean())
+
+
+def score_frame_indices(usable_frames: int, stride: int, max_pairs: int = MAX_PAIRS) -> tuple[int, int]:
+    """(frames, stride) to read from a video of `usable_frames`: up to max_pairs + 1 frames at the
+    training stride, fewer (at stride 1 if need be) for a short video."""
+    stride = max(1, min(stride, (usable_frames - 1) or 1))
+    return max(2, min(max_pairs + 1, (usable_frames - 1) // stride + 1)), stride
+
+
+@dataclass(frozen=True)
+class MotionBuckets:
+    """score -> SVD motion bucket id by the training set's score quantiles."""
+
+    sorted_scores: tuple[float, ...]
+
+    @classmethod
+    def from_scores(cls, scores: Sequence[float]) -> MotionBuckets:
+        if not scores:
+            raise ValueError("motion buckets need the training set's scores (it is empty)")
+        return cls(tuple(sorted(float(s) for s in scores)))
+
+    def quantile(self, score: float) -> float:
+        """The score's rank among the training scores, linearly interpolated between neighbours and
+        scaled to [0, 1] (np.interp over (sorted scores, 0..n-1)); 0.5 when all scores are equal."""
+        s = np.asarray(self.sorted_scores)
+        if s[0] == s[-1]:
+            return 0.5
+        return float(np.interp(score, s, np.arange(len(s))) / (len(s) - 1))
+
+    def bucket(self, score: float) -> int:
+        return round(255 * self.quantile(score))
+
+    def summary(self) -> dict[str, float]:
+        """What an export records: score quantiles, so a new clip can be bucketed the same way."""
+        arr = np.asarray(self.sorted_scores)
+        return {f"q{q:02d}": float(np.quantile(arr, q / 100)) for q in (0, 10, 25, 50, 75, 90, 100)}
+
+
+def _record_key(record: VideoRecord, stride: int) -> str:
+    stat = Path(record.path).stat()
+    return (
+        f"{record.path}|{stat.st_size}|{stat.st_mtime_ns}|{record.first_frame}|{record.stop_frame}|{stride}"
+    )
+
+
+def score_records(records: Sequence[VideoRecord], stride: int, cache_dir: Path) -> dict[str, float]:
+    """video_id -> motion score of each indexed video (up to MAX_PAIRS + 1 frames from its first usable
+    frame at `stride`), cached in one JSON file per video set under `cache_dir`, keyed by path, size,
+    mtime, frame range and stride: an edited video is scored again. Called once per node by the local
+    main process (`Task.prepare_data`); the other ranks then read the cache."""
+    keys = {r.video_id: _record_key(r, stride) for r in records}
+    digest = hashlib.sha256("\n".join(sorted(keys.values())).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"motion_scores_{digest}.json"
+    cached: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
+    scores, missing = {}, False
+    for record in records:
+        key = keys[record.video_id]
+        if key not in cached:
+            count, step = score_frame_indices(record.usable_frames, stride)
+            frames = read_clip(record.path, record.first_frame, count, step, record.first_pts)
+            cached[key], missing = motion_score(frames), True
+        scores[record.video_id] = cached[key]
+    if missing:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, cached)
+    return scores
+
+
+class WithMotionBucket(torch.utils.data.Dataset):
+    """A clip dataset whose items also carry `motion_bucket_id` (float, an added time id), looked up by
+    the item's own `video_id` (the video actually read, also when a failed one was replaced)."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset, buckets: dict[str, int]):
+        self.dataset, self.motion_bucket_of = dataset, buckets
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        item = self.dataset[index]
+        return {**item, "motion_bucket_id": float(self.motion_bucket_of[item["video_id"]])}
+
+    def __getattr__(self, name: str):  # the wrapped dataset's own attributes (index, failures, ...)
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)

@@ -1,0 +1,160 @@
+"""`framer-ds export RUN/final --format FORMAT --out DIR`: one adapter, written for each loader.
+
+- `peft`: the adapter as training wrote it (`PeftModel.from_pretrained`), copied with its metadata.
+- `merged`: the LoRA merged into the base UNet (a diffusers pipeline for image-to-video, the UNet
+  alone for interpolation), `inference.export_merged`.
+- `comfyui`: an SVD image-to-video LoRA in ComfyUI's generic format, `comfyui_keys` below.
+- `framer`: Framer checkpoints (registered by their own module).
+
+Each format is a function `(adapter_dir, options) -> str` in `EXPORT_FORMATS`; a new one registers
+itself with `register_export_format` and adds its name to `FORMAT_NAMES`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+from safetensors.torch import load_file, save_file
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.schema import StrictModel
+from framer_ds.storage.atomic import building_dir, publish_dir
+from framer_ds.tasks.video_lora.comfyui_keys import comfyui_lora_state_dict
+from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_merged, read_adapter_metadata
+
+FORMAT_NAMES = ("peft", "merged", "comfyui", "framer")
+COMFYUI_FILE = "svd_lora_comfyui.safetensors"
+PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json", EXPORT_METADATA, "README.md")
+
+
+class VideoExportCommandOptions(StrictModel):
+    """`framer-ds export RUN/final --format peft|merged|comfyui|framer --out DIR`."""
+
+    format: Literal["peft", "merged", "comfyui", "framer"] = Field(
+        description="'peft': the adapter as is (PeftModel.from_pretrained); 'merged': the LoRA merged into "
+        "the base UNet (a StableVideoDiffusionPipeline directory for image-to-video, the UNet for "
+        "interpolation); 'comfyui': an SVD image-to-video LoRA in ComfyUI's generic key format "
+        "(diffusion_model.<original SVD key>); 'framer': a Framer checkpoint."
+    )
+    out: Path = Field(description="A new directory for the export.")
+    base: Path | None = Field(
+        None, description="The base SVD directory ('merged'); default: the one training used."
+    )
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="Dtype of the weights written ('merged', 'comfyui')."
+    )
+
+
+ExportFormat = Callable[[Path, VideoExportCommandOptions], str]
+EXPORT_FORMATS: dict[str, ExportFormat] = {}
+
+
+def register_export_format(name: str, function: ExportFormat) -> ExportFormat:
+    if name not in FORMAT_NAMES:
+        raise ValueError(f"internal: add {name!r} to FORMAT_NAMES and the `format` Literal first")
+    EXPORT_FORMATS[name] = function
+    return function
+
+
+def export_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
+    """Dispatch `--format` to its writer; returns the line to print."""
+    function = EXPORT_FORMATS.get(options.format)
+    if function is None:
+        problem = ConfigProblem(
+            "--format",
+            f"{options.format!r} is not available in this version; available: {', '.join(EXPORT_FORMATS)}",
+        )
+        raise ConfigError([problem], "export")
+    return function(Path(adapter_dir), options)
+
+
+def _new_out_dir(out: Path) -> None:
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(
+            [ConfigProblem("--out", f"{out} exists and is not empty; choose a new directory")], "export"
+        )
+
+
+def _publish(staging: Path, out: Path) -> None:
+    if not publish_dir(staging, out, replace=False):
+        raise ConfigError(
+            [ConfigProblem("--out", f"{out} appeared while writing; choose a new directory")], "export"
+        )
+
+
+def export_peft(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
+    """The adapter exactly as training saved it, with its metadata (`PeftModel.from_pretrained(DIR)`)."""
+    read_adapter_metadata(adapter_dir)  # a clear error when this is not a video_lora adapter
+    out = Path(options.out)
+    _new_out_dir(out)
+    with building_dir(out) as staging:
+        for name in PEFT_FILES:
+            if (adapter_dir / name).is_file():
+                shutil.copy2(adapter_dir / name, staging / name)
+    _publish(staging, out)
+    return f"wrote {out}: the peft adapter; load it with PeftModel.from_pretrained(unet, {str(out)!r})"
+
+
+def export_merged_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
+    return export_merged(adapter_dir, options.out, options.dtype, options.base)
+
+
+def export_comfyui(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
+    """One safetensors file ComfyUI's LoraLoader reads for SVD image-to-video: `diffusion_model.<original
+    SVD module>.lora_up.weight / .lora_down.weight / .alpha`. Refused for an interpolation adapter: its
+    UNet takes a mask channel (9 inputs) that ComfyUI's 8-channel SVD model has no place for."""
+    metadata = read_adapter_metadata(adapter_dir)
+    if metadata.get("conv_in_extra_channels") or metadata.get("mode") == "interpolation":
+        problem = ConfigProblem(
+            "--format",
+            "comfyui cannot load this adapter: it is a first/last-frame interpolation model whose conv_in "
+            f"takes {8 + int(metadata.get('conv_in_extra_channels') or 1)} input channels (latents, "
+            "conditioning, mask), and ComfyUI's SVD image-to-video model has 8; a LoRA cannot add input "
+            "channels. Use --format merged (a diffusers UNet) or --format framer.",
+        )
+        raise ConfigError([problem], "export")
+    adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    base = Path(options.base or metadata["base_model"])
+    unet_config = json.loads((base / "unet" / "config.json").read_text())
+    tensors = load_file(adapter_dir / "adapter_model.safetensors")
+    converted = comfyui_lora_state_dict(tensors, adapter_config, unet_config)
+    dtype = getattr(torch, options.dtype)
+    converted = {k: v if k.endswith(".alpha") else v.to(dtype).contiguous() for k, v in converted.items()}
+    out = Path(options.out)
+    _new_out_dir(out)
+    with building_dir(out) as staging:
+        save_file(converted, staging / COMFYUI_FILE, metadata={"format": "pt", "framer_ds": "video_lora"})
+        (staging / EXPORT_METADATA).write_text(json.dumps({**metadata, "format": "comfyui"}, indent=2))
+    _publish(staging, out)
+    modules = sum(k.endswith(".alpha") for k in converted)
+    return (
+        f"wrote {out / COMFYUI_FILE}: {modules} LoRA modules in ComfyUI's format; copy it to "
+        "ComfyUI/models/loras and apply it with LoraLoaderModelOnly to an SVD image-to-video model"
+    )
+
+
+register_export_format("peft", export_peft)
+register_export_format("merged", export_merged_format)
+register_export_format("comfyui", export_comfyui)
+
+
+def load_adapter_for_eval(model: torch.nn.Module, export_dir: Path, framer_base: bool) -> None:
+    """The adapter of an export (with the widened conv_in) into the LoRA model `build_model` made."""
+    from peft import set_peft_model_state_dict
+
+    adapter = export_dir / "adapter_model.safetensors"
+    if framer_base or not adapter.is_file():
+        why = "a Framer-base export" if framer_base else f"no {adapter.name}"
+        raise ConfigError([ConfigProblem(str(export_dir), f"cannot evaluate {why} yet")], "eval")
+    result = set_peft_model_state_dict(model, load_file(adapter))
+    if result.unexpected_keys:
+        problem = ConfigProblem(
+            str(export_dir), f"adapter keys the model lacks: {result.unexpected_keys[:5]}"
+        )
+        raise ConfigError([problem], "eval")

@@ -1,0 +1,44 @@
+"""`framer-ds sample` for a `model.base: framer` export: Framer's UNet (with the LoRA merged) and
+ControlNet from the export and its base Framer directory, VAE, CLIP and scheduler from the SVD directory,
+sampled with Framer's conditioning (`sampling.FramerSampling`). The command takes no point tracks yet,
+so the ControlNet is skipped, as Framer's pipeline does without points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR
+
+
+def framer_sampler_parts(adapter_dir: Path, metadata: dict[str, Any], device: str, dtype: torch.dtype):
+    """(SamplerParts with a FramerModel as the denoiser, FramerSampling) for the export in `adapter_dir`."""
+    from diffusers import AutoencoderKLTemporalDecoder, EulerDiscreteScheduler
+    from peft import PeftModel
+    from transformers import CLIPVisionModelWithProjection
+
+    from framer_ds.diffusion.framer_model import FramerModel, load_framer_controlnet, load_framer_unet
+    from framer_ds.diffusion.sampling import FramerSampling, SamplerParts
+    from framer_ds.diffusion.svd_conditioning import vae_dtype
+
+    base, svd = Path(metadata["framer_path"]), Path(metadata["base_model"])
+    unet = load_framer_unet(base / "unet")
+    if metadata.get("has_adapter"):
+        unet = PeftModel.from_pretrained(unet, adapter_dir).merge_and_unload()
+    trained = Path(adapter_dir) / CONTROLNET_DIR
+    controlnet = load_framer_controlnet(trained if metadata.get("has_controlnet") else base / "controlnet")
+    model = FramerModel(unet, controlnet, unet.mask_token).to(device, dtype).eval()
+    vae = AutoencoderKLTemporalDecoder.from_pretrained(svd, subfolder="vae").to(device)
+    vae.to(dtype=vae_dtype(vae.config, dtype))
+    encoder = CLIPVisionModelWithProjection.from_pretrained(svd, subfolder="image_encoder", dtype=dtype)
+    scheduler = EulerDiscreteScheduler.from_pretrained(svd, subfolder="scheduler")
+    parts = SamplerParts(model, unet, vae, encoder.to(device).eval(), scheduler)
+    framer = FramerSampling(
+        unet.mask_token.detach(),
+        None,
+        metadata.get("controlnet_cond_scale", 1.0),
+        tuple(metadata.get("controlnet_step_range", (0.0, 1.0))),
+    )
+    return parts, framer

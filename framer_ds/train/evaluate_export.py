@@ -1,0 +1,84 @@
+"""`framer-ds eval RUN`: the evaluation of a finished run's export (`final/` or `best/`), on the run's own
+held-out data, with the config recorded in the export, so the numbers are those training would log.
+
+Every rank builds the data and the model as training does, loads the export's weights before
+`prepare`, and runs the same `evaluate` (per-sample values summed over the eval set and all ranks), so
+`accelerate launch --num_processes N -m framer_ds eval RUN` gives the same metrics as one process.
+Rank 0 writes `RUN/eval.json` (or `RUN/eval_best.json`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.engine.accelerator import build_accelerator, end_accelerator, frozen_model_init
+from framer_ds.storage.atomic import atomic_write_json
+from framer_ds.tasks.run_config import load_exported_task
+from framer_ds.train.evaluate import evaluate
+
+
+def eval_output_path(run_dir: Path, which: str) -> Path:
+    return Path(run_dir) / ("eval.json" if which == "final" else f"eval_{which}.json")
+
+
+def evaluate_run(run_dir: Path, which: str = "final", max_batches: int | None = None) -> dict[str, Any]:
+    """Evaluate `run_dir/<which>/` on every rank; returns (and on rank 0 writes) the report."""
+    from accelerate.utils import set_seed
+
+    export_dir = Path(run_dir) / which
+    if not export_dir.is_dir():
+        problem = ConfigProblem(str(export_dir), f"no {which}/ here: pass a finished run's directory")
+        raise ConfigError([problem], "eval")
+    task = load_exported_task(export_dir)
+    config = task.config
+    accelerator = build_accelerator(config, collective_timeout_s=config.train.collective_timeout_s)
+    failed = True
+    try:
+        if accelerator.state.deepspeed_plugin is not None:
+            problem = ConfigProblem(
+                "launch",
+                "framer-ds eval runs without DeepSpeed; launch it with plain `accelerate launch "
+                "--num_processes N` (the export is a gathered adapter, it needs no ZeRO sharding)",
+            )
+            raise ConfigError([problem], "eval")
+        set_seed(config.train.seed)
+        with accelerator.local_main_process_first(), frozen_model_init(accelerator):
+            task.prepare_data()
+        train_set, eval_set = task.build_datasets()
+        if eval_set is None or len(eval_set) == 0:
+            problem = ConfigProblem(str(export_dir), "the run has no held-out data to evaluate on")
+            raise ConfigError([problem], "eval")
+        task.setup_frozen(accelerator)
+        _, eval_set = task.precompute(accelerator, train_set, eval_set)
+        model = task.build_model()
+        task.load_export(model, export_dir)
+        loader = DataLoader(
+            eval_set,
+            shuffle=False,
+            batch_size=config.train.micro_batch_size,
+            collate_fn=task.collate_fn(),
+            num_workers=config.train.num_workers,
+        )
+        model, loader = accelerator.prepare(model, loader)
+        started = time.perf_counter()
+        metrics = evaluate(accelerator, task, model, loader, max_batches=max_batches)
+        report = {
+            "export": str(export_dir),
+            "task": task.name,
+            "processes": accelerator.num_processes,
+            "eval_examples": len(eval_set),
+            "seconds": round(time.perf_counter() - started, 3),
+            "metrics": metrics,
+        }
+        if accelerator.is_main_process:
+            atomic_write_json(eval_output_path(run_dir, which), report)
+        accelerator.wait_for_everyone()
+        failed = False
+        return report
+    finally:
+        end_accelerator(accelerator, failed=failed)
