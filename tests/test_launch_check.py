@@ -325,7 +325,7 @@ def test_missing_json_named_in_yaml(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mixed_precision", ["no", "bf16", "fp16"])
 def test_shipped_configs_pass(monkeypatch: pytest.MonkeyPatch, mixed_precision: str) -> None:
     monkeypatch.chdir(REPO)  # shipped paths are relative to the repo root
-    assert len(SHIPPED_JSONS) == 5 and len(SHIPPED_YAMLS) >= 3
+    assert len(SHIPPED_JSONS) == 6 and len(SHIPPED_YAMLS) >= 3  # zero2, zero3 (+offload each), fp16, ++
     train = TrainConfig(mixed_precision=mixed_precision)
     head = {"main_process_ip": "node-a"}  # what a multi-node launch passes (checked on its own below)
     for acc in SHIPPED_YAMLS:

@@ -133,11 +133,26 @@ def resize_template(width: int, height: int) -> np.ndarray:
 
 
 def rasterise_tracks(
-    xy: np.ndarray, visible: np.ndarray | None, height: int, width: int, side: int = FRAMER_SIDE
+    xy: np.ndarray,
+    visible: np.ndarray | None,
+    height: int,
+    width: int,
+    side: int = FRAMER_SIDE,
+    dtype: torch.dtype | None = None,
 ) -> np.ndarray:
     """uint8 [F, height, width]: Framer's `generate_gassian_heatmap` for tracks `xy` [F, P, 2] (x, y in
-    pixels of this frame size, pixel centres at integers) and `visible` [F, P] (None = all)."""
-    xy = np.asarray(xy, dtype=np.float64)
+    pixels of this frame size, pixel centres at integers) and `visible` [F, P] (None = all).
+
+    `dtype`: the dtype Framer's pipeline holds the tracks in (its demo passes them in the UNet's, fp16):
+    the coordinates and the box edges `c - side`, `c + side` are then rounded in it, as Framer's tensor
+    arithmetic rounds them (an fp16 `c + 20` can round up across an integer, widening the box by a
+    pixel); None: exact (float64), the training path."""
+    if dtype is None:
+        xy = np.asarray(xy, dtype=np.float64)
+        low, high = xy - side, xy + side
+    else:
+        held = torch.from_numpy(np.asarray(xy, dtype=np.float64)).to(dtype)
+        xy, low, high = (v.to(torch.float64).numpy() for v in (held, held - side, held + side))
     frames = np.zeros((xy.shape[0], height, width), dtype=np.uint8)
     for f in range(xy.shape[0]):
         for p in range(xy.shape[1]):
@@ -146,8 +161,8 @@ def rasterise_tracks(
                 continue
             if visible is not None and not visible[f, p]:
                 continue
-            x1, x2 = int(max(px - side, 1)), int(min(px + side, width - 1))
-            y1, y2 = int(max(py - side, 1)), int(min(py + side, height - 1))
+            x1, x2 = int(max(low[f, p, 0], 1)), int(min(high[f, p, 0], width - 1))
+            y1, y2 = int(max(low[f, p, 1], 1)), int(min(high[f, p, 1], height - 1))
             if x2 - x1 < 1 or y2 - y1 < 1:
                 continue
             frames[f, y1:y2, x1:x2] = resize_template(x2 - x1, y2 - y1)
@@ -155,10 +170,16 @@ def rasterise_tracks(
 
 
 def heatmap_conditioning(
-    xy: np.ndarray, visible: np.ndarray | None, height: int, width: int, side: int = FRAMER_SIDE
+    xy: np.ndarray,
+    visible: np.ndarray | None,
+    height: int,
+    width: int,
+    side: int = FRAMER_SIDE,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """float32 [F, 3, height, width] in 0..255: the `controlnet_cond` of one item (module docstring)."""
-    grey = torch.from_numpy(rasterise_tracks(xy, visible, height, width, side))
+    """float32 [F, 3, height, width] in 0..255: the `controlnet_cond` of one item (module docstring);
+    `dtype` as in `rasterise_tracks`."""
+    grey = torch.from_numpy(rasterise_tracks(xy, visible, height, width, side, dtype))
     return grey.unsqueeze(1).expand(-1, 3, -1, -1).to(torch.float32)
 
 

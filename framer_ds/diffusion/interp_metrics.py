@@ -22,6 +22,8 @@ Definitions (pixels mapped to [0, 1], data range 1):
   divide by zero): 1 = as much frame-to-frame change as the truth, > 1 flicker, < 1 frozen.
 - `clip_distance`: 1 - cosine similarity of CLIP image embeddings (the run's own image encoder)
   between each sampled middle frame and the real one, averaged over the middle frames.
+- `lpips`: LPIPS v0.1 (`diffusion/lpips.py`, from local weight files) between each sampled middle
+  frame and the real one, averaged over the middle frames.
 """
 
 from __future__ import annotations
@@ -103,11 +105,20 @@ def clip_distance(embed: Callable[[Tensor], Tensor], sample: Tensor, truth: Tens
     return (1.0 - cosine).view(b, t).mean(dim=1)
 
 
+def frame_distance(distance: Callable[[Tensor, Tensor], Tensor], sample: Tensor, truth: Tensor) -> Tensor:
+    """`distance` ([N, 3, H, W] pairs in [-1, 1] -> [N]) per frame, averaged over the frames -> [B]."""
+    b, t = sample.shape[:2]
+    return distance(sample.flatten(0, 1).float(), truth.flatten(0, 1).float()).view(b, t).mean(dim=1)
+
+
 def interpolation_metrics(
-    sample: Tensor, truth: Tensor, embed: Callable[[Tensor], Tensor] | None = None
+    sample: Tensor,
+    truth: Tensor,
+    embed: Callable[[Tensor], Tensor] | None = None,
+    perceptual: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Per-sample values ([B] each) for one batch of sampled vs real clips (both [B, T, 3, H, W] in
-    [-1, 1]); `embed` (the run's CLIP image encoder) adds `clip_distance`."""
+    [-1, 1]); `embed` (the run's CLIP image encoder) adds `clip_distance`, `perceptual` (LPIPS) `lpips`."""
     if sample.shape != truth.shape:
         raise ValueError(f"sample {tuple(sample.shape)} and truth {tuple(truth.shape)} differ in shape")
     num_frames = sample.shape[1]
@@ -124,6 +135,8 @@ def interpolation_metrics(
     }
     if embed is not None:
         values["clip_distance"] = clip_distance(embed, sample[:, middle], truth[:, middle])
+    if perceptual is not None:
+        values["lpips"] = frame_distance(perceptual, sample[:, middle], truth[:, middle])
     return values
 
 
@@ -131,7 +144,7 @@ def summarize_interp_metrics(sums: dict[str, Tensor], num_samples: int) -> dict[
     """Totals over the eval set -> `eval/*`: means per clip, and the flicker ratio of the two energy
     totals. Keys that are not interpolation metrics are left to the caller."""
     out: dict[str, float] = {}
-    for name in ("psnr", "psnr_mid", "ssim", "psnr_ends", "clip_distance"):
+    for name in ("psnr", "psnr_mid", "ssim", "psnr_ends", "clip_distance", "lpips"):
         if name in sums:
             out[f"eval/{name}"] = sums[name].double().item() / max(num_samples, 1)
     if all(part in sums for part in FLICKER_PARTS):
@@ -141,4 +154,4 @@ def summarize_interp_metrics(sums: dict[str, Tensor], num_samples: int) -> dict[
     return out
 
 
-INTERP_METRIC_KEYS = ("psnr", "psnr_mid", "ssim", "psnr_ends", "clip_distance", *FLICKER_PARTS)
+INTERP_METRIC_KEYS = ("psnr", "psnr_mid", "ssim", "psnr_ends", "clip_distance", "lpips", *FLICKER_PARTS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -22,6 +22,30 @@ from framer_ds.diffusion.svd_conditioning import (
     conditioning_latents,
     interpolation_conditioning,
 )
+
+GuidanceSchedule = Literal["linear", "middle_max"]
+GUIDANCE_SCHEDULES: tuple[str, ...] = ("linear", "middle_max")
+
+
+def guidance_scales(
+    min_scale: float, max_scale: float, num_frames: int, schedule: GuidanceSchedule = "linear"
+) -> Tensor:
+    """float32 [num_frames]: the per-frame classifier-free guidance scale.
+
+    'linear': SVD's ramp, `linspace(min, max, F)` (min on the first frame, max on the last).
+    'middle_max': Framer's `middle_max_guidance` (pipeline_stable_video_diffusion_interp_control.py
+    lines 555-560): the ramp followed by its mirror image, `[g, flip(g)]` (2F values), linearly resized
+    to F with `align_corners=False`, so frame i gets `(h[2i] + h[2i+1]) / 2` of that 2F sequence: small
+    at both ends (the given frames), largest in the middle; exactly `max` only on the middle frame of
+    an odd F, never at the ends (frame 0 gets `min + (max - min) / (2 (F - 1))`)."""
+    ramp = torch.linspace(min_scale, max_scale, num_frames)
+    if schedule == "linear":
+        return ramp
+    if schedule == "middle_max":
+        both = torch.cat([ramp, ramp.flip(0)])[None, None]  # [1, 1, 2F]
+        resized = torch.nn.functional.interpolate(both, size=num_frames, mode="linear", align_corners=False)
+        return resized[0, 0]
+    raise ValueError(f"unknown guidance schedule {schedule!r}; use one of {', '.join(GUIDANCE_SCHEDULES)}")
 
 
 @dataclass
@@ -80,9 +104,11 @@ def sample_video(
     decode_chunk_size: int = 8,
     tile_size: int | None = None,
     framer: FramerSampling | None = None,
+    guidance_schedule: GuidanceSchedule = "linear",
 ) -> Tensor:
     """first/last: [3,H,W] in [-1,1]; returns [T,3,H,W] in [-1,1]. The UNet takes 9 input channels
-    when `last` is given (noisy + conditioning latents + mask). `framer`: Framer's conventions (the
+    when `last` is given (noisy + conditioning latents + mask). `guidance_schedule`: how the guidance
+    goes from min to max over the frames (`guidance_scales`). `framer`: Framer's conventions (the
     pipeline `StableVideoDiffusionInterpControlPipeline.__call__`): CLIP of first and last frame, the
     mask token on missing frames, the mask 1 there, zero latents and embeddings unconditionally."""
     device = first.device
@@ -126,9 +152,8 @@ def sample_video(
         torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
         * scheduler.init_noise_sigma
     )
-    guidance = torch.linspace(min_guidance_scale, max_guidance_scale, num_frames, device=device).view(
-        1, -1, 1, 1, 1
-    )
+    guidance = guidance_scales(min_guidance_scale, max_guidance_scale, num_frames, guidance_schedule)
+    guidance = guidance.to(device).view(1, -1, 1, 1, 1)
     control: dict[str, Any] = {}
     for i, t in enumerate(scheduler.timesteps):
         model_in = torch.cat([latents] * 2) if guided else latents

@@ -78,8 +78,8 @@ class InterpEvalOptions(StrictModel):
     """Held-out interpolation metrics at every evaluation: each held-out clip is sampled from its first
     (and, for interpolation, last) frame with a seed fixed per clip, and compared with the real frames
     (`eval/psnr`, `eval/psnr_mid`, `eval/ssim`, `eval/psnr_ends`, `eval/flicker_ratio`,
-    `eval/clip_distance`; definitions in framer_ds/diffusion/interp_metrics.py). Costs a full sampling
-    run per held-out clip."""
+    `eval/clip_distance`, and `eval/lpips` from local weight files; definitions in
+    framer_ds/diffusion/interp_metrics.py). Costs a full sampling run per held-out clip."""
 
     enabled: bool = Field(
         False, description="Sample every held-out clip at each evaluation and report metrics."
@@ -95,6 +95,26 @@ class InterpEvalOptions(StrictModel):
     clip_distance: bool = Field(
         True, description="Also eval/clip_distance: 1 - cosine of CLIP embeddings (the run's image encoder)."
     )
+    lpips_weights: Path | None = Field(
+        None,
+        description="Also eval/lpips (v0.1) when set, with lpips_backbone: the lpips package's calibration "
+        "file (its wheel's lpips/weights/v0.1/alex.pth or vgg.pth; the network follows from it). Nothing "
+        "is downloaded; unset, eval/lpips is skipped and the run says why.",
+    )
+    lpips_backbone: Path | None = Field(
+        None,
+        description="The ImageNet backbone lpips_weights calibrates: torchvision's alexnet or vgg16 "
+        "state dict (alexnet-owt-7be5be79.pth, vgg16-397923af.pth; .pth or .safetensors).",
+    )
+
+    @model_validator(mode="after")
+    def _lpips_files_together(self) -> InterpEvalOptions:
+        if (self.lpips_weights is None) != (self.lpips_backbone is None):
+            raise ValueError(
+                "model.interp_eval.lpips_weights and lpips_backbone go together: set both (the lpips "
+                "calibration file and the torchvision backbone it calibrates) or neither"
+            )
+        return self
 
 
 class FramerOptions(StrictModel):

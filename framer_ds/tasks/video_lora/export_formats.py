@@ -144,14 +144,15 @@ register_export_format("merged", export_merged_format)
 register_export_format("comfyui", export_comfyui)
 
 
-def load_adapter_for_eval(model: torch.nn.Module, export_dir: Path, framer_base: bool) -> None:
-    """The adapter of an export (with the widened conv_in) into the LoRA model `build_model` made."""
+def load_adapter_for_eval(model: torch.nn.Module, export_dir: Path) -> None:
+    """The adapter of an SVD-base export (with the widened conv_in) into the LoRA model `build_model`
+    made; a Framer base loads through `FramerSetup.load_export`."""
     from peft import set_peft_model_state_dict
 
     adapter = export_dir / "adapter_model.safetensors"
-    if framer_base or not adapter.is_file():
-        why = "a Framer-base export" if framer_base else f"no {adapter.name}"
-        raise ConfigError([ConfigProblem(str(export_dir), f"cannot evaluate {why} yet")], "eval")
+    if not adapter.is_file():
+        problem = ConfigProblem(str(export_dir), f"no {adapter.name}: pass a finished run's final/ or best/")
+        raise ConfigError([problem], "eval")
     result = set_peft_model_state_dict(model, load_file(adapter))
     if result.unexpected_keys:
         problem = ConfigProblem(

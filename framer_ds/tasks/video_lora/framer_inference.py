@@ -1,7 +1,8 @@
 """`framer-ds sample` for a `model.base: framer` export: Framer's UNet (with the LoRA merged) and
 ControlNet from the export and its base Framer directory, VAE, CLIP and scheduler from the SVD directory,
-sampled with Framer's conditioning (`sampling.FramerSampling`). The command takes no point tracks yet,
-so the ControlNet is skipped, as Framer's pipeline does without points."""
+sampled with Framer's conditioning (`sampling.FramerSampling`). The ControlNet runs on the heatmaps of
+`--tracks` (`sample_tracks.tracks_conditioning`, set by `inference.sample_to_file`); without tracks it
+is skipped, as Framer's pipeline does without points."""
 
 from __future__ import annotations
 

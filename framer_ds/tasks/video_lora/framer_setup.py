@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from framer_ds.config.errors import ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.diffusion import edm
 from framer_ds.engine.export import check_not_empty, gathered_trainable_state_dict
 from framer_ds.storage.locations import default_cache_dir
@@ -109,14 +109,18 @@ class FramerSetup:
         self.model = FramerModel(unet, controlnet, mask_token)
         return self.model
 
-    def sampling(self):
-        """Validation samples: Framer's conditioning with the model's mask token; the sample inputs carry
-        no point tracks, so the ControlNet is skipped (Framer's pipeline without points)."""
+    def sampling(self, controlnet_cond: Tensor | None = None):
+        """Sampling in training (validation samples, interp_eval): Framer's conditioning with the model's
+        mask token, and the ControlNet on a clip's heatmaps [1,F,3,H,W] when it has them (eval items
+        with `data.tracks`); without them the ControlNet is skipped (Framer's pipeline without points)."""
         from framer_ds.diffusion.sampling import FramerSampling
 
         framer = self.framer
         return FramerSampling(
-            self.model.mask_token_value, None, framer.controlnet_cond_scale, framer.controlnet_step_range
+            self.model.mask_token_value,
+            controlnet_cond,
+            framer.controlnet_cond_scale,
+            framer.controlnet_step_range,
         )
 
     # --- objective -----------------------------------------------------------------------------------
@@ -206,3 +210,31 @@ class FramerSetup:
             "has_adapter": self.trains_lora,
             "has_controlnet": self.trains_controlnet,
         }
+
+    def load_export(self, model: torch.nn.Module, export_dir: Path) -> None:
+        """`framer-ds eval RUN`: what `export` wrote into the FramerModel `build_model` made: the UNet's
+        peft adapter when the run trained one, `controlnet/` (strictly) when it trained the ControlNet."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        export_dir = Path(export_dir)
+        adapter = export_dir / "adapter_model.safetensors"
+        weights = export_dir / CONTROLNET_DIR / "diffusion_pytorch_model.safetensors"
+        wanted = [(self.trains_lora, adapter), (self.trains_controlnet, weights)]
+        missing = [str(p.relative_to(export_dir)) for needed, p in wanted if needed and not p.is_file()]
+        if missing:
+            problem = ConfigProblem(
+                str(export_dir),
+                f"a Framer-base export of train_modules {self.framer.train_modules!r} lacks "
+                f"{', '.join(missing)}: pass the final/ or best/ of a finished run",
+            )
+            raise ConfigError([problem], "eval")
+        if self.trains_lora:
+            result = set_peft_model_state_dict(model.unet, load_file(adapter))
+            if result.unexpected_keys:
+                problem = ConfigProblem(
+                    str(export_dir), f"adapter keys the model lacks: {result.unexpected_keys[:5]}"
+                )
+                raise ConfigError([problem], "eval")
+        if self.trains_controlnet:
+            model.controlnet.load_state_dict(load_file(weights), strict=True)

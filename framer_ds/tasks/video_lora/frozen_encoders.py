@@ -25,6 +25,7 @@ class FrozenSvdEncoders:
         self.keep_on_cpu = keep_on_cpu
         self.vae: torch.nn.Module | None = None
         self.image_encoder: torch.nn.Module | None = None
+        self.lent = False  # on the device for an evaluation while the latent cache is on
 
     def load(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         """Fresh (vae, image encoder) through `load_pretrained` (`framer-ds plan` counts them on meta)."""
@@ -52,6 +53,12 @@ class FrozenSvdEncoders:
             if module.dtype != wanted:  # diffusers warns on every dtype-carrying .to(), even a no-op
                 module.to(dtype=wanted)
         return self.vae, self.image_encoder
+
+    def release_if_lent(self) -> None:
+        """After interp_eval under the latent cache: off the device before training goes on."""
+        if self.lent:
+            self.lent = False
+            self.release()
 
     def release(self) -> None:
         """Off the device: kept on CPU when sampling will want them again, else dropped."""

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.video_clips import resize_and_crop
+from framer_ds.diffusion.sampling import GuidanceSchedule
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
@@ -52,10 +53,32 @@ class VideoSampleCommandOptions(SampleCommandOptions):
     noise_aug: float = Field(
         0.02, ge=0, description="Noise added to the conditioning frames (SVD's noise_aug_strength)."
     )
-    min_guidance: float = Field(1.0, ge=0, description="Classifier-free guidance at the first frame.")
-    max_guidance: float = Field(3.0, ge=0, description="Classifier-free guidance at the last frame.")
+    min_guidance: float = Field(
+        1.0, ge=0, description="Classifier-free guidance at the first frame (both ends with middle_max)."
+    )
+    max_guidance: float = Field(
+        3.0, ge=0, description="Classifier-free guidance at the last frame (the middle with middle_max)."
+    )
     num_frames: int | None = Field(None, ge=2, description="Frames to generate; default: the trained count.")
     decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
+    guidance_schedule: GuidanceSchedule = Field(
+        "linear",
+        description="Guidance over the frames: 'linear' ramps min -> max from first to last frame (SVD); "
+        "'middle_max' is Framer's middle_max_guidance: lowest at both ends, highest in the middle.",
+    )
+    tracks: Path | None = Field(
+        None,
+        description="Framer exports: a JSON file of point trajectories for the ControlNet, "
+        '{"points": [[[x, y], ...per frame or keyframe...], ...per point...], "size": [W, H], '
+        '"visible": [[true, ...], ...]} (size and visible optional) or Framer\'s demo drag list '
+        "(docs/video_lora.md, Framer). Without it the ControlNet does not run.",
+    )
+    controlnet_scale: float | None = Field(
+        None,
+        ge=0,
+        description="Framer exports: scale of the ControlNet residuals (Framer's controlnet_cond_scale); "
+        "default: the export's model.framer.controlnet_cond_scale.",
+    )
 
 
 def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:
@@ -174,18 +197,38 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
             "--last-image", f"this is a {metadata['mode']} adapter: --last-image is {need}"
         )
         raise ConfigError([problem], "sample")
+    is_framer = metadata.get("base") == "framer"
+    if not is_framer and (options.tracks is not None or options.controlnet_scale is not None):
+        flag = "--tracks" if options.tracks is not None else "--controlnet-scale"
+        problem = ConfigProblem(
+            flag,
+            f"this export's base is {metadata.get('base', 'svd')!r}, which has no trajectory ControlNet: "
+            "point tracks condition Framer exports only (model.base: framer); drop the flag",
+        )
+        raise ConfigError([problem], "sample")
     size = (metadata["height"], metadata["width"])
     first = load_frame(options.image, *size, device, options.resize)
     last = load_frame(options.last_image, *size, device, options.resize) if options.last_image else None
-    if metadata.get("base") == "framer":  # Framer's UNet, ControlNet and conditioning convention
+    fps = options.fps or metadata.get("fps") or DEFAULT_FPS
+    num_frames = options.num_frames or metadata["num_frames"]
+    if is_framer:  # Framer's UNet, ControlNet and conditioning convention
         from framer_ds.tasks.video_lora.framer_inference import framer_sampler_parts
+        from framer_ds.tasks.video_lora.sample_tracks import tracks_conditioning
 
+        heatmaps = None  # the tracks file is checked before any model loads
+        if options.tracks is not None:
+            with Image.open(options.image) as image:
+                image_size = image.size
+            heatmaps = tracks_conditioning(
+                options.tracks, image_size, num_frames, *size, options.resize, dtype
+            )
         parts, framer = framer_sampler_parts(adapter_dir, metadata, device, dtype)
+        framer.controlnet_cond = heatmaps
+        if options.controlnet_scale is not None:
+            framer.conditioning_scale = options.controlnet_scale
     else:
         pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
         parts, framer = SamplerParts.from_pipeline(pipe), None
-    fps = options.fps or metadata.get("fps") or DEFAULT_FPS
-    num_frames = options.num_frames or metadata["num_frames"]
     frames = sample_video(
         parts,
         first,
@@ -200,6 +243,7 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
         generator=torch.Generator(device=device).manual_seed(options.seed),
         decode_chunk_size=options.decode_chunk_size,
         framer=framer,
+        guidance_schedule=options.guidance_schedule,
     )
     pixels = to_uint8_frames(frames)
     write_video(options.out, pixels, fps)

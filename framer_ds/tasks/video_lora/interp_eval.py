@@ -7,28 +7,42 @@ over the eval set and the ranks. Under ZeRO-3 every UNet forward is a collective
 loader gives every rank the same number of equally sized batches (accelerate's even_batches repeats
 samples to fill the last one; `gather_for_metrics` drops them), so every rank runs the same number of
 sampling forwards.
+
+With `data.cache.enabled` the eval loader reads cached latents, which hold no pixels: `with_eval_pixels`
+adds each held-out clip's real frames (read again from the video, deterministically: the eval split
+has no augmentation) to its cached entry, so the same loader, batches and collectives drive both
+eval/loss and these metrics, and the metrics are those of a run without the cache. A Framer base
+samples through Framer's conditioning (`FramerSetup.sampling`), with the clip's point heatmaps when
+`data.tracks` gives the eval items `controlnet_cond` (else the ControlNet is skipped, as Framer's
+pipeline does without points).
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.diffusion.interp_metrics import interpolation_metrics
 from framer_ds.tasks.video_lora.config import InterpEvalOptions
 
 if TYPE_CHECKING:  # diffusers and transformers load when sampling starts, not when a config validates
-    from framer_ds.diffusion.sampling import SamplerParts
+    from framer_ds.diffusion.sampling import FramerSampling, SamplerParts
 
-CLIP_CHUNK = 16  # frames per CLIP forward when measuring clip_distance
+    FramerSamplingFor = Callable[[Tensor | None], FramerSampling]  # a clip's heatmaps -> its conventions
+
+CLIP_CHUNK = 16  # frames per CLIP (and LPIPS) forward
 
 
 def interp_eval_problems(config: Any) -> list[ConfigProblem]:
-    """What `model.interp_eval.enabled` needs: pixel clips with real middle frames, SVD's sampler."""
+    """What `model.interp_eval.enabled` needs: clips with real middle frames, LPIPS files that exist."""
     model, data = config.model, config.data
     if not model.interp_eval.enabled:
         return []
@@ -37,11 +51,83 @@ def interp_eval_problems(config: Any) -> list[ConfigProblem]:
         problems.append(ConfigProblem(key, "image pairs have no real middle frames to compare with"))
     if data.num_frames < 3:
         problems.append(ConfigProblem(key, "needs data.num_frames >= 3 (first, middle, last)"))
-    if data.cache.enabled:
-        problems.append(ConfigProblem(key, "needs the pixel clips; it does not run from data.cache yet"))
-    if getattr(model, "base", "svd") != "svd":
-        problems.append(ConfigProblem(key, "samples with SVD's sampler; a Framer base is not supported yet"))
+    for name in ("lpips_weights", "lpips_backbone"):
+        path = getattr(model.interp_eval, name)
+        if path is not None and not Path(path).is_file():
+            problems.append(
+                ConfigProblem(
+                    f"model.interp_eval.{name}",
+                    f"{path} is not a file; copy it to this machine (nothing is downloaded) or unset "
+                    "lpips_weights and lpips_backbone to skip eval/lpips",
+                )
+            )
     return problems
+
+
+def lpips_note(options: InterpEvalOptions) -> str:
+    """The line a run prints once about eval/lpips (it needs local weight files; nothing is downloaded)."""
+    if options.lpips_weights is None:
+        return (
+            "interp_eval: eval/lpips skipped (no local LPIPS backbone is configured: set "
+            "model.interp_eval.lpips_weights and lpips_backbone)"
+        )
+    return f"interp_eval: eval/lpips from {options.lpips_weights} on {options.lpips_backbone}"
+
+
+@functools.lru_cache(maxsize=2)
+def _lpips_on_cpu(weights: str, backbone: str) -> torch.nn.Module:
+    from framer_ds.diffusion.lpips import load_lpips
+
+    return load_lpips(Path(weights), Path(backbone))
+
+
+def lpips_distance(
+    options: InterpEvalOptions, device: torch.device
+) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """LPIPS between frame pairs [N,3,H,W] -> [N] in float32 on `device`, or None when not configured.
+    The network is loaded once per process (it is small: AlexNet's 2.5M or VGG16's 15M feature weights)."""
+    if options.lpips_weights is None or options.lpips_backbone is None:
+        return None
+    network = _lpips_on_cpu(str(options.lpips_weights), str(options.lpips_backbone)).to(device)
+
+    def distance(x: Tensor, y: Tensor) -> Tensor:
+        pairs = zip(x.split(CLIP_CHUNK), y.split(CLIP_CHUNK), strict=True)
+        return torch.cat([network(a, b) for a, b in pairs])
+
+    return distance
+
+
+class EvalPixels(Dataset):
+    """Cached eval entries plus the real frames of their clips (`pixel_values`), for interp_eval.
+
+    Eval cache entry i is eval item i (one copy per clip, `VideoLoraTask._cached`), and eval items are
+    deterministic (no crop, flip or stride draw), so reading item i again gives the frames the entry
+    was encoded from; the video ids are compared to make sure."""
+
+    def __init__(self, cached: Dataset, pixels: Dataset):
+        if len(cached) != len(pixels):
+            raise ValueError(f"internal: {len(cached)} cached eval entries for {len(pixels)} clips")
+        self.cached, self.pixels = cached, pixels
+
+    def __len__(self) -> int:
+        return len(self.cached)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        entry, item = self.cached[index], self.pixels[index]
+        if entry["video_id"] != item["video_id"]:
+            raise RuntimeError(
+                f"eval cache entry {index} is {entry['video_id']!r} but eval clip {index} is "
+                f"{item['video_id']!r}: the cache does not match the data; delete its directory (under "
+                "data.cache.dir) and start again, which rebuilds it"
+            )
+        return {**entry, "pixel_values": item["pixel_values"]}
+
+
+def with_eval_pixels(cached: Dataset | None, pixels: Dataset | None, config: Any) -> Dataset | None:
+    """The cached eval set, with its real frames when `model.interp_eval` needs them."""
+    if cached is None or pixels is None or not config.model.interp_eval.enabled:
+        return cached
+    return EvalPixels(cached, pixels)
 
 
 def clip_seed(video_id: str, seed: int) -> int:
@@ -59,11 +145,14 @@ def sample_clips(
     options: InterpEvalOptions,
     interpolation: bool,
     tile_size: int | None = None,
+    framer: FramerSamplingFor | None = None,
+    controlnet_cond: Tensor | None = None,
 ) -> Tensor:
-    """[B,T,3,H,W] real clips in [-1,1] -> [B,T,3,H,W] samples from their first (and last) frames."""
+    """[B,T,3,H,W] real clips in [-1,1] -> [B,T,3,H,W] samples from their first (and last) frames.
+    `framer`: a Framer base's sampling conventions for a clip's heatmaps (`controlnet_cond[i]`)."""
     from framer_ds.diffusion.sampling import sample_video
 
-    device, num_frames = pixels.device, pixels.shape[1]
+    device, num_frames, heatmaps = pixels.device, pixels.shape[1], controlnet_cond
     samples = []
     for index in range(pixels.shape[0]):
         clip = pixels[index].float()
@@ -83,6 +172,9 @@ def sample_clips(
                 generator=generator,
                 decode_chunk_size=options.decode_chunk_size,
                 tile_size=tile_size,
+                framer=framer(None if heatmaps is None else heatmaps[index : index + 1])
+                if framer is not None
+                else None,
             )
         )
     return torch.stack(samples)
@@ -97,28 +189,37 @@ def interp_eval_values(
     options: InterpEvalOptions,
     interpolation: bool,
     tile_size: int | None = None,
+    framer: FramerSamplingFor | None = None,
+    controlnet_cond: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Per-clip metric values [B] for one eval batch (every rank calls it with its batch)."""
     from framer_ds.diffusion.svd_conditioning import clip_image_embeddings
 
     samples = sample_clips(
-        parts, pixels, video_ids, fps, motion_bucket_ids, options, interpolation, tile_size
-    )
+        parts, pixels, video_ids, fps, motion_bucket_ids, options, interpolation, tile_size,
+        framer, controlnet_cond,
+    )  # fmt: skip
 
     def embed(frames: Tensor) -> Tensor:
         chunks = [clip_image_embeddings(parts.image_encoder, c) for c in frames.split(CLIP_CHUNK)]
         return torch.cat(chunks).flatten(1)
 
-    return interpolation_metrics(samples, pixels.float(), embed if options.clip_distance else None)
+    perceptual = lpips_distance(options, pixels.device)
+    return interpolation_metrics(
+        samples, pixels.float(), embed if options.clip_distance else None, perceptual
+    )
 
 
-def interp_eval_batch(parts: Any, batch: dict[str, Any], options: Any) -> dict[str, Tensor]:
+def interp_eval_batch(
+    parts: Any, batch: dict[str, Any], options: Any, framer: FramerSamplingFor | None = None
+) -> dict[str, Tensor]:
     """Every clip of an eval batch sampled from its own first (and last) frame and compared with the real
-    clip: its fps and motion bucket as training conditioned on them (`model.fps`, `model.motion_bucket`)."""
+    clip: its fps and motion bucket as training conditioned on them (`model.fps`, `model.motion_bucket`;
+    a cached entry stores the bucket as `motion_bucket`). `framer`: a Framer base (`FramerSetup.sampling`)."""
     pixels = batch["pixel_values"]
     count = pixels.shape[0]
     fps = [float(options.fps)] * count if options.fps is not None else batch["fps"].float().tolist()
-    buckets = batch.get("motion_bucket_id")
+    buckets = batch.get("motion_bucket_id", batch.get("motion_bucket"))
     buckets = buckets.tolist() if buckets is not None else [options.fixed_motion_bucket] * count
     return interp_eval_values(
         parts,
@@ -129,4 +230,6 @@ def interp_eval_batch(parts: Any, batch: dict[str, Any], options: Any) -> dict[s
         options.interp_eval,
         interpolation=options.mode == "interpolation",
         tile_size=options.vae_tile_size,
+        framer=framer,
+        controlnet_cond=batch.get("controlnet_cond") if framer is not None else None,
     )

@@ -18,9 +18,7 @@ from torch.utils.data import Dataset, default_collate
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, cache_key, fill_cache
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.data.video_clips import (
-    validate_svd_size,
-)
+from framer_ds.data.video_clips import validate_svd_size
 from framer_ds.diffusion import edm
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
@@ -54,7 +52,7 @@ from framer_ds.tasks.video_lora.inference import (
     export_metadata,
     sample_to_file,
 )
-from framer_ds.tasks.video_lora.interp_eval import interp_eval_problems
+from framer_ds.tasks.video_lora.interp_eval import interp_eval_problems, lpips_note, with_eval_pixels
 from framer_ds.tasks.video_lora.tracks_setup import build_tracks, track_problems, with_controlnet_cond
 from framer_ds.tasks.video_lora.unet_lora import apply_lora, widen_conv_in
 
@@ -76,7 +74,8 @@ class VideoLoraTask(Task):
     def __init__(self, config):
         super().__init__(config)
         # the VAE and image encoder; idle on the CPU between sampling rounds when the latent cache is on
-        self.frozen = FrozenSvdEncoders(self.svd_path(), keep_on_cpu=bool(config.model.samples.every))
+        samples_again = bool(config.model.samples.every) or config.model.interp_eval.enabled
+        self.frozen = FrozenSvdEncoders(self.svd_path(), keep_on_cpu=samples_again)
         self.unet_config = None
         self.accelerator = None
         self._raw_eval_or_train: Dataset | None = None  # pixel clips, for sampling inputs
@@ -217,6 +216,8 @@ class VideoLoraTask(Task):
         self.accelerator = accelerator
         if not self.config.data.cache.enabled:
             self.frozen.on_device(self.accelerator)
+        if self.config.model.interp_eval.enabled:
+            accelerator.print(lpips_note(self.config.model.interp_eval))
 
     def frozen_helpers(self) -> list[torch.nn.Module]:
         """With the latent cache on they are on the device only to fill it and to draw samples."""
@@ -237,7 +238,7 @@ class VideoLoraTask(Task):
             seed = self.config.train.seed
             cached_train = with_controlnet_cond(cached_train, self._track_records, tracks, seed)
             cached_eval = with_controlnet_cond(cached_eval, self._track_records, tracks, seed)
-        return cached_train, cached_eval
+        return cached_train, with_eval_pixels(cached_eval, eval_set, self.config)  # interp_eval's truth
 
     def _cache_for(self, dataset: Dataset, split: str, copies: int) -> LatentCache:
         data = self.config.data
@@ -348,6 +349,7 @@ class VideoLoraTask(Task):
 
     def training_loss(self, model, batch) -> torch.Tensor:
         options = self.config.model
+        self.frozen.release_if_lent()  # interp_eval under the cache had them on the device
         encoded = self._encode(batch)
         encoded.motion_bucket = batch.get("motion_bucket_id", encoded.motion_bucket)  # else the cache's
         target = encoded.target.float()
@@ -403,10 +405,9 @@ class VideoLoraTask(Task):
         """`model.interp_eval` (`interp_eval.py`); every rank calls it (ZeRO-3 collectives)."""
         from framer_ds.tasks.video_lora.interp_eval import interp_eval_batch
 
-        if not getattr(self, "_lpips_note", False):
-            self._lpips_note = True
-            self.accelerator.print("interp_eval: eval/lpips skipped (no local LPIPS backbone is configured)")
-        return interp_eval_batch(self._sampler_parts(model), batch, self.config.model)
+        self.frozen.lent = self.config.data.cache.enabled  # until the next training step
+        framer = self.framer.sampling if self.framer is not None else None
+        return interp_eval_batch(self._sampler_parts(model), batch, self.config.model, framer)
 
     def _sampler_parts(self, model):
         """The model being trained with the frozen VAE and encoder on the device and SVD's scheduler."""
@@ -486,7 +487,8 @@ class VideoLoraTask(Task):
 
     def load_export(self, model, export_dir: Path) -> None:
         """The adapter of `final/` or `best/` into the model build_model made: `framer-ds eval RUN`."""
-        load_adapter_for_eval(model, Path(export_dir), framer_base=self.framer is not None)
+        load = self.framer.load_export if self.framer is not None else load_adapter_for_eval
+        load(model, Path(export_dir))
 
     def sample(self, export_dir: Path, options: VideoSampleCommandOptions) -> str:
         """An mp4 from the adapter in `export_dir` (a run's final/ or a checkpoint's adapter/)."""

@@ -34,18 +34,20 @@ class SampleInput:
     last: Tensor | None  # interpolation
     reference: Tensor | None  # [T,3,H,W] the real clip, shown beside the sample
     fps: float
+    motion_bucket: int | None = None  # the clip's own bucket (model.motion_bucket from_data)
 
 
 def collect_sample_inputs(
     source: Dataset, options: SampleOptions, interpolation: bool, with_reference: bool, fps: float | None
 ) -> list[SampleInput]:
     """The first `options.count` items of a pixel dataset (held-out clips, or training clips with
-    their augmentation drawn from `options.seed`, so every round samples the same inputs)."""
+    their augmentation drawn from `options.seed`, so every round samples the same inputs), each with its
+    own motion bucket when the items carry one (`motion_bucket: from_data`, as interp_eval uses)."""
     inputs = []
     with isolated_seed(options.seed):
         for index in range(min(options.count, len(source))):
             item = source[index]
-            pixels = item["pixel_values"]
+            pixels, bucket = item["pixel_values"], item.get("motion_bucket_id")
             inputs.append(
                 SampleInput(
                     name=item["video_id"],
@@ -53,6 +55,7 @@ def collect_sample_inputs(
                     last=pixels[-1] if interpolation else None,
                     reference=pixels if with_reference else None,
                     fps=float(fps or item.get("fps") or 7.0),
+                    motion_bucket=int(bucket) if bucket is not None else None,
                 )
             )
     return inputs
@@ -75,7 +78,8 @@ def write_sample_round(
     framer: FramerSampling | None = None,
 ) -> list[Path]:
     """Every rank calls this; returns the written videos on the main process (empty elsewhere).
-    `framer`: a Framer base's conventions (`sampling.sample_video`)."""
+    `motion_bucket_id` conditions the inputs without a bucket of their own. `framer`: a Framer base's
+    conventions (`sampling.sample_video`)."""
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
     produced: list[tuple[int, np.ndarray]] = []
     for round_index in range(math.ceil(len(inputs) / world)):
@@ -88,7 +92,7 @@ def write_sample_round(
             source.last.to(device) if source.last is not None else None,
             num_frames,
             source.fps,
-            motion_bucket_id,
+            source.motion_bucket if source.motion_bucket is not None else motion_bucket_id,
             noise_aug_strength=options.noise_aug_strength,
             num_inference_steps=options.num_inference_steps,
             min_guidance_scale=options.min_guidance_scale,
