@@ -272,7 +272,12 @@ def test_framer_tiny_config_trains_and_exports_framer_layout(tmp_path, capsys):
     from framer_ds.train.loop import run_training
 
     samples = ["model.samples.every=4", "model.samples.count=1", "model.samples.num_inference_steps=2"]
-    config = load_run_config(FRAMER_TINY, [f"output_dir={tmp_path / 'run'}", *samples])
+    lora_only = [
+        "model.framer.train_modules=unet_lora",
+        "data.tracks=null",
+        "model.interp_eval.enabled=false",
+    ]
+    config = load_run_config(FRAMER_TINY, [f"output_dir={tmp_path / 'run'}", *samples, *lora_only])
     run_training(config)
     final = tmp_path / "run" / "final"
     assert len(list((tmp_path / "run" / "samples" / "step_4").glob("*.mp4"))) == 1  # Framer's sampler
@@ -317,7 +322,7 @@ def config_framer_path(config):
 
 
 def test_validate_names_what_a_framer_run_lacks(tmp_path):
-    task = framer_task(tmp_path, "model.framer.train_modules=controlnet")
+    task = framer_task(tmp_path, "model.framer.train_modules=controlnet", "data.tracks=null")
     problems = {p.where: p.message for p in task.check()}
     assert "data.tracks" in problems["model.framer.train_modules"]
     task = framer_task(tmp_path, "model.framer.train_modules=controlnet", "data.tracks.tracker=analytic")

@@ -66,6 +66,11 @@ class SampleOptions(StrictModel):
         1.0, ge=0, description="Classifier-free guidance at the first frame (ramps linearly to max)."
     )
     max_guidance_scale: float = Field(3.0, ge=0, description="Classifier-free guidance at the last frame.")
+    guidance_schedule: Literal["linear", "middle_max"] = Field(
+        "linear",
+        description="Guidance over the frames: 'linear' ramps min -> max (SVD); 'middle_max' is Framer's "
+        "middle_max_guidance (lowest at both ends, highest in the middle).",
+    )
     noise_aug_strength: float = Field(0.02, ge=0, description="Conditioning-frame noise (SVD default).")
     seed: int = Field(0, description="Sample i uses seed + i: the same noise every round.")
     decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
@@ -87,6 +92,11 @@ class InterpEvalOptions(StrictModel):
     num_inference_steps: int = Field(25, ge=1, description="Euler sampling steps per clip.")
     min_guidance_scale: float = Field(1.0, ge=0, description="Classifier-free guidance at the first frame.")
     max_guidance_scale: float = Field(3.0, ge=0, description="Classifier-free guidance at the last frame.")
+    guidance_schedule: Literal["linear", "middle_max"] = Field(
+        "linear",
+        description="Guidance over the frames: 'linear' ramps min -> max (SVD); 'middle_max' is Framer's "
+        "middle_max_guidance (lowest at both ends, highest in the middle).",
+    )
     noise_aug_strength: float = Field(0.02, ge=0, description="Conditioning-frame noise (SVD default).")
     seed: int = Field(
         0, description="Added to each clip's own seed (a hash of its id): same noise every round."

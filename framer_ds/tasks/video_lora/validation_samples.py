@@ -97,6 +97,7 @@ def write_sample_round(
             num_inference_steps=options.num_inference_steps,
             min_guidance_scale=options.min_guidance_scale,
             max_guidance_scale=options.max_guidance_scale,
+            guidance_schedule=options.guidance_schedule,
             generator=generator,
             decode_chunk_size=options.decode_chunk_size,
             tile_size=tile_size,
