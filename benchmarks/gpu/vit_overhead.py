@@ -65,7 +65,7 @@ def hand_loop_rate(cell: Cell, out_dir: Path, port: int, steps: int) -> float:
     import torch
 
     from framer_ds.lab.bench import launch_args
-    from framer_ds.lab.measure import measurement_env
+    from framer_ds.lab.measure import accelerate_launch_command, measurement_env
     from framer_ds.storage.locations import default_cache_dir
 
     args = launch_args(
@@ -76,18 +76,8 @@ def hand_loop_rate(cell: Cell, out_dir: Path, port: int, steps: int) -> float:
         accelerate_dir=CONFIGS,
     )
     overrides = [*cell.overrides, f"train.max_steps={steps}", f"output_dir={out_dir / 'hand_run'}"]
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *args,
-        "--main_process_port",
-        str(port),
-        str(Path(__file__).with_name("hand_loop.py")),
-        str(cell.config),
-        str(out_dir),
-        *overrides,
-    ]
+    script = Path(__file__).with_name("hand_loop.py")
+    command = accelerate_launch_command(args, port, script, [str(cell.config), str(out_dir), *overrides])
     env = measurement_env(default_cache_dir(), pythonpath=REPO)
     env.pop("LD_PRELOAD", None)  # no allocation counter: only time is compared
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)

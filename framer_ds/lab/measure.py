@@ -222,6 +222,13 @@ def measurement_env(cache: Path, pythonpath: Path | None = None, env: dict[str, 
     return out
 
 
+def accelerate_launch_command(launch_args: list[str], port: int, script: Path, args: list[str]) -> list[str]:
+    """`python -m accelerate.commands.launch <launch_args> --main_process_port P script args...`: this
+    interpreter's accelerate, whatever `accelerate` is first on PATH."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", *launch_args]
+    return [*launch, "--main_process_port", str(port), str(script), *args]
+
+
 def measure_launch(
     config_path: Path,
     overrides: list[str],
@@ -234,18 +241,9 @@ def measure_launch(
     """Run the worker under `accelerate launch <launch_args>` and read every rank's record; a failed
     launch raises with the command and the end of its stderr."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *launch_args,
-        "--main_process_port",
-        str(port),
-        str(WORKER_SCRIPT),
-        str(config_path),
-        str(work_dir),
-        *overrides,
-    ]
+    command = accelerate_launch_command(
+        launch_args, port, WORKER_SCRIPT, [str(config_path), str(work_dir), *overrides]
+    )
     started = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:

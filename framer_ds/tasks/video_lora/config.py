@@ -55,12 +55,10 @@ class EdmOptions(StrictModel):
     eval_sigmas: int = Field(5, ge=1, description="Fixed sigma quantiles for the deterministic eval loss.")
 
 
-class SampleOptions(StrictModel):
-    """Videos generated from held-out clips' first (and last) frames while training, to watch what
-    the loss cannot show. Written to output_dir/samples/step_N/ and logged to W&B as videos."""
+class SamplingSettings(StrictModel):
+    """How a video is sampled from its first (and last) frame: the settings validation samples and the
+    interpolation metrics share (`sampling.sample_video`; `sampling_kwargs` passes them on)."""
 
-    every: int = Field(0, ge=0, description="Sample every N optimizer steps (and at the end); 0 = never.")
-    count: int = Field(2, ge=1, description="Videos per round: the first `count` held-out clips.")
     num_inference_steps: int = Field(25, ge=1, description="Euler sampling steps per video.")
     min_guidance_scale: float = Field(
         1.0, ge=0, description="Classifier-free guidance at the first frame (ramps linearly to max)."
@@ -72,14 +70,26 @@ class SampleOptions(StrictModel):
         "middle_max_guidance (lowest at both ends, highest in the middle).",
     )
     noise_aug_strength: float = Field(0.02, ge=0, description="Conditioning-frame noise (SVD default).")
-    seed: int = Field(0, description="Sample i uses seed + i: the same noise every round.")
     decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
+
+    def sampling_kwargs(self) -> dict[str, object]:
+        """These settings as `sampling.sample_video`'s keyword arguments."""
+        return {name: getattr(self, name) for name in SamplingSettings.model_fields}
+
+
+class SampleOptions(SamplingSettings):
+    """Videos generated from held-out clips' first (and last) frames while training, to watch what
+    the loss cannot show. Written to output_dir/samples/step_N/ and logged to W&B as videos."""
+
+    every: int = Field(0, ge=0, description="Sample every N optimizer steps (and at the end); 0 = never.")
+    count: int = Field(2, ge=1, description="Videos per round: the first `count` held-out clips.")
+    seed: int = Field(0, description="Sample i uses seed + i: the same noise every round.")
     with_reference: bool = Field(
         True, description="Write the real clip beside the sample (reference | sample) in each video."
     )
 
 
-class InterpEvalOptions(StrictModel):
+class InterpEvalOptions(SamplingSettings):
     """Held-out interpolation metrics at every evaluation: each held-out clip is sampled from its first
     (and, for interpolation, last) frame with a seed fixed per clip, and compared with the real frames
     (`eval/psnr`, `eval/psnr_mid`, `eval/ssim`, `eval/psnr_ends`, `eval/flicker_ratio`,
@@ -89,19 +99,9 @@ class InterpEvalOptions(StrictModel):
     enabled: bool = Field(
         False, description="Sample every held-out clip at each evaluation and report metrics."
     )
-    num_inference_steps: int = Field(25, ge=1, description="Euler sampling steps per clip.")
-    min_guidance_scale: float = Field(1.0, ge=0, description="Classifier-free guidance at the first frame.")
-    max_guidance_scale: float = Field(3.0, ge=0, description="Classifier-free guidance at the last frame.")
-    guidance_schedule: Literal["linear", "middle_max"] = Field(
-        "linear",
-        description="Guidance over the frames: 'linear' ramps min -> max (SVD); 'middle_max' is Framer's "
-        "middle_max_guidance (lowest at both ends, highest in the middle).",
-    )
-    noise_aug_strength: float = Field(0.02, ge=0, description="Conditioning-frame noise (SVD default).")
     seed: int = Field(
         0, description="Added to each clip's own seed (a hash of its id): same noise every round."
     )
-    decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
     clip_distance: bool = Field(
         True, description="Also eval/clip_distance: 1 - cosine of CLIP embeddings (the run's image encoder)."
     )

@@ -165,13 +165,8 @@ def sample_clips(
                 num_frames,
                 float(fps[index]),
                 int(motion_bucket_ids[index]),
-                noise_aug_strength=options.noise_aug_strength,
-                num_inference_steps=options.num_inference_steps,
-                min_guidance_scale=options.min_guidance_scale,
-                max_guidance_scale=options.max_guidance_scale,
-                guidance_schedule=options.guidance_schedule,
                 generator=generator,
-                decode_chunk_size=options.decode_chunk_size,
+                **options.sampling_kwargs(),
                 tile_size=tile_size,
                 framer=framer(None if heatmaps is None else heatmaps[index : index + 1])
                 if framer is not None
