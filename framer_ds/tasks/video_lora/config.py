@@ -55,6 +55,11 @@ class EdmOptions(StrictModel):
     eval_sigmas: int = Field(5, ge=1, description="Fixed sigma quantiles for the deterministic eval loss.")
 
 
+# sampling.GuidanceSchedule's names, spelled here so that reading a config never imports the sampler
+# (diffusers' SVD pipeline: seconds, and transformers' torchvision warning on every `validate`).
+GuidanceScheduleName = Literal["linear", "middle_max"]
+
+
 class SamplingSettings(StrictModel):
     """How a video is sampled from its first (and last) frame: the settings validation samples and the
     interpolation metrics share (`sampling.sample_video`; `sampling_kwargs` passes them on)."""
@@ -64,7 +69,7 @@ class SamplingSettings(StrictModel):
         1.0, ge=0, description="Classifier-free guidance at the first frame (ramps linearly to max)."
     )
     max_guidance_scale: float = Field(3.0, ge=0, description="Classifier-free guidance at the last frame.")
-    guidance_schedule: Literal["linear", "middle_max"] = Field(
+    guidance_schedule: GuidanceScheduleName = Field(
         "linear",
         description="Guidance over the frames: 'linear' ramps min -> max (SVD); 'middle_max' is Framer's "
         "middle_max_guidance (lowest at both ends, highest in the middle).",

@@ -20,9 +20,9 @@ from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.video_clips import resize_and_crop
-from framer_ds.diffusion.sampling import GuidanceSchedule
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
+from framer_ds.tasks.video_lora.config import GuidanceScheduleName
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
 
 EXPORT_METADATA = "framer_ds_video_lora.json"
@@ -61,7 +61,7 @@ class VideoSampleCommandOptions(SampleCommandOptions):
     )
     num_frames: int | None = Field(None, ge=2, description="Frames to generate; default: the trained count.")
     decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
-    guidance_schedule: GuidanceSchedule = Field(
+    guidance_schedule: GuidanceScheduleName = Field(
         "linear",
         description="Guidance over the frames: 'linear' ramps min -> max from first to last frame (SVD); "
         "'middle_max' is Framer's middle_max_guidance: lowest at both ends, highest in the middle.",
