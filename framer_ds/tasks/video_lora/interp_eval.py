@@ -176,56 +176,38 @@ def sample_clips(
     return torch.stack(samples)
 
 
-def interp_eval_values(
-    parts: SamplerParts,
-    pixels: Tensor,
-    video_ids: list[str],
-    fps: list[float],
-    motion_bucket_ids: list[int],
-    options: InterpEvalOptions,
-    interpolation: bool,
-    tile_size: int | None = None,
-    framer: FramerSamplingFor | None = None,
-    controlnet_cond: Tensor | None = None,
+def interp_eval_batch(
+    parts: SamplerParts, batch: dict[str, Any], options: Any, framer: FramerSamplingFor | None = None
 ) -> dict[str, Tensor]:
-    """Per-clip metric values [B] for one eval batch (every rank calls it with its batch)."""
+    """Per-clip metric values [B] for one eval batch (every rank calls it with its batch): every clip
+    sampled from its own first (and last) frame and compared with the real clip, with its fps and motion
+    bucket as training conditioned on them (`model.fps`, `model.motion_bucket`; a cached entry stores the
+    bucket as `motion_bucket`). `framer`: a Framer base (`FramerSetup.sampling`)."""
     from framer_ds.diffusion.svd_conditioning import clip_image_embeddings
 
-    samples = sample_clips(
-        parts, pixels, video_ids, fps, motion_bucket_ids, options, interpolation, tile_size,
-        framer, controlnet_cond,
-    )  # fmt: skip
-
-    def embed(frames: Tensor) -> Tensor:
-        chunks = [clip_image_embeddings(parts.image_encoder, c) for c in frames.split(CLIP_CHUNK)]
-        return torch.cat(chunks).flatten(1)
-
-    perceptual = lpips_distance(options, pixels.device)
-    return interpolation_metrics(
-        samples, pixels.float(), embed if options.clip_distance else None, perceptual
-    )
-
-
-def interp_eval_batch(
-    parts: Any, batch: dict[str, Any], options: Any, framer: FramerSamplingFor | None = None
-) -> dict[str, Tensor]:
-    """Every clip of an eval batch sampled from its own first (and last) frame and compared with the real
-    clip: its fps and motion bucket as training conditioned on them (`model.fps`, `model.motion_bucket`;
-    a cached entry stores the bucket as `motion_bucket`). `framer`: a Framer base (`FramerSetup.sampling`)."""
-    pixels = batch["pixel_values"]
+    pixels, evaluation = batch["pixel_values"], options.interp_eval
     count = pixels.shape[0]
     fps = [float(options.fps)] * count if options.fps is not None else batch["fps"].float().tolist()
     buckets = batch.get("motion_bucket_id", batch.get("motion_bucket"))
     buckets = buckets.tolist() if buckets is not None else [options.fixed_motion_bucket] * count
-    return interp_eval_values(
+    samples = sample_clips(
         parts,
         pixels,
         list(batch["video_id"]),
         fps,
         buckets,
-        options.interp_eval,
+        evaluation,
         interpolation=options.mode == "interpolation",
         tile_size=options.vae_tile_size,
         framer=framer,
         controlnet_cond=batch.get("controlnet_cond") if framer is not None else None,
+    )
+
+    def embed(frames: Tensor) -> Tensor:
+        chunks = [clip_image_embeddings(parts.image_encoder, c) for c in frames.split(CLIP_CHUNK)]
+        return torch.cat(chunks).flatten(1)
+
+    perceptual = lpips_distance(evaluation, pixels.device)
+    return interpolation_metrics(
+        samples, pixels.float(), embed if evaluation.clip_distance else None, perceptual
     )
