@@ -8,9 +8,15 @@ run per sample; tracking each video once and mapping the tracks through the clip
 Conventions: x, y in pixels of the source frame, pixel centres at integers (pixel (0, 0) spans
 -0.5..0.5), as CoTracker reports them. Points outside the frame after the crop are invisible.
 
+Segments: a tracker may split a video into overlapping windows, each with its own points (a grid
+queried at a window's first frame loses most of its points a few seconds later, and a clip late in the
+video would get none). A video's `VideoTracks` is its list of `Tracks` windows; a clip takes the points
+of the latest window that holds all of its frames.
+
 Trackers: `AnalyticTracker` for the built-in synthetic clips (the square's position is known in every
-frame, `synthetic_video.MovingShape`) and `CoTrackerTracker` (Meta's CoTracker, when the `cotracker`
-package is installed and a local checkpoint file is configured; nothing is downloaded).
+frame, `synthetic_video.MovingShape`; one window) and `cotracker_tracker.CoTrackerTracker` (Meta's
+CoTracker, when the `cotracker` package is installed and a local checkpoint file is configured; nothing
+is downloaded).
 """
 
 from __future__ import annotations
@@ -23,25 +29,26 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import torch
 
-from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
+from framer_ds.config.errors import ConfigError, InputDataError
 from framer_ds.data.synthetic_video import MovingShape, clip_seed
-from framer_ds.data.video_clips import ClipPlacement, clip_indices, read_clip
+from framer_ds.data.video_clips import ClipPlacement, clip_indices
 from framer_ds.data.video_index import VideoRecord
 from framer_ds.storage.atomic import atomic_file
 
-TRACKS_FORMAT_VERSION = 1
+TRACKS_FORMAT_VERSION = 2
 
 
 @dataclass
 class Tracks:
-    """xy float32 [N, P, 2] (x, y in source pixels) and visible bool [N, P] for every source frame."""
+    """One window of a video: xy float32 [N, P, 2] (x, y in source pixels) and visible bool [N, P] for
+    source frames first_frame .. first_frame + N - 1."""
 
     xy: np.ndarray
     visible: np.ndarray
     height: int
     width: int
+    first_frame: int = 0
 
     def __post_init__(self) -> None:
         self.xy = np.asarray(self.xy, dtype=np.float32)
@@ -55,25 +62,73 @@ class Tracks:
     def num_frames(self) -> int:
         return self.xy.shape[0]
 
+    @property
+    def last_frame(self) -> int:
+        return self.first_frame + self.num_frames - 1
+
+
+@dataclass
+class VideoTracks:
+    """All windows of one video (at least one, all of the same frame size), saved as one file."""
+
+    segments: list[Tracks]
+
+    def __post_init__(self) -> None:
+        if not self.segments:
+            raise ValueError("a video's tracks need at least one window")
+        sizes = {(segment.height, segment.width) for segment in self.segments}
+        if len(sizes) != 1:
+            raise ValueError(f"the windows of one video have different frame sizes: {sorted(sizes)}")
+        self.segments = sorted(self.segments, key=lambda segment: segment.first_frame)
+
+    @property
+    def height(self) -> int:
+        return self.segments[0].height
+
+    @property
+    def width(self) -> int:
+        return self.segments[0].width
+
+    @property
+    def num_frames(self) -> int:
+        """Source frames covered: through the last frame of the last-ending window."""
+        return max(segment.last_frame for segment in self.segments) + 1
+
+    def window_for(self, first: int, last: int) -> Tracks:
+        """The latest-starting window holding frames first..last (its points were chosen closest to the
+        clip, so most are still in view)."""
+        holding = [s for s in self.segments if s.first_frame <= first and last <= s.last_frame]
+        if not holding:
+            windows = ", ".join(f"{s.first_frame}-{s.last_frame}" for s in self.segments)
+            raise InputDataError(
+                f"no track window holds source frames {first}-{last} (windows: {windows}); a clip spans "
+                "more source frames than data.tracks.segment_frames allows (at most half of it + 1), or "
+                "the video changed: raise segment_frames and run `framer-ds data tracks CONFIG` again."
+            )
+        return holding[-1]
+
     def save(self, path: Path) -> None:
         """Atomic .npz: a killed run leaves a temp file, never a truncated track file."""
+        arrays = {"size": np.array([self.height, self.width]), "version": np.array(TRACKS_FORMAT_VERSION)}
+        arrays["first_frames"] = np.array([segment.first_frame for segment in self.segments])
+        for number, segment in enumerate(self.segments):
+            arrays[f"xy_{number}"], arrays[f"visible_{number}"] = segment.xy, segment.visible
         with atomic_file(Path(path)) as tmp, open(tmp, "wb") as handle:
-            np.savez(
-                handle,
-                xy=self.xy,
-                visible=self.visible,
-                size=np.array([self.height, self.width]),
-                version=np.array(TRACKS_FORMAT_VERSION),
-            )
+            np.savez(handle, **arrays)
 
     @classmethod
-    def load(cls, path: Path) -> Tracks:
+    def load(cls, path: Path) -> VideoTracks:
         try:
             with np.load(Path(path)) as data:
                 if int(data["version"]) != TRACKS_FORMAT_VERSION:
                     raise ValueError(f"format {int(data['version'])}, expected {TRACKS_FORMAT_VERSION}")
                 height, width = (int(v) for v in data["size"])
-                return cls(data["xy"], data["visible"], height, width)
+                return cls(
+                    [
+                        Tracks(data[f"xy_{number}"], data[f"visible_{number}"], height, width, int(first))
+                        for number, first in enumerate(data["first_frames"])
+                    ]
+                )
         except (OSError, KeyError, ValueError) as exc:
             raise InputDataError(
                 f"track file {path} is unreadable ({type(exc).__name__}: {exc}); delete it and run "
@@ -81,22 +136,39 @@ class Tracks:
             ) from exc
 
 
-def clip_tracks(tracks: Tracks, placement: ClipPlacement) -> tuple[np.ndarray, np.ndarray]:
-    """(xy [F, P, 2] float32 in the clip's pixels, visible [F, P]): the tracks at the clip's frames, through
-    its resize (pixel centres scale about the half-pixel grid, as bilinear resizing maps them), crop and
-    flip; a point outside the cropped frame is invisible."""
+def window_starts(num_frames: int, segment_frames: int) -> list[int]:
+    """First frames of windows of `segment_frames` (the last one ends at the video's end) spaced at most
+    half a window apart, so any span of segment_frames // 2 + 1 frames (or fewer) lies inside one."""
+    if num_frames <= segment_frames:
+        return [0]
+    hop = segment_frames - segment_frames // 2
+    return sorted({*range(0, num_frames - segment_frames + 1, hop), num_frames - segment_frames})
+
+
+def longest_clip_span(num_frames: int, max_stride: int) -> int:
+    """Source frames a clip of `num_frames` at stride `max_stride` spans."""
+    return (num_frames - 1) * max_stride + 1
+
+
+def clip_tracks(tracks: VideoTracks | Tracks, placement: ClipPlacement) -> tuple[np.ndarray, np.ndarray]:
+    """(xy [F, P, 2] float32 in the clip's pixels, visible [F, P]): the points of the window holding the
+    clip's frames, at those frames, through its resize (pixel centres scale about the half-pixel grid,
+    as bilinear resizing maps them), crop and flip; a point outside the cropped frame is invisible."""
     box = placement.box
     if (box.src_h, box.src_w) != (tracks.height, tracks.width):
         raise InputDataError(
             f"tracks are for {tracks.width}x{tracks.height} frames, the clip was read at "
             f"{box.src_w}x{box.src_h}; the video changed: run `framer-ds data tracks CONFIG` again."
         )
-    frames = clip_indices(placement.start, placement.num_frames, placement.stride)
+    frames = np.asarray(clip_indices(placement.start, placement.num_frames, placement.stride))
     if frames[-1] >= tracks.num_frames:
         raise InputDataError(
             f"tracks cover {tracks.num_frames} frames, the clip needs frame {frames[-1]}; the video "
             "changed: run `framer-ds data tracks CONFIG` again."
         )
+    if isinstance(tracks, VideoTracks):
+        tracks = tracks.window_for(int(frames[0]), int(frames[-1]))
+    frames = frames - tracks.first_frame
     xy = tracks.xy[frames].astype(np.float64)
     x = (xy[..., 0] + 0.5) * (box.new_w / box.src_w) - 0.5 - box.left
     y = (xy[..., 1] + 0.5) * (box.new_h / box.src_h) - 0.5 - box.top
@@ -112,18 +184,19 @@ class Tracker(Protocol):
 
     def fingerprint(self) -> str: ...
 
-    def track(self, record: VideoRecord) -> Tracks: ...
+    def track(self, record: VideoRecord) -> VideoTracks: ...
 
 
 @dataclass(frozen=True)
 class AnalyticTracker:
     """Exact tracks of the built-in synthetic clips: the square's centre and four inner points (moving
-    together), and a 3 x 3 grid of background points, static and hidden while the square covers them."""
+    together), and a 3 x 3 grid of background points, static and hidden while the square covers them;
+    one window (the square never leaves the frame)."""
 
     def fingerprint(self) -> str:
         return f"analytic-v{TRACKS_FORMAT_VERSION}"
 
-    def track(self, record: VideoRecord) -> Tracks:
+    def track(self, record: VideoRecord) -> VideoTracks:
         seed = clip_seed(record.path)
         if seed is None:
             raise InputDataError(
@@ -131,7 +204,7 @@ class AnalyticTracker:
                 "for data.builtin synthetic_clips; set data.tracks.tracker: cotracker for real videos."
             )
         shape = MovingShape.from_seed(record.width, record.height, seed)
-        return analytic_tracks(shape, record.num_frames)
+        return VideoTracks([analytic_tracks(shape, record.num_frames)])
 
 
 def analytic_tracks(shape: MovingShape, num_frames: int) -> Tracks:
@@ -154,73 +227,18 @@ def analytic_tracks(shape: MovingShape, num_frames: int) -> Tracks:
     return Tracks(xy, visible, shape.height, shape.width)
 
 
-@dataclass(frozen=True)
-class CoTrackerTracker:
-    """Meta's CoTracker (offline predictor) on a regular grid of `grid_size` x `grid_size` points."""
-
-    checkpoint: Path
-    grid_size: int = 10
-
-    def fingerprint(self) -> str:
-        stat = Path(self.checkpoint).stat()
-        digest = hashlib.sha256(f"{Path(self.checkpoint).name}|{stat.st_size}|{self.grid_size}".encode())
-        return f"cotracker-{digest.hexdigest()[:12]}"
-
-    def track(self, record: VideoRecord) -> Tracks:  # pragma: no cover - needs cotracker and weights
-        from cotracker.predictor import CoTrackerPredictor
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = _cotracker_model(CoTrackerPredictor, str(self.checkpoint), device)
-        frames = read_clip(record.path, 0, record.num_frames, 1, record.first_pts)
-        video = torch.from_numpy(frames).permute(0, 3, 1, 2)[None].float().to(device)
-        with torch.no_grad():
-            xy, visible = model(video, grid_size=self.grid_size)
-        return Tracks(xy[0].cpu().numpy(), visible[0].cpu().numpy() > 0.5, frames.shape[1], frames.shape[2])
-
-
-_COTRACKER_MODELS: dict[tuple[str, str], torch.nn.Module] = {}
-
-
-def _cotracker_model(cls, checkpoint: str, device: str) -> torch.nn.Module:  # pragma: no cover
-    key = (checkpoint, device)
-    if key not in _COTRACKER_MODELS:
-        _COTRACKER_MODELS[key] = cls(checkpoint=checkpoint).to(device).eval()
-    return _COTRACKER_MODELS[key]
-
-
-def cotracker_problems(checkpoint: Path | None, where: str = "data.tracks") -> list[ConfigProblem]:
-    """What stops CoTracker from running here, with both fixes named."""
-    problems = []
-    try:
-        import cotracker.predictor  # noqa: F401
-    except ImportError:
-        problems.append(
-            ConfigProblem(
-                f"{where}.tracker",
-                "the cotracker package is not installed: install Meta's co-tracker repository "
-                "(`pip install git+https://github.com/facebookresearch/co-tracker`), or use tracker: "
-                "analytic with data.builtin synthetic_clips.",
-            )
-        )
-    if checkpoint is None or not Path(checkpoint).expanduser().is_file():
-        problems.append(
-            ConfigProblem(
-                f"{where}.cotracker_checkpoint",
-                f"{checkpoint} is not a file: download a CoTracker checkpoint (e.g. scaled_offline.pth) once "
-                "and point this key at it; nothing is downloaded at run time.",
-            )
-        )
-    return problems
-
-
-def make_tracker(kind: str, checkpoint: Path | None = None, grid_size: int = 10) -> Tracker:
+def make_tracker(
+    kind: str, checkpoint: Path | None = None, grid_size: int = 10, segment_frames: int = 96
+) -> Tracker:
     if kind == "analytic":
         return AnalyticTracker()
     if kind == "cotracker":
+        from framer_ds.data.cotracker_tracker import CoTrackerTracker, cotracker_problems
+
         problems = cotracker_problems(checkpoint)
         if problems:
             raise ConfigError(problems, source="data.tracks")
-        return CoTrackerTracker(Path(checkpoint).expanduser(), grid_size)
+        return CoTrackerTracker(Path(checkpoint).expanduser(), grid_size, segment_frames)
     raise ValueError(f"unknown tracker {kind!r}; use 'analytic' or 'cotracker'")
 
 
@@ -263,11 +281,11 @@ class TrackStore:
             computed += 1
         return computed, reused
 
-    def load(self, record: VideoRecord) -> Tracks:
+    def load(self, record: VideoRecord) -> VideoTracks:
         path = self.path_for(record)
         if not path.is_file():
             raise InputDataError(
                 f"no point tracks for {record.path} in {self.directory}: run `framer-ds data tracks CONFIG` "
                 "first (it tracks every video once and is resumable)."
             )
-        return Tracks.load(path)
+        return VideoTracks.load(path)

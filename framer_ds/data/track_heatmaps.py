@@ -45,7 +45,7 @@ import torch
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import InputDataError
-from framer_ds.data.point_tracks import Tracks, TrackStore, clip_tracks
+from framer_ds.data.point_tracks import TrackStore, VideoTracks, clip_tracks
 from framer_ds.data.video_clips import ClipPlacement
 from framer_ds.data.video_index import VideoRecord
 
@@ -250,7 +250,7 @@ class TrackConditionedDataset(Dataset):
     ) -> None:
         self.base, self.store, self.selection, self.seed = base, store, selection, seed
         self._records = {record.video_id: record for record in records}
-        self._tracks: OrderedDict[str, Tracks] = OrderedDict()  # a few videos' tracks, per process
+        self._tracks: OrderedDict[str, VideoTracks] = OrderedDict()  # a few videos' tracks, per process
         self._cached_videos = cached_videos
 
     def __len__(self) -> int:
@@ -261,7 +261,7 @@ class TrackConditionedDataset(Dataset):
         """The base dataset's records (what the latent cache fingerprints), else the tracked videos."""
         return list(getattr(self.base, "records", self._records.values()))
 
-    def _tracks_of(self, video_id: str) -> Tracks:
+    def _tracks_of(self, video_id: str) -> VideoTracks:
         if video_id in self._tracks:
             self._tracks.move_to_end(video_id)
             return self._tracks[video_id]

@@ -281,7 +281,17 @@ class TrackOptions(StrictModel):
     cotracker_checkpoint: Path | None = Field(
         None, description="Local CoTracker checkpoint file (tracker cotracker); nothing is downloaded."
     )
-    grid_size: int = Field(10, ge=1, description="CoTracker tracks a grid_size x grid_size grid of points.")
+    grid_size: int = Field(
+        10, ge=1, description="CoTracker tracks a grid_size x grid_size grid of points per window."
+    )
+    segment_frames: int = Field(
+        96,
+        ge=2,
+        description="CoTracker tracks each video in windows of this many source frames, each overlapping "
+        "the next by half, with a fresh grid at the window's first frame (so clips late in a long video "
+        "still have points, and memory stays bounded); a clip may span at most segment_frames // 2 + 1 "
+        "source frames.",
+    )
     num_points: int = Field(
         5, ge=1, description="Most trajectories per clip (K); fewer when fewer are visible in frame 0."
     )

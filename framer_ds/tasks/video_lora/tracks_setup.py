@@ -6,7 +6,8 @@ from __future__ import annotations
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.data.point_tracks import TrackStore, cotracker_problems, make_tracker
+from framer_ds.data.cotracker_tracker import cotracker_problems
+from framer_ds.data.point_tracks import TrackStore, longest_clip_span, make_tracker
 from framer_ds.data.track_heatmaps import PointSelection, TrackConditionedDataset
 from framer_ds.data.video_index import VideoRecord
 from framer_ds.storage.locations import default_cache_dir
@@ -36,12 +37,25 @@ def track_problems(data: VideoLoraDataConfig) -> list[ConfigProblem]:
         )
     if tracks.tracker == "cotracker":
         problems += cotracker_problems(tracks.cotracker_checkpoint)
+        span = longest_clip_span(data.num_frames, data.max_stride)
+        if span > tracks.segment_frames // 2 + 1:
+            problems.append(
+                ConfigProblem(
+                    "data.tracks.segment_frames",
+                    f"{tracks.segment_frames} is too short: a clip of {data.num_frames} frames at stride "
+                    f"{data.max_stride} spans {span} source frames, and a window holds every such clip only "
+                    f"when segment_frames >= {2 * (span - 1)}; raise it (or lower data.num_frames/stride).",
+                )
+            )
     return problems
 
 
 def track_store(tracks: TrackOptions) -> TrackStore:
     root = tracks.dir or default_cache_dir() / "point_tracks"
-    return TrackStore(root, make_tracker(tracks.tracker, tracks.cotracker_checkpoint, tracks.grid_size))
+    tracker = make_tracker(
+        tracks.tracker, tracks.cotracker_checkpoint, tracks.grid_size, tracks.segment_frames
+    )
+    return TrackStore(root, tracker)
 
 
 def build_tracks(video_data: VideoLoraData) -> str:
