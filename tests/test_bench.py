@@ -36,6 +36,9 @@ def test_bench_writes_every_file_and_a_failed_strategy_is_a_row(tmp_path, data_c
         ddp["ok"] and ddp["processes"] == 2 and len(ddp["peak_mib_per_rank"]) == 2 and ddp["s_per_step"] > 0
     )
     assert ddp["samples_per_s"] > 0 and np.isfinite(ddp["final_loss"]) and "eval/loss" in ddp["eval"]
+    # On a CPU the table leads with the tensors-only peak (what a GPU and `framer-ds plan` count) and
+    # shows the whole process beside it.
+    assert 0 < ddp["peak_mib"] < ddp["process_mib"] and "| process MiB/rank |" in printed
     assert len(ddp["traces"]) == 2 and sum(ddp["profile"].values()) > 0  # Chrome traces, time by kind
     assert json.loads(Path(ddp["traces"][0]).read_text())["traceEvents"]
     assert not zeropp["ok"] and "ZeRO++ quantizes with CUDA kernels" in zeropp["error"]
@@ -71,6 +74,10 @@ def test_scaling_efficiency_and_its_plot_across_process_counts(tmp_path):
     for path in files[3:]:
         assert_png_drawn(path)
     assert "| zero3 | 2 | - | - | - | - | - | - | out of memory |" in (tmp_path / "bench.md").read_text()
+    assert "process MiB/rank" not in (tmp_path / "bench.md").read_text()  # as on a GPU: one figure
+    rows[0].process_mib_per_rank = [30.0]
+    write_bench_files(rows, tmp_path, header)
+    assert "| ddp | 1 | 10 | 30 | 0.100 |" in (tmp_path / "bench.md").read_text()
 
 
 def test_failure_reason_names_the_ranks_exception_not_the_launcher():

@@ -293,7 +293,7 @@ def test_cotracker_missing_names_both_fixes(tmp_path):
     assert "pip install" in text and "cotracker_checkpoint" in text and "missing.pth" in text
 
 
-def test_data_tracks_command_writes_then_reuses(tmp_path, capsys):
+def test_data_tracks_command_writes_then_reuses(tmp_path, capsys, monkeypatch):
     from framer_ds.cli.main import main
     from tests.test_video_lora import TINY
 
@@ -312,6 +312,18 @@ def test_data_tracks_command_writes_then_reuses(tmp_path, capsys):
     assert loaded.xy.shape == (24, 14, 2) and loaded.visible.shape == (24, 14) and loaded.first_frame == 0
     assert main(args) == 0
     assert "(0 tracked, 8 reused)" in capsys.readouterr().out
+    # Started on N processes (`accelerate launch -m framer_ds data tracks ...`), each tracks its share.
+    shared = [*args[:-1], f"data.tracks.dir={tmp_path / 'sharded'}"]
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        assert main(shared) == 0
+        assert f"rank {rank} of 2: 4 videos" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "sharded" / "analytic-v2").glob("*.npz")) == [
+        f.name for f in files
+    ]
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
     bad = [*args, "data.tracks.tracker=cotracker"]
     assert main(bad) == 1
     assert "cotracker_checkpoint" in capsys.readouterr().err

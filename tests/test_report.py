@@ -101,3 +101,19 @@ def test_requeued_logs_killed_lines_and_damaged_files(tmp_path):
         read_history(run)
     with pytest.raises(ConfigError, match=r"no metrics\.jsonl, no logs"):
         read_history(tmp_path / "logs_elsewhere")
+
+
+def test_peak_memory_prefers_what_a_gpu_counts():
+    """A GPU's allocator, else the CPU tensor counter's figure, else the process RSS: the row's peak is
+    the one `framer-ds plan` models whenever the run logged it."""
+    from framer_ds.lab.report import RunHistory
+
+    line = {"step": 1, "loss": 1.0, "memory/rss_gb": 3.0, "memory/max_tensor_allocated_gb": 1.5}
+    cpu = RunHistory(
+        "cpu", Path("."), train=[line, {**line, "step": 2, "memory/max_tensor_allocated_gb": 2.0}]
+    )
+    assert summary_row(cpu)["peak_memory_gb"] == 2.0
+    gpu = RunHistory("gpu", Path("."), train=[{**line, "memory/max_allocated_gb": 0.5}])
+    assert summary_row(gpu)["peak_memory_gb"] == 0.5
+    bare = RunHistory("rss", Path("."), train=[{"step": 1, "loss": 1.0, "memory/rss_gb": 3.0}])
+    assert summary_row(bare)["peak_memory_gb"] == 3.0

@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(encode)
     tracks = data_sub.add_parser(
         "tracks",
-        help="precompute point tracks of a config's videos (data.tracks) for Framer's trajectory branch",
+        help="precompute point tracks of a config's videos (data.tracks) for Framer's trajectory branch; "
+        "under `accelerate launch -m framer_ds data tracks ...` every process tracks its share",
     )
     add_config_args(tracks)
 
@@ -261,8 +262,10 @@ def cmd_data(args: argparse.Namespace) -> int:
         print(task.encode_data())
         return 0
     if args.data_command == "tracks":
+        from framer_ds.launch.environment import process_shard
+
         task.prepare_data()
-        print(task.compute_tracks())
+        print(task.compute_tracks(process_shard()))
         return 0
     task.prepare_data()
     print(task.data_report())

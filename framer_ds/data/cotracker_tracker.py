@@ -16,6 +16,7 @@ front by `cotracker_problems`, which names both fixes.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class CoTrackerTracker:
     def track(self, record: VideoRecord) -> VideoTracks:
         from cotracker.predictor import CoTrackerPredictor
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
         model = _cotracker_model(CoTrackerPredictor, str(self.checkpoint), device)
         model_h, model_w = (int(v) for v in model.interp_shape)
         segments = []

@@ -264,15 +264,14 @@ class TrackStore:
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         return self.directory / f"{_safe_stem(record.path)}-{digest}.npz"
 
-    def build(self, records: Iterable[VideoRecord]) -> tuple[int, int]:
-        """Tracks for every video not yet on disk; returns (computed, reused)."""
+    def build(self, records: Iterable[VideoRecord], shard: tuple[int, int] = (0, 1)) -> tuple[int, int]:
+        """Tracks for every video not yet on disk; returns (computed, reused). `shard` (rank, world
+        size): this process takes every world-th video from its rank on, so N launched processes track
+        a disjoint share each (files are written atomically, so overlapping runs only cost time)."""
+        rank, world = shard
+        paths = {self.path_for(record): record for record in records}  # segments of one file share it
         computed = reused = 0
-        seen: set[Path] = set()
-        for record in records:
-            path = self.path_for(record)
-            if path in seen:  # manifest segments of one file share its tracks
-                continue
-            seen.add(path)
+        for path, record in list(paths.items())[rank::world]:
             if path.is_file():
                 reused += 1
                 continue

@@ -100,6 +100,10 @@ class BenchRow:
     ok: bool
     error: str = ""
     peak_mib_per_rank: list[float] = field(default_factory=list)
+    """Tensors only: what a GPU's max_memory_allocated reports and what `framer-ds plan` models."""
+    process_mib_per_rank: list[float] = field(default_factory=list)
+    """Every allocation of the process (on a GPU the same figure; on a CPU also Python objects, gloo and
+    DeepSpeed host structures, video decoding)."""
     s_per_step: float | None = None
     samples_per_s: float | None = None
     final_loss: float | None = None
@@ -112,6 +116,10 @@ class BenchRow:
     @property
     def peak_mib(self) -> float | None:
         return max(self.peak_mib_per_rank) if self.peak_mib_per_rank else None
+
+    @property
+    def process_mib(self) -> float | None:
+        return max(self.process_mib_per_rank) if self.process_mib_per_rank else None
 
 
 EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<text>[\w.]*(?:Error|Exception): .+)$")
@@ -165,7 +173,8 @@ def run_cell(
         strategy,
         processes,
         ok=True,
-        peak_mib_per_rank=[b / MiB for b in found.rank_bytes],
+        peak_mib_per_rank=[b / MiB for b in found.tensor_rank_bytes],
+        process_mib_per_rank=[b / MiB for b in found.rank_bytes],
         s_per_step=found.s_per_step,
         samples_per_s=global_batch / found.s_per_step if global_batch and found.s_per_step else None,
         final_loss=history.train[-1]["loss"] if history.train else None,
@@ -197,9 +206,12 @@ def _number(value: float | None, spec: str) -> str:
 
 
 def markdown(rows: list[BenchRow]) -> str:
+    """The table; a "process MiB/rank" column only where it differs from the tensor peak (on a CPU)."""
     efficiency = scaling_efficiency(rows)
     eval_names = sorted({k for r in rows for k in r.eval})
-    head = ["strategy", "processes", "peak MiB/rank (max)", "s/step", "samples/s", "scaling", "final loss"]
+    host = any(r.process_mib_per_rank and r.process_mib_per_rank != r.peak_mib_per_rank for r in rows)
+    head = ["strategy", "processes", "peak MiB/rank (max)", *(["process MiB/rank"] if host else []), "s/step",
+            "samples/s", "scaling", "final loss"]  # fmt: skip
     lines = [
         "| " + " | ".join([*head, *eval_names, "wall s", "note"]) + " |",
         "|" + "---|" * (len(head) + len(eval_names) + 2),
@@ -208,7 +220,8 @@ def markdown(rows: list[BenchRow]) -> str:
         scaling = efficiency.get((r.strategy, r.processes))
         note = r.error if not r.ok else (format_breakdown(r.profile) if r.profile else "")
         cells = [
-            r.strategy, str(r.processes), _number(r.peak_mib, ".0f"), _number(r.s_per_step, ".3f"),
+            r.strategy, str(r.processes), _number(r.peak_mib, ".0f"),
+            *([_number(r.process_mib, ".0f")] if host else []), _number(r.s_per_step, ".3f"),
             _number(r.samples_per_s, ".3g"), "-" if scaling is None else f"{scaling:.0%}",
             _number(r.final_loss, ".4f"), *[_number(r.eval.get(n), ".4f") for n in eval_names],
             _number(r.wall_s, ".0f"), note.replace("|", "/"),
@@ -223,12 +236,17 @@ def write_bench_files(rows: list[BenchRow], out_dir: Path, header: dict[str, Any
 
     efficiency = scaling_efficiency(rows)
     records = [
-        {**asdict(r), "peak_mib": r.peak_mib, "scaling_efficiency": efficiency.get((r.strategy, r.processes))}
+        {
+            **asdict(r),
+            "peak_mib": r.peak_mib,
+            "process_mib": r.process_mib,
+            "scaling_efficiency": efficiency.get((r.strategy, r.processes)),
+        }
         for r in rows
     ]
     (out_dir / "bench.json").write_text(json.dumps({**header, "cells": records}, indent=2))
-    columns = ["strategy", "processes", "ok", "peak_mib", "s_per_step", "samples_per_s", "scaling_efficiency",
-               "final_loss", "wall_s", "error"]  # fmt: skip
+    columns = ["strategy", "processes", "ok", "peak_mib", "process_mib", "s_per_step", "samples_per_s",
+               "scaling_efficiency", "final_loss", "wall_s", "error"]  # fmt: skip
     with (out_dir / "bench.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()

@@ -74,7 +74,7 @@ def plot_bench(rows: list[BenchRow], efficiency: dict[tuple[str, int], float], o
     memory = _bars(
         rows,
         lambda r: r.peak_mib,
-        "peak MiB per rank (largest)",
+        "peak tensor MiB per rank (largest)",
         "peak memory by strategy",
         out_dir / "memory.png",
     )

@@ -176,6 +176,8 @@ class Measurement:
     wall_s: float
     rank_bytes: tuple[int, ...] = ()
     """run_bytes of every rank, in rank order."""
+    tensor_rank_bytes: tuple[int, ...] = ()
+    """tensor_run_bytes of every rank, in rank order."""
     profile_seconds: dict[str, float] | None = None
     """Rank 0's profiled steps by category (lab/profile_summary.py), with FRAMER_DS_PROFILE set."""
 
@@ -256,7 +258,7 @@ def measure_launch(
     stamps = [step[0] for step in ranks[0]["steps"]]
     timed = stamps[2:] if len(stamps) > 3 else stamps  # the first two steps warm up allocators and buffers
     rank_bytes = tuple(max(step[1] for step in r["steps"]) - r["baseline_bytes"] for r in ranks)
-    tensor_rank_bytes = [max(step[3] for step in r["steps"]) - r["tensor_baseline_bytes"] for r in ranks]
+    tensor_rank_bytes = tuple(max(step[3] for step in r["steps"]) - r["tensor_baseline_bytes"] for r in ranks)
     return Measurement(
         run_bytes=max(rank_bytes),
         steady_bytes=max(r["steps"][-1][1] - r["baseline_bytes"] for r in ranks),
@@ -270,6 +272,7 @@ def measure_launch(
         processes=len(ranks),
         wall_s=time.perf_counter() - started,
         rank_bytes=rank_bytes,
+        tensor_rank_bytes=tensor_rank_bytes,
         profile_seconds=ranks[0].get("profile_seconds"),
     )
 

@@ -24,7 +24,9 @@ PROGRESS = re.compile(
 )
 EVAL_LINE = re.compile(r"^step (?P<step>\d+): (?P<values>\S+=.*)$")  # "step 20: eval/loss=1.2345, ..."
 PAIR = re.compile(r"(?P<key>[\w/.-]+)=(?P<value>[-+0-9.eE]+|nan|inf)")
-MEMORY_KEYS = ("memory/max_allocated_gb", "memory/rss_gb")
+# Peak memory, in order of preference: a GPU's allocator; on a CPU the tensors-only counter (what a GPU
+# would count, lab/alloc_counter.c, when preloaded); else the whole process.
+MEMORY_KEYS = ("memory/max_allocated_gb", "memory/max_tensor_allocated_gb", "memory/rss_gb")
 
 
 @dataclass
@@ -130,9 +132,7 @@ def summary_row(history: RunHistory) -> dict[str, Any]:
     """The table's row: steps, time, throughput, peak memory, final loss, final and best eval values."""
     train = history.train
     rates = [x["samples_per_s"] for x in train if "samples_per_s" in x]
-    memory = [x[key] for x in train for key in MEMORY_KEYS[:1] if key in x] or [
-        x[key] for x in train for key in MEMORY_KEYS[1:] if key in x
-    ]
+    memory = next((values for key in MEMORY_KEYS if (values := [x[key] for x in train if key in x])), [])
     row: dict[str, Any] = {
         "run": history.name,
         "strategy": history.summary.get("strategy", ""),

@@ -13,6 +13,13 @@ from framer_ds.config.launch_check import load_yaml_file, uses_deepspeed_runner
 from framer_ds.launch.hostfile import hostfile_problems
 
 
+def process_shard() -> tuple[int, int]:
+    """(rank, world size) of this process under any launcher (accelerate, torchrun, deepspeed and srun via
+    our scripts set RANK and WORLD_SIZE), else (0, 1): how a data command started on every GPU splits
+    its work without a process group."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def use_deepspeed_json(path: Path) -> None:
     """`deepspeed --num_gpus N --module framer_ds train CONFIG --deepspeed-config Z.json` and the same
     under torchrun: set what `accelerate launch --deepspeed_config_file Z.json` sets, so the Accelerator

@@ -179,11 +179,12 @@ class VideoLoraTask(Task):
             with_controlnet_cond(built.val, self._track_records, tracks, seed),
         )
 
-    def compute_tracks(self) -> str:
-        """`framer-ds data tracks`: track every video once (resumable); returns a summary."""
+    def compute_tracks(self, shard: tuple[int, int] = (0, 1)) -> str:
+        """`framer-ds data tracks`: track every video once (resumable; `shard` = rank, world size of a
+        launched run, each tracking its share); returns a summary."""
         if self.config.data.tracks is None:
             raise ConfigError([ConfigProblem("data.tracks", "not set: add a data.tracks section first.")])
-        return build_tracks(self._data())
+        return build_tracks(self._data(), shard)
 
     def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """The batch as the latent cache stores it (what the UNet sees), shaped from the config and the

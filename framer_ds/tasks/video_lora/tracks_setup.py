@@ -58,14 +58,16 @@ def track_store(tracks: TrackOptions) -> TrackStore:
     return TrackStore(root, tracker)
 
 
-def build_tracks(video_data: VideoLoraData) -> str:
-    """Track every indexed video not yet tracked; a second run reuses the files. Returns a summary."""
+def build_tracks(video_data: VideoLoraData, shard: tuple[int, int] = (0, 1)) -> str:
+    """Track every indexed video not yet tracked (this process's `shard` of them: rank, world size); a
+    second run reuses the files. Returns a summary."""
     tracks = video_data.config.tracks
     store = track_store(tracks)
     records = video_data.index().records
-    computed, reused = store.build(records)
+    computed, reused = store.build(records, shard)
+    share = f"rank {shard[0]} of {shard[1]}: " if shard[1] > 1 else ""
     return (
-        f"point tracks ({tracks.tracker}): {computed + reused} videos in {store.directory} "
+        f"point tracks ({tracks.tracker}): {share}{computed + reused} videos in {store.directory} "
         f"({computed} tracked, {reused} reused)"
     )
 
