@@ -122,7 +122,6 @@ class VideoLoraTask(Task):
             problems.append(
                 ConfigProblem("data.root", f"{data.root} does not exist; point it at a video folder.")
             )
-        model = self.config.model
         if self.framer is not None:
             problems += self.framer.check(self.config.data)
         problems += interp_eval_problems(self.config)
