@@ -138,3 +138,32 @@ def test_the_old_motion_bucket_id_key_names_its_replacement(tmp_path):
         load_run_config(tiny, [f"output_dir={tmp_path}", "model.motion_bucket_id=100"])
     config = load_run_config(tiny, [f"output_dir={tmp_path}", "model.motion_bucket=100"])
     assert config.model.fixed_motion_bucket == 100
+
+
+def test_a_clips_bucket_follows_its_stride(tmp_path):
+    """A clip at stride 3 moves three times as far per frame as its video at stride 1, so it gets a
+    higher bucket; the quantiles rank the training clips at every stride they can be drawn at."""
+    from conftest import REPO
+    from framer_ds.data.motion_score import MotionBuckets, WithMotionBucket
+    from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.tasks.video_lora.task import VideoLoraTask
+
+    items = [{"video_id": "a", "fps": 30.0}, {"video_id": "a", "fps": 10.0}, {"video_id": "b", "fps": 15.0}]
+    buckets = MotionBuckets.from_scores([1.0, 2.0, 3.0, 4.0, 6.0])
+    dataset = WithMotionBucket(items, {"a": 1.0, "b": 2.0}, buckets, {"a": 30.0, "b": 30.0})
+    assert [dataset[i]["motion_bucket_id"] for i in range(3)] == [0.0, 128.0, 191.0]  # 1x1, 1x3, 2x2
+
+    tiny = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
+    overrides = [f"output_dir={tmp_path / 'run'}", "model.motion_bucket=from_data"]
+    config = load_run_config(tiny, [*overrides, "data.stride=null", "data.stride_range=[1,3]"])
+    task = VideoLoraTask(config)
+    task.prepare_data()
+    train, _ = task.build_datasets()
+    by_stride: dict[str, dict[int, float]] = {}
+    for draw in range(60):
+        item = train[draw % len(train)]
+        by_stride.setdefault(item["video_id"], {})[item["fps"]] = item["motion_bucket_id"]
+    assert any(len(seen) > 1 for seen in by_stride.values())
+    for seen in by_stride.values():  # within one video: lower fps (larger stride) -> higher bucket
+        ordered = [seen[fps] for fps in sorted(seen, reverse=True)]
+        assert ordered == sorted(ordered) and (len(ordered) == 1 or ordered[0] < ordered[-1])

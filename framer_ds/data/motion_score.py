@@ -13,10 +13,14 @@ the mean over the frame pairs. Normal flow underestimates motion along edges (th
 and saturates for motion of many pixels per frame, but it is monotonic in motion, which is all a
 quantile mapping needs.
 
-Buckets: the training set's scores, sorted, define the map score -> round(255 * q) where q is the
-score's interpolated rank in [0, 1] (the lowest training score -> 0, the median -> ~127, the highest
--> 255); held-out and new clips go through the same map, clamped. The map is a pure function of the
-scores, so every rank computes the same buckets.
+Clips: a video's score divided by the stride it was scored at is its motion per source frame; a clip
+at stride k scores that times k (constant speed within the clip; the normal flow's saturation for large
+steps is ignored).
+
+Buckets: the training clips' scores (each training video at each stride it can be drawn at), sorted,
+define the map score -> round(255 * q) where q is the score's interpolated rank in [0, 1] (the lowest
+training score -> 0, the median -> ~127, the highest -> 255); held-out and new clips go through the
+same map, clamped. The map is a pure function of the scores, so every rank computes the same buckets.
 """
 
 from __future__ import annotations
@@ -134,18 +138,37 @@ def score_records(records: Sequence[VideoRecord], stride: int, cache_dir: Path) 
 
 
 class WithMotionBucket(torch.utils.data.Dataset):
-    """A clip dataset whose items also carry `motion_bucket_id` (float, an added time id), looked up by
-    the item's own `video_id` (the video actually read, also when a failed one was replaced)."""
+    """A clip dataset whose items also carry `motion_bucket_id` (float, an added time id): the bucket of
+    the clip's own motion, its video's motion per source frame (`rates`, looked up by the item's own
+    `video_id`: the video actually read, also when a failed one was replaced) times the clip's stride
+    (source fps / the item's fps). Why the stride: a clip at stride 3 moves three times as far per frame
+    as the same video at stride 1, and SVD's bucket describes the clip it conditions."""
 
-    def __init__(self, dataset: torch.utils.data.Dataset, buckets: dict[str, int]):
-        self.dataset, self.motion_bucket_of = dataset, buckets
+    def __init__(
+        self,
+        dataset: torch.utils.data.Dataset,
+        rates: dict[str, float],
+        buckets: MotionBuckets,
+        source_fps: dict[str, float],
+    ):
+        self.dataset, self.rates, self.buckets, self.source_fps = dataset, rates, buckets, source_fps
 
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def bucket_of(self, video_id: str, stride: int) -> int:
+        return self.buckets.bucket(self.rates[video_id] * stride)
+
     def __getitem__(self, index: int) -> dict:
         item = self.dataset[index]
-        return {**item, "motion_bucket_id": float(self.motion_bucket_of[item["video_id"]])}
+        video_id = item["video_id"]
+        stride = max(1, round(self.source_fps[video_id] / float(item["fps"])))
+        return {**item, "motion_bucket_id": float(self.bucket_of(video_id, stride))}
+
+    def motion_fingerprint(self) -> dict:
+        """What decides every item's bucket (part of the latent cache key)."""
+        quantiles = hashlib.sha256(np.asarray(self.buckets.sorted_scores).tobytes()).hexdigest()[:16]
+        return {"rates": sorted(self.rates.items()), "quantiles": quantiles}
 
     def __getattr__(self, name: str):  # the wrapped dataset's own attributes (index, failures, ...)
         if name == "dataset":

@@ -41,7 +41,7 @@ def describe_cache(
 ) -> dict[str, Any]:
     """Everything that decides a split's cached tensors: the cache key is its hash."""
     options, data = config.model, config.data
-    buckets = getattr(dataset, "motion_bucket_of", None)  # through wrappers
+    motion = getattr(dataset, "motion_fingerprint", None)  # through wrappers
     return {
         "format": CACHE_FORMAT_VERSION,
         "split": split,
@@ -55,7 +55,7 @@ def describe_cache(
         "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
         "vae_tile_size": options.vae_tile_size,
         # model.motion_bucket from_data: each entry stores its bucket, which the training quantiles decide
-        **({"motion_buckets": sorted(buckets.items())} if buckets is not None else {}),
+        **({"motion_buckets": motion()} if motion is not None else {}),
         "data": data.model_dump(mode="json", exclude={"cache", "val_fraction", "root", "builtin", "tracks"}),
         # entries then store their clip placement; the tracks themselves are applied at load
         **({"placement": True} if data.tracks is not None else {}),

@@ -9,7 +9,7 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.data.motion_score import MotionBuckets, WithMotionBucket, score_records
+from framer_ds.data.motion_score import MotionBuckets, WithMotionBucket, score_frame_indices, score_records
 from framer_ds.data.video_clips import (
     ClipSampler,
     ImagePairDataset,
@@ -165,15 +165,29 @@ class VideoLoraData:
     def _with_motion_buckets(
         self, built: BuiltData, records: list[VideoRecord], train_records: list[VideoRecord]
     ) -> BuiltData:
+        """Each clip's bucket from its video's motion per source frame times the clip's stride, ranked
+        among the training clips (every training video at every stride it can be drawn at)."""
         scores = self.motion_scores(records)
-        buckets = MotionBuckets.from_scores([scores[r.video_id] for r in train_records])
-        per_video = {video_id: buckets.bucket(score) for video_id, score in scores.items()}
-        built.train = WithMotionBucket(built.train, per_video)
-        built.val = WithMotionBucket(built.val, per_video) if built.val is not None else None
+        scored_at = {
+            r.video_id: score_frame_indices(r.usable_frames, self.sampler.strides[0])[1] for r in records
+        }
+        rates = {video_id: score / scored_at[video_id] for video_id, score in scores.items()}
+        clip_scores = [
+            rates[r.video_id] * stride
+            for r in train_records
+            for stride in range(
+                max(1, self.sampler.allowed_strides(r)[0]), self.sampler.allowed_strides(r)[1] + 1
+            )
+        ]
+        buckets = MotionBuckets.from_scores(clip_scores or [rates[r.video_id] for r in train_records])
+        source_fps = {r.video_id: r.source_fps for r in records}
+        built.train = WithMotionBucket(built.train, rates, buckets, source_fps)
+        built.val = WithMotionBucket(built.val, rates, buckets, source_fps) if built.val is not None else None
         built.motion_buckets = buckets
-        spread = sorted(per_video[r.video_id] for r in train_records)
+        lo, hi = self.sampler.strides
+        spread = sorted(buckets.bucket(rates[r.video_id] * lo) for r in train_records)
         built.notes["motion bucket"] = (
-            f"from data: {len(scores)} videos scored, training buckets {spread[0]}..{spread[-1]} "
-            f"(median {spread[len(spread) // 2]})"
+            f"from data: {len(scores)} videos scored, per clip by its stride ({lo}..{hi}); training videos "
+            f"at stride {lo}: buckets {spread[0]}..{spread[-1]} (median {spread[len(spread) // 2]})"
         )
         return built
