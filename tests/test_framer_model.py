@@ -146,6 +146,12 @@ def test_framer_layout_loads_strictly_with_framers_key_names(framer_dir, tmp_pat
     save_file(state, broken / "diffusion_pytorch_model.safetensors")
     with pytest.raises(ValueError, match=r"missing keys \['mask_token'\]"):
         load_framer_unet(broken)
+    # a release stored in fp16 loads as fp32 (the values the file holds), as diffusers loads SVD
+    half = load_file(framer_dir / "unet" / "diffusion_pytorch_model.safetensors")
+    save_file({k: v.half() for k, v in half.items()}, broken / "diffusion_pytorch_model.safetensors")
+    upcast = load_framer_unet(broken)
+    assert {p.dtype for p in upcast.parameters()} == {torch.float32}
+    torch.testing.assert_close(upcast.mask_token, half["mask_token"].half().float(), rtol=0, atol=0)
 
 
 def test_controlnet_matches_framers_release_shapes():
@@ -306,6 +312,12 @@ def test_framer_tiny_config_trains_and_exports_framer_layout(tmp_path, capsys):
     for key, value in base_controlnet.state_dict().items():  # unet_lora: the base ControlNet, copied
         torch.testing.assert_close(controlnet.state_dict()[key], value)
     assert main(["export", str(final), "--format", "framer", "--out", str(out)]) == 1  # never overwrites
+    # `--format merged` of a Framer run: Framer's UNet with the LoRA merged (not stock SVD's 8 channels)
+    assert main(["export", str(final), "--format", "merged", "--out", str(tmp_path / "merged")]) == 0
+    merged = load_framer_unet(tmp_path / "merged")
+    assert "9 input channels + mask_token" in capsys.readouterr().out
+    for key, value in unet.state_dict().items():
+        torch.testing.assert_close(merged.state_dict()[key], value)
 
     from PIL import Image  # `framer-ds sample`: the Framer base + adapter, Framer's conditioning
 
@@ -404,3 +416,47 @@ def test_sampler_feeds_framers_conditioning_and_controlnet(tmp_path):
     assert seen[1][1]["controlnet_cond"] is None  # step 1 of 2 lies outside step_range [0, 0.5)
     assert plain.shape == with_points.shape == (4, 3, 64, 64)
     assert not torch.equal(plain, with_points)
+
+
+def test_controlnet_only_run_end_to_end(tmp_path, capsys):
+    """train_modules controlnet: the UNet stays as released, only the ControlNet trains; every export
+    and the sampler take a run with a trained ControlNet and no LoRA."""
+    from PIL import Image
+
+    from framer_ds.cli.main import main
+    from framer_ds.train.loop import run_training
+
+    overrides = [
+        f"output_dir={tmp_path / 'run'}",
+        "model.framer.train_modules=controlnet",
+        "train.max_steps=2",
+    ]
+    overrides += ["model.interp_eval.enabled=false", "train.eval_every=null", "model.samples.every=0"]
+    config = load_run_config(FRAMER_TINY, overrides)
+    run_training(config)
+    final = tmp_path / "run" / "final"
+    assert not (final / "adapter_model.safetensors").exists()
+    trained = load_framer_controlnet(final / "controlnet")
+    base_dir = config_framer_path(config)
+    released = load_framer_controlnet(base_dir / "controlnet").state_dict()
+    assert any(not torch.equal(v, released[k]) for k, v in trained.state_dict().items())
+
+    assert main(["export", str(final), "--format", "peft", "--out", str(tmp_path / "peft")]) == 0
+    assert "the trained ControlNet (controlnet/)" in capsys.readouterr().out
+    assert not (tmp_path / "peft" / "adapter_model.safetensors").exists()
+    for key, value in load_framer_controlnet(tmp_path / "peft" / "controlnet").state_dict().items():
+        torch.testing.assert_close(value, trained.state_dict()[key])
+    assert main(["export", str(final), "--format", "merged", "--out", str(tmp_path / "merged")]) == 1
+    assert "no LoRA to merge; use --format framer" in capsys.readouterr().err
+    assert main(["export", str(final), "--format", "framer", "--out", str(tmp_path / "framer")]) == 0
+    assert "UNet unchanged" in capsys.readouterr().out
+    exported = load_framer_unet(tmp_path / "framer" / "unet").state_dict()
+    for key, value in load_framer_unet(base_dir / "unet").state_dict().items():
+        assert torch.equal(exported[key], value), key
+
+    for name in ("first.png", "last.png"):
+        Image.fromarray((torch.rand(64, 64, 3) * 255).byte().numpy()).save(tmp_path / name)
+    frames = ["--image", str(tmp_path / "first.png"), "--last-image", str(tmp_path / "last.png")]
+    video = tmp_path / "sample.mp4"
+    assert main(["sample", str(final), *frames, "--out", str(video), "--steps", "2"]) == 0
+    assert video.stat().st_size > 0

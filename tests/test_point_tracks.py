@@ -5,6 +5,7 @@ analytic positions, point selection, the CoTracker error, `framer-ds data tracks
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,11 +30,14 @@ from framer_ds.data.track_heatmaps import (
     TrackConditionedDataset,
     gaussian_template,
     heatmap_conditioning,
+    point_motion,
     resize_template,
     select_points,
 )
 from framer_ds.data.video_clips import ClipPlacement, CropBox, apply_crop_box, crop_box, read_clip
 from framer_ds.data.video_index import build_video_index
+
+FRAMER_TINY = Path(__file__).resolve().parents[1] / "configs" / "tasks" / "video_lora" / "framer_tiny.yaml"
 
 # --- the golden heatmap ----------------------------------------------------------------------------
 
@@ -277,6 +281,22 @@ def test_selection_prefers_moving_points():
     assert 0.4 < moving_share(0.5) < 1.0
 
 
+def test_motion_counts_only_steps_between_visible_positions():
+    """A tracker's positions of an occluded point are guesses: a static point whose hidden positions
+    jump is still static, and is not preferred over a point that really moves."""
+    xy = np.zeros((5, 2, 2), np.float32)
+    xy[:, 0, 0] = [0.0, 40.0, -30.0, 0.0, 0.0]  # point 0: static, garbage while hidden in frames 1-2
+    xy[:, 1, 0] = np.arange(5) * 2.0  # point 1: moves 2 px per frame
+    visible = np.ones((5, 2), bool)
+    visible[1:3, 0] = False
+    assert point_motion(xy, visible).tolist() == [0.0, 2.0]
+    assert point_motion(xy)[0] > 2  # counting the hidden positions made the static point the "mover"
+    always_hidden = np.array([[True, False]] + [[False, False]] * 4)
+    assert point_motion(xy, always_hidden).tolist() == [0.0, 0.0]
+    options = PointSelection(min_points=1, max_points=1, dropout=0.0, moving_bias=1.0)
+    assert all(select_points(xy, visible, options, seed).tolist() == [1] for seed in range(50))
+
+
 # --- trackers, the store, the command, the items ---------------------------------------------------
 
 
@@ -295,12 +315,11 @@ def test_cotracker_missing_names_both_fixes(tmp_path):
 
 def test_data_tracks_command_writes_then_reuses(tmp_path, capsys, monkeypatch):
     from framer_ds.cli.main import main
-    from tests.test_video_lora import TINY
 
     args = [
         "data",
         "tracks",
-        str(TINY),
+        str(FRAMER_TINY),
         f"output_dir={tmp_path / 'run'}",
         f"data.tracks.dir={tmp_path / 'tr'}",
     ]
@@ -332,10 +351,9 @@ def test_data_tracks_command_writes_then_reuses(tmp_path, capsys, monkeypatch):
 def _tiny_task(tmp_path, *overrides):
     from framer_ds.tasks.registry import get_task_class
     from framer_ds.tasks.run_config import load_run_config
-    from tests.test_video_lora import TINY
 
     config = load_run_config(
-        TINY, [f"output_dir={tmp_path / 'run'}", f"data.tracks.dir={tmp_path / 'tr'}", *overrides]
+        FRAMER_TINY, [f"output_dir={tmp_path / 'run'}", f"data.tracks.dir={tmp_path / 'tr'}", *overrides]
     )
     return get_task_class(config.task)(config)
 
@@ -518,3 +536,15 @@ def test_a_window_too_short_for_the_clips_is_a_config_error():
     )
     problems = {p.where: p.message for p in track_problems(data)}
     assert "segment_frames >= 72" in problems["data.tracks.segment_frames"]
+
+
+def test_tracks_on_an_svd_base_are_refused_as_unused(tmp_path):
+    """Nothing reads `controlnet_cond` without Framer's ControlNet: a data.tracks on model.base svd is a
+    config problem, not hours of tracking for nothing."""
+    from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.tasks.video_lora.task import VideoLoraTask
+
+    tiny = FRAMER_TINY.with_name("tiny.yaml")
+    config = load_run_config(tiny, [f"output_dir={tmp_path / 'run'}", "data.tracks.tracker=analytic"])
+    problems = {p.where: p.message for p in VideoLoraTask(config).check()}
+    assert "model.base framer" in problems["data.tracks"]

@@ -193,13 +193,20 @@ class PointSelection:
     moving_bias: float  # 0: uniform over candidates; 1: chance proportional to motion
 
 
-def point_motion(xy: np.ndarray) -> np.ndarray:
+def point_motion(xy: np.ndarray, visible: np.ndarray | None = None) -> np.ndarray:
     """[P]: each point's mean distance moved per frame over the clip, the motion measure of the
     `sample_trajectories` that Framer's pipeline once imported with its heatmap function (commented
-    out, pipeline line 35): it draws points with probability motion / max motion."""
+    out, pipeline line 35): it draws points with probability motion / max motion. With `visible` [F, P],
+    only steps between two visible positions count (a tracker's positions of an occluded point are
+    guesses, and a point that left the crop is not on screen to move); a point with no such step has 0."""
     if xy.shape[0] < 2:
         return np.zeros(xy.shape[1])
-    return np.linalg.norm(np.diff(xy.astype(np.float64), axis=0), axis=-1).mean(axis=0)
+    steps = np.linalg.norm(np.diff(xy.astype(np.float64), axis=0), axis=-1)  # [F-1, P]
+    if visible is None:
+        return steps.mean(axis=0)
+    seen = visible[1:] & visible[:-1]
+    counted = seen.sum(axis=0)
+    return np.where(counted > 0, (steps * seen).sum(axis=0) / np.maximum(counted, 1), 0.0)
 
 
 def select_points(xy: np.ndarray, visible: np.ndarray, options: PointSelection, seed: int) -> np.ndarray:
@@ -217,7 +224,7 @@ def select_points(xy: np.ndarray, visible: np.ndarray, options: PointSelection, 
         return np.zeros(0, dtype=np.int64)
     span = options.max_points - options.min_points + 1
     k = min(options.min_points + int(count_draw * span), candidates.size)
-    motion = point_motion(xy)[candidates]
+    motion = point_motion(xy, visible)[candidates]
     top = motion.max()
     relative = motion / top if top > 0 else np.zeros_like(motion)
     weight = (1 - options.moving_bias) + options.moving_bias * relative

@@ -1,8 +1,10 @@
 """`framer-ds export RUN/final --format FORMAT --out DIR`: one adapter, written for each loader.
 
-- `peft`: the adapter as training wrote it (`PeftModel.from_pretrained`), copied with its metadata.
+- `peft`: the adapter as training wrote it (`PeftModel.from_pretrained`), copied with its metadata
+  (and a Framer run's trained `controlnet/`).
 - `merged`: the LoRA merged into the base UNet (a diffusers pipeline for image-to-video, the UNet
-  alone for interpolation), `inference.export_merged`.
+  alone for interpolation), `inference.export_merged`; a base with its own UNet class (Framer)
+  registers its own writer in `MERGED_BY_BASE`.
 - `comfyui`: an SVD image-to-video LoRA in ComfyUI's generic format, `comfyui_keys` below.
 - `framer`: Framer checkpoints (registered by their own module).
 
@@ -31,6 +33,7 @@ from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_merged,
 FORMAT_NAMES = ("peft", "merged", "comfyui", "framer")
 COMFYUI_FILE = "svd_lora_comfyui.safetensors"
 PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json", EXPORT_METADATA, "README.md")
+PEFT_DIRS = ("controlnet",)  # a Framer run's trained ControlNet (framer_setup.CONTROLNET_DIR)
 
 
 class VideoExportCommandOptions(StrictModel):
@@ -44,15 +47,19 @@ class VideoExportCommandOptions(StrictModel):
     )
     out: Path = Field(description="A new directory for the export.")
     base: Path | None = Field(
-        None, description="The base SVD directory ('merged'); default: the one training used."
+        None,
+        description="The base model directory ('merged', 'comfyui': the SVD directory; 'framer' and a Framer "
+        "run's 'merged': the Framer directory); default: the one training used.",
     )
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
-        "float32", description="Dtype of the weights written ('merged', 'comfyui')."
+        "float32", description="Dtype of the weights written ('merged', 'comfyui', 'framer')."
     )
 
 
 ExportFormat = Callable[[Path, VideoExportCommandOptions], str]
 EXPORT_FORMATS: dict[str, ExportFormat] = {}
+MERGED_BY_BASE: dict[str, ExportFormat] = {}
+"""`--format merged` for a run whose `model.base` has its own UNet class, by base name."""
 
 
 def register_export_format(name: str, function: ExportFormat) -> ExportFormat:
@@ -89,7 +96,8 @@ def _publish(staging: Path, out: Path) -> None:
 
 
 def export_peft(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
-    """The adapter exactly as training saved it, with its metadata (`PeftModel.from_pretrained(DIR)`)."""
+    """The adapter exactly as training saved it, with its metadata (`PeftModel.from_pretrained(DIR)`),
+    and a trained ControlNet beside it."""
     read_adapter_metadata(adapter_dir)  # a clear error when this is not a video_lora adapter
     out = Path(options.out)
     _new_out_dir(out)
@@ -97,11 +105,22 @@ def export_peft(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
         for name in PEFT_FILES:
             if (adapter_dir / name).is_file():
                 shutil.copy2(adapter_dir / name, staging / name)
+        for name in PEFT_DIRS:
+            if (adapter_dir / name).is_dir():
+                shutil.copytree(adapter_dir / name, staging / name)
     _publish(staging, out)
-    return f"wrote {out}: the peft adapter; load it with PeftModel.from_pretrained(unet, {str(out)!r})"
+    parts = []
+    if (out / "adapter_model.safetensors").is_file():
+        parts.append(f"the peft adapter (PeftModel.from_pretrained(unet, {str(out)!r}))")
+    if (out / "controlnet").is_dir():
+        parts.append("the trained ControlNet (controlnet/)")
+    return f"wrote {out}: {' and '.join(parts)}"
 
 
 def export_merged_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
+    writer = MERGED_BY_BASE.get(read_adapter_metadata(adapter_dir).get("base", "svd"))
+    if writer is not None:
+        return writer(adapter_dir, options)
     return export_merged(adapter_dir, options.out, options.dtype, options.base)
 
 

@@ -141,6 +141,17 @@ def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtyp
     from framer_ds.diffusion.tiny_svd import load_svd_components
 
     metadata = read_adapter_metadata(adapter_dir)
+    if metadata.get("base") == "framer":  # its UNet is Framer's (9 channels, mask_token), not SVD's
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    str(adapter_dir),
+                    "was trained on a Framer base (model.base framer): it loads into Framer's UNet and "
+                    "pipeline (framer_inference), not into stock SVD's",
+                )
+            ],
+            "export",
+        )
     base = Path(base or metadata["base_model"])
     unet, vae, image_encoder, feature_extractor = load_svd_components(base, dtype=dtype)
     if metadata["conv_in_extra_channels"]:

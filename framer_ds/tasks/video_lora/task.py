@@ -132,7 +132,7 @@ class VideoLoraTask(Task):
                     "from_data scores videos; image pairs have no motion to score: set a number such as 127",
                 )
             )
-        problems += track_problems(self.config.data)
+        problems += track_problems(self.config.data, framer_base=self.framer is not None)
         return problems + layout_problems(self.config.data, model.mode, model.fps)
 
     def prepare_data(self) -> None:
