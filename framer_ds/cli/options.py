@@ -30,7 +30,8 @@ def _unwrap_optional(annotation: Any) -> Any:
 
 
 def _argument_kwargs(annotation: Any) -> dict[str, Any]:
-    """argparse settings for one field type: lists take several values, Literals become choices."""
+    """argparse settings for one field type: lists take several values, fixed tuples that many, Literals
+    become choices."""
     annotation = _unwrap_optional(annotation)
     origin = typing.get_origin(annotation)
     if annotation is bool:
@@ -38,6 +39,13 @@ def _argument_kwargs(annotation: Any) -> dict[str, Any]:
     if origin is list:
         (item,) = typing.get_args(annotation)
         return {"nargs": "+", "type": _unwrap_optional(item)}
+    if (
+        origin is tuple
+        and len(set(typing.get_args(annotation))) == 1
+        and ... not in typing.get_args(annotation)
+    ):
+        items = typing.get_args(annotation)  # a fixed count of one type: `--step-range 0 0.5`
+        return {"nargs": len(items), "type": items[0]}
     if origin is Literal:
         return {"choices": list(typing.get_args(annotation))}
     if annotation in (int, float, str, Path):

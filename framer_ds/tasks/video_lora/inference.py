@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.video_clips import resize_and_crop
@@ -79,6 +79,19 @@ class VideoSampleCommandOptions(SampleCommandOptions):
         description="Framer exports: scale of the ControlNet residuals (Framer's controlnet_cond_scale); "
         "default: the export's model.framer.controlnet_cond_scale.",
     )
+    controlnet_step_range: tuple[float, float] | None = Field(
+        None,
+        description="Framer exports: the fractions of the sampling steps (LO HI, 0 <= LO <= HI <= 1) where "
+        "the ControlNet runs (Framer's controlnet_step_range); default: the export's "
+        "model.framer.controlnet_step_range.",
+    )
+
+    @field_validator("controlnet_step_range")
+    @classmethod
+    def _step_range_in_unit_interval(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not 0 <= value[0] <= value[1] <= 1:
+            raise ValueError(f"need 0 <= LO <= HI <= 1, got {value[0]} {value[1]}")
+        return value
 
 
 def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:
@@ -209,8 +222,14 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
         )
         raise ConfigError([problem], "sample")
     is_framer = metadata.get("base") == "framer"
-    if not is_framer and (options.tracks is not None or options.controlnet_scale is not None):
-        flag = "--tracks" if options.tracks is not None else "--controlnet-scale"
+    framer_flags = {
+        "--tracks": options.tracks,
+        "--controlnet-scale": options.controlnet_scale,
+        "--controlnet-step-range": options.controlnet_step_range,
+    }
+    given = [flag for flag, value in framer_flags.items() if value is not None]
+    if not is_framer and given:
+        flag = given[0]
         problem = ConfigProblem(
             flag,
             f"this export's base is {metadata.get('base', 'svd')!r}, which has no trajectory ControlNet: "
@@ -237,6 +256,8 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
         framer.controlnet_cond = heatmaps
         if options.controlnet_scale is not None:
             framer.conditioning_scale = options.controlnet_scale
+        if options.controlnet_step_range is not None:
+            framer.step_range = options.controlnet_step_range
     else:
         pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
         parts, framer = SamplerParts.from_pipeline(pipe), None
