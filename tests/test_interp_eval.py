@@ -244,6 +244,39 @@ def test_validation_samples_condition_each_clip_on_its_own_motion_bucket(tmp_pat
     assert used == [40, 127]
 
 
+def test_framer_validation_samples_drive_the_controlnet_with_each_clips_heatmaps(tmp_path, monkeypatch):
+    """With data.tracks, held-out items carry their point heatmaps, and a validation sample runs the
+    ControlNet on them (as interp_eval does), so the samples show what the trajectory branch learned."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from framer_ds.diffusion.sampling import FramerSampling
+    from framer_ds.tasks.video_lora import validation_samples
+    from framer_ds.tasks.video_lora.config import SampleOptions
+
+    clip = torch.zeros(3, 3, 8, 8)
+    heat = [torch.full((3, 3, 8, 8), float(v)) for v in (1, 2)]
+    source = [
+        {"pixel_values": clip, "video_id": n, "fps": 7.0, "controlnet_cond": h}
+        for n, h in zip("ab", heat, strict=True)
+    ]
+    options = SampleOptions(count=2, num_inference_steps=1)
+    inputs = validation_samples.collect_sample_inputs(source, options, True, False, None)
+    seen = []
+
+    def fake_sample(*args, framer=None, **kwargs):
+        seen.append(framer.controlnet_cond)
+        return clip
+
+    monkeypatch.setattr(validation_samples, "sample_video", fake_sample)
+    accelerator = SimpleNamespace(num_processes=1, process_index=0, device="cpu", is_main_process=False)
+    framer = FramerSampling(torch.zeros(1, 1, 4, 1, 1))
+    validation_samples.write_sample_round(accelerator, None, inputs, options, 3, 127, tmp_path, framer=framer)
+    assert [tuple(h.shape) for h in seen] == [(1, 3, 3, 8, 8)] * 2
+    assert [float(h.mean()) for h in seen] == [1.0, 2.0] and framer.controlnet_cond is None
+
+
 def write_lpips_files(folder, net="alex", seed=0):
     """Random LPIPS weights in the published layouts: torchvision's `features.N.*` (+ a classifier the
     loader ignores) and the lpips wheel's `lin{k}.model.1.weight` (non-negative, as the real ones)."""

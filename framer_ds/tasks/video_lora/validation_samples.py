@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ class SampleInput:
     reference: Tensor | None  # [T,3,H,W] the real clip, shown beside the sample
     fps: float
     motion_bucket: int | None = None  # the clip's own bucket (model.motion_bucket from_data)
+    controlnet_cond: Tensor | None = None  # [F,3,H,W] the clip's point heatmaps (data.tracks, Framer)
 
 
 def collect_sample_inputs(
@@ -42,7 +43,8 @@ def collect_sample_inputs(
 ) -> list[SampleInput]:
     """The first `options.count` items of a pixel dataset (held-out clips, or training clips with
     their augmentation drawn from `options.seed`, so every round samples the same inputs), each with its
-    own motion bucket when the items carry one (`motion_bucket: from_data`, as interp_eval uses)."""
+    own motion bucket and point heatmaps when the items carry them (`motion_bucket: from_data`,
+    `data.tracks`), as interp_eval uses them."""
     inputs = []
     with isolated_seed(options.seed):
         for index in range(min(options.count, len(source))):
@@ -56,9 +58,16 @@ def collect_sample_inputs(
                     reference=pixels if with_reference else None,
                     fps=float(fps or item.get("fps") or 7.0),
                     motion_bucket=int(bucket) if bucket is not None else None,
+                    controlnet_cond=item.get("controlnet_cond"),
                 )
             )
     return inputs
+
+
+def _with_heatmaps(framer: FramerSampling | None, heatmaps: Tensor | None, device) -> FramerSampling | None:
+    if framer is None or heatmaps is None:
+        return framer
+    return replace(framer, controlnet_cond=heatmaps[None].to(device))
 
 
 def _file_name(index: int, name: str) -> str:
@@ -79,7 +88,9 @@ def write_sample_round(
 ) -> list[Path]:
     """Every rank calls this; returns the written videos on the main process (empty elsewhere).
     `motion_bucket_id` conditions the inputs without a bucket of their own. `framer`: a Framer base's
-    conventions (`sampling.sample_video`)."""
+    conventions (`sampling.sample_video`), its ControlNet driven by each input's heatmaps when it has
+    them (every input of one dataset has them or none does, so under ZeRO-3 every rank runs the same
+    forwards)."""
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
     produced: list[tuple[int, np.ndarray]] = []
     for round_index in range(math.ceil(len(inputs) / world)):
@@ -96,7 +107,7 @@ def write_sample_round(
             generator=generator,
             **options.sampling_kwargs(),
             tile_size=tile_size,
-            framer=framer,
+            framer=_with_heatmaps(framer, source.controlnet_cond, device),
         )
         if index < len(inputs):
             produced.append((index, to_uint8_frames(frames)))
