@@ -460,3 +460,9 @@ def test_controlnet_only_run_end_to_end(tmp_path, capsys):
     video = tmp_path / "sample.mp4"
     assert main(["sample", str(final), *frames, "--out", str(video), "--steps", "2"]) == 0
     assert video.stat().st_size > 0
+    # `framer-ds eval` loads the export back (the released UNet + the trained ControlNet, no adapter)
+    # and reproduces the run's own final evaluation
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    _, eval_lines = read_metrics(tmp_path / "run")
+    again = json.loads((tmp_path / "run" / "eval.json").read_text())["metrics"]["eval/loss"]
+    assert again == pytest.approx(eval_lines[-1]["eval/loss"], rel=1e-4)
