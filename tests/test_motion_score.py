@@ -167,3 +167,24 @@ def test_a_clips_bucket_follows_its_stride(tmp_path):
     for seen in by_stride.values():  # within one video: lower fps (larger stride) -> higher bucket
         ordered = [seen[fps] for fps in sorted(seen, reverse=True)]
         assert ordered == sorted(ordered) and (len(ordered) == 1 or ordered[0] < ordered[-1])
+
+
+def test_the_latent_cache_key_holds_the_buckets_through_the_track_wrapper(tmp_path):
+    """A Framer run with point tracks wraps the bucketed clips once more; the cache key still sees the
+    buckets, and a fixed-bucket run never reuses entries that stored from_data buckets."""
+    from conftest import REPO
+    from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.tasks.video_lora.cache_fingerprints import describe_cache
+    from framer_ds.tasks.video_lora.task import VideoLoraTask
+
+    framer_tiny = REPO / "configs" / "tasks" / "video_lora" / "framer_tiny.yaml"
+    keys = {}
+    for bucket in ("from_data", "127"):
+        overrides = [f"output_dir={tmp_path / 'run'}", f"model.motion_bucket={bucket}"]
+        overrides.append(f"data.tracks.dir={tmp_path / 'tracks'}")
+        task = VideoLoraTask(load_run_config(framer_tiny, overrides))
+        task.prepare_data()
+        train, _ = task.build_datasets()
+        keys[bucket] = describe_cache(task.config, train, "train", 1, task.svd_path(), "float32", True)
+    assert "rates" in keys["from_data"]["motion_buckets"] and "motion_buckets" not in keys["127"]
+    assert keys["from_data"]["motion_from_data"] and not keys["127"]["motion_from_data"]

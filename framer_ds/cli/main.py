@@ -264,8 +264,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "tracks":
         from framer_ds.launch.environment import process_shard
 
-        task.prepare_data()
-        print(task.compute_tracks(process_shard()))
+        print(task.compute_tracks(process_shard()))  # needs only the videos, not prepare_data's scores
         return 0
     task.prepare_data()
     print(task.data_report())

@@ -22,10 +22,13 @@ def _flag(name: str) -> str:
 
 
 def _unwrap_optional(annotation: Any) -> Any:
+    """`X | None` and `Annotated[X, ...]` -> X: the type the flag parses (pydantic validates the rest)."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(members) == 1:
-            return members[0]
+            annotation = members[0]
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     return annotation
 
 
@@ -45,7 +48,8 @@ def _argument_kwargs(annotation: Any) -> dict[str, Any]:
         and ... not in typing.get_args(annotation)
     ):
         items = typing.get_args(annotation)  # a fixed count of one type: `--step-range 0 0.5`
-        return {"nargs": len(items), "type": items[0]}
+        metavar = ("LO", "HI") if len(items) == 2 else None
+        return {"nargs": len(items), "type": items[0], "metavar": metavar}
     if origin is Literal:
         return {"choices": list(typing.get_args(annotation))}
     if annotation in (int, float, str, Path):
@@ -73,6 +77,9 @@ def build_options_parser(model: type[BaseModel], prog: str, description: str) ->
 def parse_options(model: type[Options], parser: argparse.ArgumentParser, argv: Sequence[str]) -> Options:
     """Parse and validate; every invalid value is reported at once, by its flag."""
     given = {k: v for k, v in vars(parser.parse_args(list(argv))).items() if v is not None}
+    for name, value in given.items():  # argparse gives lists; strict models take tuples only as tuples
+        if typing.get_origin(_unwrap_optional(model.model_fields[name].annotation)) is tuple:
+            given[name] = tuple(value)
     try:
         return model.model_validate(given)
     except ValidationError as exc:

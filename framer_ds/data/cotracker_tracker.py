@@ -49,7 +49,9 @@ class CoTrackerTracker:
     def track(self, record: VideoRecord) -> VideoTracks:
         from cotracker.predictor import CoTrackerPredictor
 
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+        device = "cpu"
+        if torch.cuda.is_available():  # one GPU per launched process; srun may show each only its own
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"
         model = _cotracker_model(CoTrackerPredictor, str(self.checkpoint), device)
         model_h, model_w = (int(v) for v in model.interp_shape)
         segments = []
@@ -60,7 +62,8 @@ class CoTrackerTracker:
                 xy, visible = model(video, grid_size=self.grid_size)
             scale = np.array([(width - 1) / (model_w - 1), (height - 1) / (model_h - 1)], np.float32)
             xy = xy[0].float().cpu().numpy() * scale
-            segments.append(Tracks(xy, visible[0].cpu().numpy().astype(bool), height, width, first))
+            visible = visible[0].float().cpu().numpy() > 0.5  # bool today; a probability would work too
+            segments.append(Tracks(xy, visible, height, width, first))
         return VideoTracks(segments)
 
 

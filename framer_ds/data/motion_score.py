@@ -87,7 +87,11 @@ class MotionBuckets:
     @classmethod
     def from_scores(cls, scores: Sequence[float]) -> MotionBuckets:
         if not scores:
-            raise ValueError("motion buckets need the training set's scores (it is empty)")
+            raise ValueError(
+                "motion buckets need the training clips' scores and there are none (no training video "
+                "is long enough for a clip): check data.root and data.val_fraction, or set "
+                "model.motion_bucket to a number such as 127"
+            )
         return cls(tuple(sorted(float(s) for s in scores)))
 
     def quantile(self, score: float) -> float:
@@ -135,6 +139,13 @@ def score_records(records: Sequence[VideoRecord], stride: int, cache_dir: Path) 
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, cached)
     return scores
+
+
+def motion_rates(records: Sequence[VideoRecord], stride: int, cache_dir: Path) -> dict[str, float]:
+    """video_id -> motion per source frame: each video's (cached) score over the stride it was scored
+    at, which `score_frame_indices` lowers for a video too short for `stride`."""
+    scores = score_records(records, stride, cache_dir)
+    return {r.video_id: scores[r.video_id] / score_frame_indices(r.usable_frames, stride)[1] for r in records}
 
 
 class WithMotionBucket(torch.utils.data.Dataset):

@@ -141,8 +141,13 @@ def window_starts(num_frames: int, segment_frames: int) -> list[int]:
     half a window apart, so any span of segment_frames // 2 + 1 frames (or fewer) lies inside one."""
     if num_frames <= segment_frames:
         return [0]
-    hop = segment_frames - segment_frames // 2
+    hop = segment_frames - max_clip_span(segment_frames) + 1
     return sorted({*range(0, num_frames - segment_frames + 1, hop), num_frames - segment_frames})
+
+
+def max_clip_span(segment_frames: int) -> int:
+    """Source frames a clip may span so that some window of `segment_frames` holds it (`window_starts`)."""
+    return segment_frames // 2 + 1
 
 
 def longest_clip_span(num_frames: int, max_stride: int) -> int:
@@ -161,13 +166,13 @@ def clip_tracks(tracks: VideoTracks | Tracks, placement: ClipPlacement) -> tuple
             f"{box.src_w}x{box.src_h}; the video changed: run `framer-ds data tracks CONFIG` again."
         )
     frames = np.asarray(clip_indices(placement.start, placement.num_frames, placement.stride))
-    if frames[-1] >= tracks.num_frames:
+    video = tracks if isinstance(tracks, VideoTracks) else VideoTracks([tracks])
+    if frames[-1] >= video.num_frames:
         raise InputDataError(
-            f"tracks cover {tracks.num_frames} frames, the clip needs frame {frames[-1]}; the video "
+            f"tracks cover {video.num_frames} frames, the clip needs frame {frames[-1]}; the video "
             "changed: run `framer-ds data tracks CONFIG` again."
         )
-    if isinstance(tracks, VideoTracks):
-        tracks = tracks.window_for(int(frames[0]), int(frames[-1]))
+    tracks = video.window_for(int(frames[0]), int(frames[-1]))
     frames = frames - tracks.first_frame
     xy = tracks.xy[frames].astype(np.float64)
     x = (xy[..., 0] + 0.5) * (box.new_w / box.src_w) - 0.5 - box.left

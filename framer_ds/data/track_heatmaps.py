@@ -263,6 +263,13 @@ class TrackConditionedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
+    def __getattr__(self, name: str):
+        """The wrapped dataset's own attributes (its motion buckets' fingerprint, index, failures): what
+        the latent cache key reads through every wrapper."""
+        if name == "base":  # not set yet (unpickling in a DataLoader worker)
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
     @property
     def records(self) -> list[VideoRecord]:
         """The base dataset's records (what the latent cache fingerprints), else the tracked videos."""

@@ -193,14 +193,16 @@ def capped_records(records: list[VideoRecord], sampler: ClipSampler) -> list[Vid
     return [r for r in records if sampler.allowed_strides(r)[1] < sampler.strides[1]]
 
 
+def drawable_strides(record: VideoRecord, sampler: ClipSampler) -> range:
+    """Every stride a clip of `record` can be drawn at (empty for a video too short for any clip)."""
+    lo, hi = sampler.allowed_strides(record)
+    return range(max(lo, 1), hi + 1)
+
+
 def conditioning_fps(records: list[VideoRecord], sampler: ClipSampler) -> list[float]:
     """Every fps value training conditions on (source fps / stride, each allowed stride of each record):
     what a sampler should default to when the config left `model.fps` to the data."""
-    values = []
-    for record in records:
-        lo, hi = sampler.allowed_strides(record)
-        values += [record.source_fps / stride for stride in range(max(lo, 1), hi + 1)]
-    return values
+    return [record.source_fps / stride for record in records for stride in drawable_strides(record, sampler)]
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,9 @@ def load_strict(model: nn.Module, folder: Path, what: str) -> nn.Module:
     """Load a folder's weights into a model built on the meta device; any missing or unexpected key is an
     error naming them (a Framer checkpoint must match exactly, as Framer's own loader demands). Floating
     weights arrive in float32 whatever the file holds (releases are often fp16), as diffusers'
-    `from_pretrained` gives them for the SVD base: trainable weights need fp32 masters, and the task
-    casts the frozen ones to the compute dtype itself."""
+    `from_pretrained` gives them for the SVD base: trainable weights need fp32 masters (DDP's fp16
+    GradScaler refuses fp16 parameters); DeepSpeed casts the whole module to its precision, and DDP's
+    autocast computes in the mixed precision from these weights."""
     state = {k: v.float() if v.is_floating_point() else v for k, v in read_state_dict(folder).items()}
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)

@@ -54,6 +54,8 @@ def describe_cache(
         **({"base": "framer"} if framer_base else {}),  # + the last frame's embedding
         "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
         "vae_tile_size": options.vae_tile_size,
+        # from_data entries store their bucket and training prefers it to the fixed one: never mix them
+        "motion_from_data": options.motion_bucket == "from_data",
         # model.motion_bucket from_data: each entry stores its bucket, which the training quantiles decide
         **({"motion_buckets": motion()} if motion is not None else {}),
         "data": data.model_dump(mode="json", exclude={"cache", "val_fraction", "root", "builtin", "tracks"}),

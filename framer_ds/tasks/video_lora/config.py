@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from framer_ds.config.lora import LoraBase
 from framer_ds.config.schema import StrictModel
@@ -132,6 +132,16 @@ class InterpEvalOptions(SamplingSettings):
         return self
 
 
+def _step_range_in_unit_interval(value: tuple[float, float]) -> tuple[float, float]:
+    if not 0 <= value[0] <= value[1] <= 1:
+        raise ValueError(f"need [lo, hi] with 0 <= lo <= hi <= 1, got {list(value)}")
+    return value
+
+
+StepRange = Annotated[tuple[float, float], AfterValidator(_step_range_in_unit_interval)]
+"""Fractions of the sampling steps where Framer's ControlNet runs (its `controlnet_step_range`)."""
+
+
 class FramerOptions(StrictModel):
     """A Framer checkpoint as the base (`model.base: framer`): `unet/` + `controlnet/` from here, VAE and
     CLIP from the SVD directory (`pretrained_model_name_or_path` or `builtin`). docs/video_lora.md."""
@@ -150,7 +160,7 @@ class FramerOptions(StrictModel):
     controlnet_cond_scale: float = Field(
         1.0, ge=0, description="Scale of the ControlNet residuals (Framer's controlnet_cond_scale)."
     )
-    controlnet_step_range: tuple[float, float] = Field(
+    controlnet_step_range: StepRange = Field(
         (0.0, 1.0),
         description="Sampling only: the ControlNet runs on steps i whose fraction i/steps lies in [lo, hi) "
         "(Framer's controlnet_step_range); training sees it at every noise level.",
@@ -160,9 +170,6 @@ class FramerOptions(StrictModel):
     def _one_source(self) -> FramerOptions:
         if (self.path is None) == (self.builtin is None):
             raise ValueError("set exactly one of model.framer.path or model.framer.builtin")
-        low, high = self.controlnet_step_range
-        if not 0 <= low <= high <= 1:
-            raise ValueError("model.framer.controlnet_step_range must be [lo, hi] with 0 <= lo <= hi <= 1")
         return self
 
 

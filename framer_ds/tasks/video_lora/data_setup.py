@@ -9,13 +9,15 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.data.motion_score import MotionBuckets, WithMotionBucket, score_frame_indices, score_records
+from framer_ds.data.motion_score import MotionBuckets, WithMotionBucket, motion_rates
+from framer_ds.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.data.video_clips import (
     ClipSampler,
     ImagePairDataset,
     VideoClipDataset,
     capped_records,
     conditioning_fps,
+    drawable_strides,
 )
 from framer_ds.data.video_index import (
     VideoIndex,
@@ -90,6 +92,8 @@ class VideoLoraData:
     def index(self) -> VideoIndex:
         # Indexed at stride 1: a video too short for the largest stride still gives clips at a smaller one.
         data = self.config
+        if data.builtin == "synthetic_clips":  # idempotent; lets `data tracks` skip the rest of prepare_data
+            ensure_synthetic_clips(self.root)
         found = build_video_index(
             self.root, data.manifest, data.num_frames, cache_dir=default_cache_dir() / "video_index"
         )
@@ -156,30 +160,23 @@ class VideoLoraData:
         built = BuiltData(train, val, notes, conditioning_fps(train_records, self.sampler))
         return self._with_motion_buckets(built, records, train_records) if self.motion_from_data else built
 
-    def motion_scores(self, records: list[VideoRecord] | None = None) -> dict[str, float]:
-        """Each video's motion score (data/motion_score.py), at the smallest training stride; cached, so
-        `prepare_data` (local main process first) computes them and the other ranks read them."""
+    def motion_rates(self, records: list[VideoRecord] | None = None) -> dict[str, float]:
+        """Each video's motion per source frame (data/motion_score.py), scored at the smallest training
+        stride; cached, so `prepare_data` (local main process first) computes them and the other ranks
+        read them."""
         records = records if records is not None else self.index().records
-        return score_records(records, self.sampler.strides[0], default_cache_dir() / "motion_scores")
+        return motion_rates(records, self.sampler.strides[0], default_cache_dir() / "motion_scores")
 
     def _with_motion_buckets(
         self, built: BuiltData, records: list[VideoRecord], train_records: list[VideoRecord]
     ) -> BuiltData:
         """Each clip's bucket from its video's motion per source frame times the clip's stride, ranked
         among the training clips (every training video at every stride it can be drawn at)."""
-        scores = self.motion_scores(records)
-        scored_at = {
-            r.video_id: score_frame_indices(r.usable_frames, self.sampler.strides[0])[1] for r in records
-        }
-        rates = {video_id: score / scored_at[video_id] for video_id, score in scores.items()}
+        rates = self.motion_rates(records)
         clip_scores = [
-            rates[r.video_id] * stride
-            for r in train_records
-            for stride in range(
-                max(1, self.sampler.allowed_strides(r)[0]), self.sampler.allowed_strides(r)[1] + 1
-            )
+            rates[r.video_id] * k for r in train_records for k in drawable_strides(r, self.sampler)
         ]
-        buckets = MotionBuckets.from_scores(clip_scores or [rates[r.video_id] for r in train_records])
+        buckets = MotionBuckets.from_scores(clip_scores)
         source_fps = {r.video_id: r.source_fps for r in records}
         built.train = WithMotionBucket(built.train, rates, buckets, source_fps)
         built.val = WithMotionBucket(built.val, rates, buckets, source_fps) if built.val is not None else None
@@ -187,7 +184,7 @@ class VideoLoraData:
         lo, hi = self.sampler.strides
         spread = sorted(buckets.bucket(rates[r.video_id] * lo) for r in train_records)
         built.notes["motion bucket"] = (
-            f"from data: {len(scores)} videos scored, per clip by its stride ({lo}..{hi}); training videos "
+            f"from data: {len(rates)} videos scored, per clip by its stride ({lo}..{hi}); training videos "
             f"at stride {lo}: buckets {spread[0]}..{spread[-1]} (median {spread[len(spread) // 2]})"
         )
         return built

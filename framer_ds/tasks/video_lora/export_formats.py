@@ -28,12 +28,13 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import StrictModel
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.video_lora.comfyui_keys import comfyui_lora_state_dict
+from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_merged, read_adapter_metadata
 
 FORMAT_NAMES = ("peft", "merged", "comfyui", "framer")
 COMFYUI_FILE = "svd_lora_comfyui.safetensors"
 PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json", EXPORT_METADATA, "README.md")
-PEFT_DIRS = ("controlnet",)  # a Framer run's trained ControlNet (framer_setup.CONTROLNET_DIR)
+PEFT_DIRS = (CONTROLNET_DIR,)  # a Framer run's trained ControlNet
 
 
 class VideoExportCommandOptions(StrictModel):
@@ -81,14 +82,16 @@ def export_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
     return function(Path(adapter_dir), options)
 
 
-def _new_out_dir(out: Path) -> None:
+def new_out_dir(out: Path) -> None:
+    """An export never writes into a directory that holds anything."""
     if out.exists() and any(out.iterdir()):
         raise ConfigError(
             [ConfigProblem("--out", f"{out} exists and is not empty; choose a new directory")], "export"
         )
 
 
-def _publish(staging: Path, out: Path) -> None:
+def publish_export(staging: Path, out: Path) -> None:
+    """The staged export appears whole at `out`, or not at all."""
     if not publish_dir(staging, out, replace=False):
         raise ConfigError(
             [ConfigProblem("--out", f"{out} appeared while writing; choose a new directory")], "export"
@@ -100,7 +103,7 @@ def export_peft(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
     and a trained ControlNet beside it."""
     read_adapter_metadata(adapter_dir)  # a clear error when this is not a video_lora adapter
     out = Path(options.out)
-    _new_out_dir(out)
+    new_out_dir(out)
     with building_dir(out) as staging:
         for name in PEFT_FILES:
             if (adapter_dir / name).is_file():
@@ -108,13 +111,14 @@ def export_peft(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
         for name in PEFT_DIRS:
             if (adapter_dir / name).is_dir():
                 shutil.copytree(adapter_dir / name, staging / name)
-    _publish(staging, out)
+    publish_export(staging, out)
     parts = []
     if (out / "adapter_model.safetensors").is_file():
         parts.append(f"the peft adapter (PeftModel.from_pretrained(unet, {str(out)!r}))")
-    if (out / "controlnet").is_dir():
-        parts.append("the trained ControlNet (controlnet/)")
-    return f"wrote {out}: {' and '.join(parts)}"
+    if (out / CONTROLNET_DIR).is_dir():
+        parts.append(f"the trained ControlNet ({CONTROLNET_DIR}/)")
+    written = " and ".join(parts) or f"the metadata only ({adapter_dir} holds no trained weights)"
+    return f"wrote {out}: {written}"
 
 
 def export_merged_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
@@ -146,11 +150,11 @@ def export_comfyui(adapter_dir: Path, options: VideoExportCommandOptions) -> str
     dtype = getattr(torch, options.dtype)
     converted = {k: v if k.endswith(".alpha") else v.to(dtype).contiguous() for k, v in converted.items()}
     out = Path(options.out)
-    _new_out_dir(out)
+    new_out_dir(out)
     with building_dir(out) as staging:
         save_file(converted, staging / COMFYUI_FILE, metadata={"format": "pt", "framer_ds": "video_lora"})
         (staging / EXPORT_METADATA).write_text(json.dumps({**metadata, "format": "comfyui"}, indent=2))
-    _publish(staging, out)
+    publish_export(staging, out)
     modules = sum(k.endswith(".alpha") for k in converted)
     return (
         f"wrote {out / COMFYUI_FILE}: {modules} LoRA modules in ComfyUI's format; copy it to "

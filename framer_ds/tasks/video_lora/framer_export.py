@@ -17,10 +17,12 @@ from pathlib import Path
 import torch
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.storage.atomic import building_dir, publish_dir
+from framer_ds.storage.atomic import building_dir
 from framer_ds.tasks.video_lora.export_formats import (
     MERGED_BY_BASE,
     VideoExportCommandOptions,
+    new_out_dir,
+    publish_export,
     register_export_format,
 )
 from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR
@@ -42,8 +44,7 @@ def _framer_run(adapter_dir: Path, options: VideoExportCommandOptions, fmt: str)
             "--format merged.",
         )
     out = Path(options.out)
-    if out.exists() and any(out.iterdir()):
-        raise _problem("--out", f"{out} exists and is not empty; choose a new directory")
+    new_out_dir(out)
     return metadata, Path(options.base or metadata["framer_path"]), out
 
 
@@ -65,11 +66,6 @@ def _in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return model
 
 
-def _publish(staging: Path, out: Path) -> None:
-    if not publish_dir(staging, out, replace=False):
-        raise _problem("--out", f"{out} appeared while writing; choose a new directory")
-
-
 def export_framer(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
     from framer_ds.diffusion.framer_model import load_framer_controlnet
 
@@ -84,7 +80,7 @@ def export_framer(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
         for name, model in (("unet", unet), ("controlnet", _in_dtype(controlnet, dtype))):
             model.save_pretrained(staging / name, safe_serialization=True)
         shutil.copy2(Path(adapter_dir) / EXPORT_METADATA, staging / EXPORT_METADATA)
-    _publish(staging, out)
+    publish_export(staging, out)
     merged = "LoRA merged" if metadata.get("has_adapter") else "UNet unchanged"
     source = "trained" if metadata.get("has_controlnet") else f"copied from {base}"
     return (
@@ -107,7 +103,7 @@ def export_framer_merged(adapter_dir: Path, options: VideoExportCommandOptions) 
     with building_dir(out) as staging:
         unet.save_pretrained(staging, safe_serialization=True)
         (staging / EXPORT_METADATA).write_text(json.dumps({**metadata, "merged": True}, indent=2))
-    _publish(staging, out)
+    publish_export(staging, out)
     controlnet = " (the trained ControlNet: --format framer)" if metadata.get("has_controlnet") else ""
     return (
         f"wrote {out}: Framer's UNet with the LoRA merged (9 input channels + mask_token){controlnet}; load "

@@ -16,13 +16,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.video_clips import resize_and_crop
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
-from framer_ds.tasks.video_lora.config import GuidanceScheduleName
+from framer_ds.tasks.video_lora.config import GuidanceScheduleName, StepRange
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
 
 EXPORT_METADATA = "framer_ds_video_lora.json"
@@ -79,19 +79,12 @@ class VideoSampleCommandOptions(SampleCommandOptions):
         description="Framer exports: scale of the ControlNet residuals (Framer's controlnet_cond_scale); "
         "default: the export's model.framer.controlnet_cond_scale.",
     )
-    controlnet_step_range: tuple[float, float] | None = Field(
+    controlnet_step_range: StepRange | None = Field(
         None,
         description="Framer exports: the fractions of the sampling steps (LO HI, 0 <= LO <= HI <= 1) where "
         "the ControlNet runs (Framer's controlnet_step_range); default: the export's "
         "model.framer.controlnet_step_range.",
     )
-
-    @field_validator("controlnet_step_range")
-    @classmethod
-    def _step_range_in_unit_interval(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
-        if value is not None and not 0 <= value[0] <= value[1] <= 1:
-            raise ValueError(f"need 0 <= LO <= HI <= 1, got {value[0]} {value[1]}")
-        return value
 
 
 def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:
@@ -160,10 +153,11 @@ def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtyp
                 ConfigProblem(
                     str(adapter_dir),
                     "was trained on a Framer base (model.base framer): it loads into Framer's UNet and "
-                    "pipeline (framer_inference), not into stock SVD's",
+                    "pipeline, not into stock SVD's; use `framer-ds sample` / `framer-ds export` (they "
+                    "route it there), or framer_ds.tasks.video_lora.framer_inference.framer_sampler_parts",
                 )
             ],
-            "export",
+            "loading the adapter",
         )
     base = Path(base or metadata["base_model"])
     unet, vae, image_encoder, feature_extractor = load_svd_components(base, dtype=dtype)

@@ -145,7 +145,7 @@ class VideoLoraTask(Task):
         if self.config.data.builtin == "synthetic_clips":
             ensure_synthetic_clips(self.data_root())
         if self.config.model.motion_bucket == "from_data" and not self.uses_pairs:
-            self._data().motion_scores()  # once per node, before the other ranks read the cache
+            self._data().motion_rates()  # once per node, before the other ranks read the cache
 
     # --- data ----------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.data.cotracker_tracker import cotracker_problems
-from framer_ds.data.point_tracks import TrackStore, longest_clip_span, make_tracker
+from framer_ds.data.point_tracks import TrackStore, longest_clip_span, make_tracker, max_clip_span
 from framer_ds.data.track_heatmaps import PointSelection, TrackConditionedDataset
 from framer_ds.data.video_index import VideoRecord
 from framer_ds.storage.locations import default_cache_dir
@@ -47,7 +47,7 @@ def track_problems(data: VideoLoraDataConfig, framer_base: bool = True) -> list[
     if tracks.tracker == "cotracker":
         problems += cotracker_problems(tracks.cotracker_checkpoint)
         span = longest_clip_span(data.num_frames, data.max_stride)
-        if span > tracks.segment_frames // 2 + 1:
+        if span > max_clip_span(tracks.segment_frames):
             problems.append(
                 ConfigProblem(
                     "data.tracks.segment_frames",

@@ -64,7 +64,11 @@ def collect_sample_inputs(
     return inputs
 
 
-def _with_heatmaps(framer: FramerSampling | None, heatmaps: Tensor | None, device) -> FramerSampling | None:
+def _with_heatmaps(
+    framer: FramerSampling | None, heatmaps: Tensor | None, device: torch.device | str
+) -> FramerSampling | None:
+    """This input's copy of the run's Framer settings, its ControlNet on the clip's own heatmaps [F,3,H,W]
+    (the shared settings stay untouched for the next input)."""
     if framer is None or heatmaps is None:
         return framer
     return replace(framer, controlnet_cond=heatmaps[None].to(device))
