@@ -51,7 +51,7 @@ def test_quantile_buckets_are_deterministic_and_span_0_to_255():
     assert buckets.bucket(0.2) == 32  # between two training scores: interpolated rank
     assert MotionBuckets.from_scores([0.4, 0.4]).bucket(0.4) == 128  # no spread: the middle
     assert set(buckets.summary()) == {"q00", "q10", "q25", "q50", "q75", "q90", "q100"}
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="there are none"):
         MotionBuckets.from_scores([])
 
 
