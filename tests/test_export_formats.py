@@ -163,3 +163,13 @@ def test_export_without_a_known_format_names_the_choices(tmp_path, capsys, args)
     with pytest.raises(SystemExit):
         main(["export", str(adapter_dir), *args, "--out", str(tmp_path / "x")])
     assert "--format" in capsys.readouterr().err
+
+
+def test_damaged_adapter_metadata_is_named_with_the_fix(tmp_path, capsys):
+    adapter_dir, _ = make_adapter(tmp_path, "interpolation")
+    metadata = adapter_dir / EXPORT_METADATA
+    metadata.write_text(metadata.read_text()[:15])  # cut short by a copy
+    assert main(["export", str(adapter_dir), "--format", "peft", "--out", str(tmp_path / "peft")]) == 1
+    err = capsys.readouterr().err
+    assert f"{metadata}: is damaged" in err and "re-export the run" in err
+    assert not (tmp_path / "peft").exists()

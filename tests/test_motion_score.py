@@ -78,6 +78,11 @@ def test_indexed_videos_are_scored_once_and_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr(module, "read_clip", no_decoding)
     assert module.score_records(records, 2, tmp_path / "scores") == first
+    # a damaged cache file (cut short outside our atomic writes) is scored again, not a crash
+    monkeypatch.undo()
+    (cache_file,) = (tmp_path / "scores").glob("motion_scores_*.json")
+    cache_file.write_text(cache_file.read_text()[:20])
+    assert module.score_records(records, 2, tmp_path / "scores") == first
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["pixels", "latent_cache"])

@@ -548,3 +548,21 @@ def test_tracks_on_an_svd_base_are_refused_as_unused(tmp_path):
     config = load_run_config(tiny, [f"output_dir={tmp_path / 'run'}", "data.tracks.tracker=analytic"])
     problems = {p.where: p.message for p in VideoLoraTask(config).check()}
     assert "model.base framer" in problems["data.tracks"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "old_format"])
+def test_a_damaged_track_file_is_named_with_the_fix(tmp_path, damage):
+    clips = ensure_synthetic_clips(tmp_path / "clips", count=1, frames=8)
+    (record,) = build_video_index(clips, None, 4, cache_dir=tmp_path / "index").records
+    store = TrackStore(tmp_path / "tracks", AnalyticTracker())
+    store.build([record])
+    path = store.path_for(record)
+    if damage == "truncated":  # a copy cut short (the store itself writes atomically)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"not a track file")
+    else:  # a file of the first format: xy/visible, no windows
+        np.savez(path, xy=np.zeros((8, 1, 2)), visible=np.ones((8, 1), bool), size=np.array([80, 96]),
+                 version=np.array(1))  # fmt: skip
+    with pytest.raises(InputDataError, match="delete it and run `framer-ds data tracks CONFIG` again"):
+        store.load(record)

@@ -118,6 +118,15 @@ def _record_key(record: VideoRecord, stride: int) -> str:
     )
 
 
+def _read_scores(path: Path) -> dict[str, float]:
+    """The cached scores, or none when the file is absent or damaged (a cache: score again)."""
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return cached if isinstance(cached, dict) else {}
+
+
 def score_records(records: Sequence[VideoRecord], stride: int, cache_dir: Path) -> dict[str, float]:
     """video_id -> motion score of each indexed video (up to MAX_PAIRS + 1 frames from its first usable
     frame at `stride`), cached in one JSON file per video set under `cache_dir`, keyed by path, size,
@@ -126,7 +135,7 @@ def score_records(records: Sequence[VideoRecord], stride: int, cache_dir: Path) 
     keys = {r.video_id: _record_key(r, stride) for r in records}
     digest = hashlib.sha256("\n".join(sorted(keys.values())).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"motion_scores_{digest}.json"
-    cached: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
+    cached = _read_scores(path)
     scores, missing = {}, False
     for record in records:
         key = keys[record.video_id]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +130,7 @@ class VideoTracks:
                         for number, first in enumerate(data["first_frames"])
                     ]
                 )
-        except (OSError, KeyError, ValueError) as exc:
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise InputDataError(
                 f"track file {path} is unreadable ({type(exc).__name__}: {exc}); delete it and run "
                 "`framer-ds data tracks CONFIG` again."

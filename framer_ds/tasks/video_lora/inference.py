@@ -99,7 +99,18 @@ def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:
                 )
             ]
         )
-    return json.loads(path.read_text())
+    try:
+        metadata = json.loads(path.read_text())
+    except ValueError as exc:
+        problem = ConfigProblem(
+            str(path),
+            f"is damaged ({exc}); it is written with the adapter: take it from the run's final/ or a "
+            "checkpoint's adapter/ again, or re-export the run",
+        )
+        raise ConfigError([problem]) from None
+    if not isinstance(metadata, dict):
+        raise ConfigError([ConfigProblem(str(path), "is not a JSON object; re-export the run")])
+    return metadata
 
 
 def trained_fps_metadata(config_fps: float | None, trained: list[float]) -> dict[str, Any]:
