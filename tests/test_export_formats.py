@@ -171,5 +171,5 @@ def test_damaged_adapter_metadata_is_named_with_the_fix(tmp_path, capsys):
     metadata.write_text(metadata.read_text()[:15])  # cut short by a copy
     assert main(["export", str(adapter_dir), "--format", "peft", "--out", str(tmp_path / "peft")]) == 1
     err = capsys.readouterr().err
-    assert f"{metadata}: is damaged" in err and "re-export the run" in err
+    assert f"{metadata}: not valid JSON" in err and "re-export the run" in err
     assert not (tmp_path / "peft").exists()

@@ -131,3 +131,20 @@ def test_final_works_with_the_transformers_pipeline(vit_final):
         torch.testing.assert_close(processed, expected, rtol=1e-4, atol=1e-6)
         correct += top["label"] == path.parent.name
     assert correct >= 7, f"{correct} of 10 training images classified correctly"
+
+
+@pytest.mark.parametrize("text", ['{"task": "vit_cl', "[1, 2]", ""])
+def test_a_damaged_record_beside_the_weights_is_named_with_the_fix(tmp_path, capsys, text):
+    """Every task's export records (framer_ds_export.json, a video adapter's metadata, the tts layout,
+    the drivable_vit record) are read by one function: cut short or not an object, it names the file."""
+    from framer_ds.config.errors import ConfigError
+    from framer_ds.engine.export import read_export_json
+
+    path = tmp_path / "record.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="the export is damaged"):
+        read_export_json(path)
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / EXPORT_RECORD).write_text(text)
+    assert main(["sample", str(tmp_path / "final")]) == 1
+    assert "the export is damaged" in capsys.readouterr().err

@@ -124,6 +124,21 @@ def write_export_record(out_dir: Path, task: str, config: dict[str, Any]) -> Non
     atomic_write_json(Path(out_dir) / EXPORT_RECORD, record)
 
 
+def read_export_json(path: Path) -> dict[str, Any]:
+    """A JSON record written beside exported weights; a damaged one (cut short by a copy, edited by
+    hand) is an error naming the file and the fix, not a traceback."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except ValueError as exc:
+        problem = ConfigProblem(
+            str(path), f"not valid JSON ({exc}); the export is damaged: copy it again or re-export the run"
+        )
+        raise ConfigError([problem]) from None
+    if not isinstance(record, dict):
+        raise ConfigError([ConfigProblem(str(path), "not a JSON object; the export is damaged")])
+    return record
+
+
 def read_export_record(export_dir: Path) -> dict[str, Any]:
     """The record of an export directory; a directory without one gets an error naming what is missing."""
     path = Path(export_dir) / EXPORT_RECORD
@@ -143,12 +158,7 @@ def read_export_record(export_dir: Path) -> dict[str, Any]:
             ],
             "export",
         )
-    try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            [ConfigProblem(str(path), f"not valid JSON ({exc}); the export is damaged")]
-        ) from None
+    record = read_export_json(path)
     missing = [key for key in ("task", "config") if key not in record]
     if missing:
         raise ConfigError([ConfigProblem(str(path), f"lacks {', '.join(missing)}; the export is damaged")])

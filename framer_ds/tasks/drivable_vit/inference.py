@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.multiview_manifest import EGO_MOTION_DIM, EgoStatistics, PixelTransform
+from framer_ds.engine.export import read_export_json
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.drivable_vit.config import DrivableModelConfig
@@ -78,7 +79,7 @@ def load_drivable_vit(export_dir: Path, device: str = "cpu") -> LoadedModel:
                 )
             ]
         )
-    record = json.loads((export_dir / RECORD).read_text())
+    record = read_export_json(export_dir / RECORD)
     config = DrivableModelConfig.model_validate(record["model"])
     model = DrivableViT(config, views=len(record["views"]), frames=record["frames"])
     state = {k: v.float() for k, v in load_file(str(export_dir / WEIGHTS)).items()}

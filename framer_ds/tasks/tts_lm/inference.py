@@ -12,6 +12,7 @@ from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.token_sequences import SpecialTokens, generation_prompt
+from framer_ds.engine.export import read_export_json
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.tts_lm.config import GenerationOptions, TtsSampleOptions
 from framer_ds.tasks.tts_lm.model_setup import TtsAssets
@@ -91,7 +92,7 @@ def read_layout_record(export_dir: Path) -> dict:
     path = Path(export_dir) / LAYOUT_RECORD
     if not path.is_file():
         raise ConfigError([ConfigProblem(str(export_dir), f"no {LAYOUT_RECORD}: not a tts_lm export")])
-    return json.loads(path.read_text())
+    return read_export_json(path)
 
 
 def load_exported_model(config, export_dir: Path, device: str):

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.video_clips import resize_and_crop
+from framer_ds.engine.export import read_export_json
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.video_lora.config import GuidanceScheduleName, StepRange
@@ -99,18 +100,7 @@ def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:
                 )
             ]
         )
-    try:
-        metadata = json.loads(path.read_text())
-    except ValueError as exc:
-        problem = ConfigProblem(
-            str(path),
-            f"is damaged ({exc}); it is written with the adapter: take it from the run's final/ or a "
-            "checkpoint's adapter/ again, or re-export the run",
-        )
-        raise ConfigError([problem]) from None
-    if not isinstance(metadata, dict):
-        raise ConfigError([ConfigProblem(str(path), "is not a JSON object; re-export the run")])
-    return metadata
+    return read_export_json(path)
 
 
 def trained_fps_metadata(config_fps: float | None, trained: list[float]) -> dict[str, Any]:
