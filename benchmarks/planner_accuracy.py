@@ -58,6 +58,7 @@ def predict(config_path: Path, strategy: str, processes: int) -> int:
         config.train.mixed_precision,
         probe.at(config.train.micro_batch_size),
         zero,
+        probe.eval_transient,
     )
     return found.peak("device" if torch.cuda.is_available() else None)
 

@@ -166,3 +166,38 @@ def test_plan_table_and_bad_flags_all_reported(capsys):
     assert main(["plan", config, "--gpus", "0", "--gpu-memory", "lots"]) == 1
     err = capsys.readouterr().err
     assert "--gpus: must be at least 1" in err and "'lots' is not a size" in err
+
+
+def _tiny_video_task(tmp_path, *overrides: str):
+    config = load_run_config(
+        REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml",
+        [f"output_dir={tmp_path / 'run'}", *overrides],
+    )
+    task = get_task_class(config.task)(config)
+    task.prepare_model_assets()
+    return task
+
+
+def test_a_cached_video_runs_evaluation_phase_is_measured_and_planned(tmp_path):
+    """With the latent cache on, validation samples bring the VAE and encoder back and decode frames:
+    the census counts those helpers for the evaluation phase only, the probe measures what sampling
+    computes (the fake run follows the real one), and a row whose peak that phase is says so. Without
+    samples, or without the cache, there is no separate phase to count."""
+    from framer_ds.lab.census import task_census
+
+    sampled = ["data.cache.enabled=true", "model.samples.every=2", "train.gradient_checkpointing=true"]
+    task = _tiny_video_task(tmp_path, *sampled)
+    census = task_census(task)
+    assert census.helper_bytes == 0 and census.eval_helper_bytes > 0
+    fake = probe_activations(task)
+    real = probe_activations(_tiny_video_task(tmp_path, *sampled), fake=False)
+    assert fake.eval_transient > 0 and fake.eval_transient == pytest.approx(real.eval_transient, rel=0.01)
+    quiet = _tiny_video_task(tmp_path, "data.cache.enabled=true", "model.samples.every=0")
+    assert task_census(quiet).eval_helper_bytes == 0 and probe_activations(quiet).eval_transient == 0
+
+    hardware = Hardware(gpus_per_node=1, nodes=1, gpu_bytes=80 * GiB)
+    row = strategy_row("ddp", census, fake, hardware, "no", {}, 2, 2)
+    evaluation = row.terms["helpers back for evaluation"] + row.terms["evaluation transient"]
+    assert evaluation > row.terms["activations"] and "evaluation phase is this row's peak" in row.note
+    without = estimate("ddp", census, 1, "no", fake.at(2))  # the training step alone
+    assert row.device_bytes == without.peak() - fake.at(2) + evaluation

@@ -29,6 +29,7 @@ import torch
 from accelerate.utils import send_to_device
 
 from framer_ds.engine.precision import cast_batch, dtype_of
+from framer_ds.engine.pretrained import empty_weights
 from framer_ds.lab.census import meta_model
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.registry import get_task_class
@@ -47,6 +48,8 @@ class ActivationProbe:
     per_sample: int
     gradient_checkpointing: bool
     device: str
+    eval_transient: int = 0
+    """Peak of what evaluation computes beyond the training step (`Task.eval_transient`), no_grad."""
 
     def at(self, micro_batch: int) -> int:
         return max(0, self.fixed + self.per_sample * micro_batch)
@@ -59,6 +62,7 @@ class ActivationProbe:
             "per_sample_bytes": self.per_sample,
             "gradient_checkpointing": self.gradient_checkpointing,
             "device": self.device,
+            "eval_transient_bytes": self.eval_transient,
         }
 
 
@@ -118,11 +122,14 @@ def probe_activations(
     micro_batches: Sequence[int] = PROBE_MICRO_BATCHES,
     fake: bool = True,
     model: torch.nn.Module | None = None,
+    with_eval: bool = True,
 ) -> ActivationProbe:
     """One forward + backward per micro-batch size of `task`'s model on fake tensors (module docstring).
     `fake=False` runs the same step on real tensors with real (random) weights: the check that the fake
     run follows the same graph, for models small enough to run. `model`: the task's `meta_model` when
-    the caller built it already; the probe gives it fake (or empty) parameters, so count it first."""
+    the caller built it already; the probe gives it fake (or empty) parameters, so count it first.
+    `with_eval`: also measure the evaluation transient (`Task.eval_transient`, with `Task.eval_helpers`
+    on the device in `Task.helper_dtypes`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if len(set(micro_batches)) < 2:
@@ -146,6 +153,7 @@ def probe_activations(
         model.zero_grad(set_to_none=True)
     (k1, k2), (m1, m2) = micro_batches[:2], measured[:2]
     per_sample = max(0, round((m2 - m1) / (k2 - k1)))
+    eval_peak = _eval_transient_peak(task, model, mode, device, dtype) if with_eval else 0
     return ActivationProbe(
         micro_batches=tuple(micro_batches),
         measured_bytes=tuple(measured),
@@ -153,7 +161,31 @@ def probe_activations(
         per_sample=per_sample,
         gradient_checkpointing=bool(task.config.train.gradient_checkpointing),
         device=device,
+        eval_transient=eval_peak,
     )
+
+
+def _eval_transient_peak(
+    task: Task, model: torch.nn.Module, mode: Any, device: str, dtype: torch.dtype
+) -> int:
+    """`task.eval_transient` under the tracker, in the probe's fake mode, with the evaluation helpers
+    built on the meta device, cast to the dtypes they run in and made fake (or empty) too."""
+    with empty_weights():
+        helpers = task.eval_helpers()
+    for helper, helper_dtype in zip(helpers, task.helper_dtypes(helpers, dtype), strict=True):
+        helper.requires_grad_(False).eval().to(helper_dtype)  # still meta: the cast costs nothing
+    with mode:
+        for helper in helpers:
+            helper.to_empty(device=device)
+    batch = send_to_device(cast_batch(task.example_batch(2), dtype, task.full_precision_keys), device)
+    model.eval()
+    tracker = _tracker()
+    try:
+        with mode, tracker:
+            task.eval_transient(model, helpers, batch)
+    finally:
+        model.train()
+    return tracker.activation_peak
 
 
 def probe_config(

@@ -9,11 +9,13 @@ and every parameter is a meta tensor (no memory, any size of model on a laptop).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from framer_ds.config.zero_fields import element_bytes
+from framer_ds.engine.precision import dtype_of
 from framer_ds.engine.pretrained import empty_weights
 from framer_ds.engine.zero_buffers import ParameterSizes, auto_values, persistence_threshold
 from framer_ds.lab.memory_model import ParameterCensus
@@ -56,8 +58,14 @@ def task_census(task: Task, model: torch.nn.Module | None = None) -> ParameterCe
     already (the planner builds one for the census and the activation probe)."""
     model = meta_model(task) if model is None else model
     with empty_weights():
-        helpers = task.frozen_helpers()
-    return census_of(model, helpers, task.config.train.mixed_precision)
+        helpers, eval_helpers = task.frozen_helpers(), task.eval_helpers()
+    census = census_of(model, helpers, task.config.train.mixed_precision)
+    compute = dtype_of(task.config.train.mixed_precision)
+    dtypes = task.helper_dtypes(eval_helpers, compute)
+    eval_bytes = sum(
+        p.numel() * d.itemsize for h, d in zip(eval_helpers, dtypes, strict=True) for p in h.parameters()
+    )
+    return replace(census, eval_helper_bytes=max(0, eval_bytes - census.helper_bytes))
 
 
 def config_census(config_path: Path | str, overrides: Sequence[str] = ()) -> ParameterCensus:

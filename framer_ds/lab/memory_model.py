@@ -10,8 +10,9 @@ Symbols: T trainable and F frozen elements in the model that goes through `prepa
 helpers outside it (VAE, encoders: whole on every rank), N ranks, b bytes per element of the model
 dtype (2 in bf16/fp16, 4 in fp32), P = T / N the trainable partition, R the reduce bucket (elements),
 L the largest trainable parameter. A term lives on the device or on the host, and either for the whole
-run (persistent) or only in backward or in the optimizer step; the peak is the persistent terms plus
-the larger of the two phases. Activations are an input: they are measured, not modelled.
+run (persistent) or only in backward, in the optimizer step, or in evaluation (helpers brought back
+and what sampling computes, between steps); the peak is the persistent terms plus the largest of the
+three phases. Activations and the evaluation transient are inputs: they are measured, not modelled.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Literal
 from framer_ds.config.zero_fields import MAX_LIVE, PERSISTENCE, REDUCE, bucket_bytes, element_bytes
 
 Where = Literal["device", "host"]
-Phase = Literal["persistent", "backward", "step"]
+Phase = Literal["persistent", "backward", "step", "eval"]
 
 FP32 = 4
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, fp32 each
@@ -40,6 +41,9 @@ class ParameterCensus:
     persistent_small: int = 0
     """Elements of the parameters at or below ZeRO-3's persistence threshold (kept whole on every rank)."""
     helper_bytes: int = 0
+    eval_helper_bytes: int = 0
+    """Frozen helpers on the device only while evaluating or sampling (a VAE the latent cache keeps off
+    the device in training), in the dtypes they run in."""
     frozen_bytes_per_element: int = FP32
     """DDP keeps frozen weights in the dtype the task loaded them in; DeepSpeed casts them to the model
     dtype."""
@@ -61,13 +65,18 @@ class MemoryEstimate:
     terms: tuple[Term, ...]
 
     def peak(self, where: Where | None = "device") -> int:
-        """Persistent terms plus the larger phase (backward with the activations, or the optimizer step).
-        `where=None`: device and host together, as on a CPU run where they are the same memory."""
-        parts = {"persistent": 0, "backward": 0, "step": 0}
+        """Persistent terms plus the largest phase (backward with the activations, the optimizer step, or
+        evaluation). `where=None`: device and host together, as on a CPU run where they are the same
+        memory."""
+        parts = self.phases(where)
+        return parts["persistent"] + max(parts["backward"], parts["step"], parts["eval"])
+
+    def phases(self, where: Where | None = "device") -> dict[str, int]:
+        parts = {"persistent": 0, "backward": 0, "step": 0, "eval": 0}
         for term in self.terms:
             if where is None or term.where == where:
                 parts[term.phase] += term.bytes
-        return parts["persistent"] + max(parts["backward"], parts["step"])
+        return parts
 
     def by_name(self) -> dict[str, int]:
         return {term.name: term.bytes for term in self.terms}
@@ -80,15 +89,19 @@ def estimate(
     mixed_precision: str,
     activation_bytes: int,
     zero: Mapping[str, Any] | None = None,
+    eval_bytes: int = 0,
 ) -> MemoryEstimate:
     """The terms of `strategy` on each of `world_size` ranks. `zero` is the resolved `zero_optimization`
-    section (numbers, not "auto": engine.zero_buffers resolves them from the same census)."""
+    section (numbers, not "auto": engine.zero_buffers resolves them from the same census); `eval_bytes`
+    the measured peak of what evaluation computes (`Task.eval_transient`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     zero = dict(zero or {})
     common = [
         Term("activations", activation_bytes, "device", "backward"),
         Term("frozen helpers", census.helper_bytes, "device", "persistent"),
+        Term("helpers back for evaluation", census.eval_helper_bytes, "device", "eval"),
+        Term("evaluation transient", eval_bytes, "device", "eval"),
     ]
     if strategy == "ddp":
         terms = _ddp(census, mixed_precision)

@@ -21,7 +21,7 @@ import math
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +195,9 @@ def strategy_row(
     global_batch: int,
 ) -> StrategyRow:
     def memory(k: int) -> MemoryEstimate:
-        return estimate(strategy, census, hardware.world, mixed_precision, probe.at(k), zero)
+        return estimate(
+            strategy, census, hardware.world, mixed_precision, probe.at(k), zero, probe.eval_transient
+        )
 
     def host_per_node(found: MemoryEstimate) -> int:
         return found.peak("host") * hardware.gpus_per_node
@@ -212,6 +214,12 @@ def strategy_row(
     note = ""
     if strategy == "zeropp" and hardware.nodes == 1:
         note = "ZeRO++ pays off across nodes; on one node ZeRO-3 is as fast without the secondary copy"
+    phases = found.phases("device")
+    if phases["eval"] > max(phases["backward"], phases["step"]):
+        note = (
+            "the evaluation phase is this row's peak: helpers back on the device and what sampling "
+            "computes (lower model.samples.decode_chunk_size, or check it with framer-ds bench)"
+        )
     if hardware.cpu_bytes is not None and host_per_node(found) > hardware.cpu_bytes:
         note = f"needs {host_per_node(found) / GiB:.1f} GiB of host memory per node"
     return StrategyRow(
@@ -289,7 +297,8 @@ def make_plan(
     probes = {"configured": probe_activations(task, model=model)}
     if not train.gradient_checkpointing:
         switched = load_run_config(config_path, [*overrides, "train.gradient_checkpointing=true"])
-        probes["checkpointing"] = probe_activations(get_task_class(switched.task)(switched))
+        probe = probe_activations(get_task_class(switched.task)(switched), with_eval=False)
+        probes["checkpointing"] = replace(probe, eval_transient=probes["configured"].eval_transient)
     micro_batch = train.micro_batch_size
     target = global_batch or micro_batch * train.gradient_accumulation_steps * hardware.world
 

@@ -162,6 +162,26 @@ class Task(ABC):
         `engine.pretrained.empty_weights()`, so load them with `load_pretrained`."""
         return []
 
+    def eval_helpers(self) -> list[torch.nn.Module]:
+        """Frozen models on every device while evaluating or sampling: the training ones, plus any a latent
+        cache keeps off the device in training that sampling brings back (a VAE to decode videos).
+        `framer-ds plan` counts them like `frozen_helpers`, inside `empty_weights()`."""
+        return self.frozen_helpers()
+
+    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
+        """The dtype each frozen helper runs in on the device (e.g. a VAE kept in fp32 where fp16
+        overflows); the compute dtype by default."""
+        return [compute] * len(helpers)
+
+    def eval_transient(
+        self, model: torch.nn.Module, helpers: list[torch.nn.Module], batch: dict[str, Any]
+    ) -> None:
+        """Run, under no_grad, what evaluation or sampling computes beyond the training step (a video
+        task's denoiser on a guided batch and its VAE decode); `framer-ds plan` measures its peak on fake
+        tensors, `batch` being `example_batch(2)` on the model's device. Nothing by default: evaluation
+        is the training forward without its backward, which the training peak already covers."""
+        return None
+
     def setup_frozen(self, accelerator: Accelerator) -> None:
         """Move frozen helpers (VAE, encoders) to the device; they never go through `prepare`.
         Called on every rank before `precompute` and before the trainable model is built."""

@@ -39,6 +39,7 @@ from framer_ds.tasks.video_lora.encoding import (
     example_encoded_batch,
 )
 from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
+from framer_ds.tasks.video_lora.eval_memory import VideoEvalMemory, samples_during_training
 from framer_ds.tasks.video_lora.export_formats import (
     VideoExportCommandOptions,
     export_format,
@@ -60,7 +61,7 @@ SVD_SUBFOLDERS = ("unet", "vae", "image_encoder")
 
 
 @register_task
-class VideoLoraTask(Task):
+class VideoLoraTask(VideoEvalMemory, Task):
     name = "video_lora"
     summary = (
         "LoRA fine-tuning of Stable Video Diffusion (image-to-video or first/last-frame interpolation, EDM)."
@@ -74,8 +75,7 @@ class VideoLoraTask(Task):
     def __init__(self, config):
         super().__init__(config)
         # the VAE and image encoder; idle on the CPU between sampling rounds when the latent cache is on
-        samples_again = bool(config.model.samples.every) or config.model.interp_eval.enabled
-        self.frozen = FrozenSvdEncoders(self.svd_path(), keep_on_cpu=samples_again)
+        self.frozen = FrozenSvdEncoders(self.svd_path(), keep_on_cpu=samples_during_training(config))
         self.unet_config = None
         self.accelerator = None
         self._raw_eval_or_train: Dataset | None = None  # pixel clips, for sampling inputs

@@ -1,0 +1,69 @@
+"""What a video_lora run's evaluation phase puts on the device beyond the training step (a `framer-ds
+plan` input, through the Task hooks `eval_helpers`, `helper_dtypes` and `eval_transient`).
+
+Why it matters: with the latent cache on, the VAE and the image encoder leave the device once the cache
+is filled, and come back for every validation-sample round and every interp_eval. There the denoiser
+runs a guided batch (conditional + unconditional) without gradients, and the VAE decodes
+`decode_chunk_size` frames at full resolution, beside the weights and optimizer states that stay
+resident. With gradient checkpointing (small training activations) that phase can be the run's peak:
+an out-of-memory at the first sample round, hours into the job, that a plan of the training step alone
+would not foresee.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def samples_during_training(config: Any) -> bool:
+    """Validation samples or interpolation metrics: the evaluations that decode videos."""
+    return bool(config.model.samples.every) or config.model.interp_eval.enabled
+
+
+def decode_chunk(config: Any) -> int:
+    """The most frames one VAE decode call takes in any of those evaluations."""
+    model, chunks = config.model, []
+    if model.samples.every:
+        chunks.append(model.samples.decode_chunk_size)
+    if model.interp_eval.enabled:
+        chunks.append(model.interp_eval.decode_chunk_size)
+    return min(max(chunks, default=1), config.data.num_frames)
+
+
+class VideoEvalMemory:
+    """The evaluation-phase hooks of `VideoLoraTask` (mixed in: they need its config, frozen encoders and
+    training loss)."""
+
+    def eval_helpers(self) -> list[torch.nn.Module]:
+        """The VAE and image encoder whenever sampling brings them to the device, else what training
+        keeps there."""
+        if self.config.data.cache.enabled and samples_during_training(self.config):
+            return list(self.frozen.load())
+        return self.frozen_helpers()
+
+    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
+        """The VAE in the dtype SVD's VAE tolerates (fp32 under fp16 with force_upcast), as
+        `FrozenSvdEncoders.on_device` puts it; the image encoder in the compute dtype."""
+        from framer_ds.diffusion.svd_conditioning import vae_dtype
+
+        return [vae_dtype(helpers[0].config, compute), compute] if helpers else []
+
+    def eval_transient(self, model: torch.nn.Module, helpers: list[torch.nn.Module], batch: dict) -> None:
+        """The denoiser on a guided batch (`batch` holds 2 clips: the conditional and unconditional
+        halves of one sample) and the VAE decoding one chunk of frames at full size."""
+        if not samples_during_training(self.config) or not helpers:
+            return
+        from framer_ds.diffusion.sampling import decode_latents
+
+        with torch.no_grad():
+            self.training_loss(model, batch)
+            vae = helpers[0]
+            scale = 2 ** (len(vae.config.block_out_channels) - 1)
+            data, frames = self.config.data, decode_chunk(self.config)
+            latents = torch.zeros(
+                1, frames, vae.config.latent_channels, data.height // scale, data.width // scale,
+                device=next(vae.parameters()).device, dtype=vae.dtype,
+            )  # fmt: skip
+            decode_latents(vae, latents, frames, frames)
