@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from framer_ds.data.video_clips import read_clip
 from framer_ds.data.video_index import VideoRecord
+from framer_ds.data.wrapped_dataset import ForwardsToWrapped
 from framer_ds.storage.atomic import atomic_write_json
 
 SCORE_WIDTH = 64
@@ -157,7 +158,7 @@ def motion_rates(records: Sequence[VideoRecord], stride: int, cache_dir: Path) -
     return {r.video_id: scores[r.video_id] / score_frame_indices(r.usable_frames, stride)[1] for r in records}
 
 
-class WithMotionBucket(torch.utils.data.Dataset):
+class WithMotionBucket(ForwardsToWrapped, torch.utils.data.Dataset):
     """A clip dataset whose items also carry `motion_bucket_id` (float, an added time id): the bucket of
     the clip's own motion, its video's motion per source frame (`rates`, looked up by the item's own
     `video_id`: the video actually read, also when a failed one was replaced) times the clip's stride
@@ -189,8 +190,3 @@ class WithMotionBucket(torch.utils.data.Dataset):
         """What decides every item's bucket (part of the latent cache key)."""
         quantiles = hashlib.sha256(np.asarray(self.buckets.sorted_scores).tobytes()).hexdigest()[:16]
         return {"rates": sorted(self.rates.items()), "quantiles": quantiles}
-
-    def __getattr__(self, name: str):  # the wrapped dataset's own attributes (index, failures, ...)
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)

@@ -48,6 +48,7 @@ from framer_ds.config.errors import InputDataError
 from framer_ds.data.point_tracks import TrackStore, VideoTracks, clip_tracks
 from framer_ds.data.video_clips import ClipPlacement
 from framer_ds.data.video_index import VideoRecord
+from framer_ds.data.wrapped_dataset import ForwardsToWrapped
 
 TEMPLATE_SIZE = 200  # Framer's gen_gaussian_heatmap(imgSize=200)
 TEMPLATE_SIGMA = 40.0  # the `40 ** 2` in its formula
@@ -240,11 +241,13 @@ def selection_seed(seed: int, video_id: str, placement: ClipPlacement) -> int:
     return zlib.crc32(f"{seed}|{video_id}|{placement.start}|{placement.stride}".encode())
 
 
-class TrackConditionedDataset(Dataset):
+class TrackConditionedDataset(ForwardsToWrapped, Dataset):
     """Adds `"controlnet_cond"` (module docstring) to each item of `base`, whose items carry "video_id"
     and "placement" (a `ClipPlacement` as JSON: `VideoClipDataset(with_placement=True)`, or a latent
     cache entry that stored it). The tensor is computed at load, from the video's track file, so a
     cached run and an uncached run give the same tensor for the same clip."""
+
+    wrapped_attribute = "base"
 
     def __init__(
         self,
@@ -262,13 +265,6 @@ class TrackConditionedDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.base)
-
-    def __getattr__(self, name: str):
-        """The wrapped dataset's own attributes (its motion buckets' fingerprint, index, failures): what
-        the latent cache key reads through every wrapper."""
-        if name == "base":  # not set yet (unpickling in a DataLoader worker)
-            raise AttributeError(name)
-        return getattr(self.base, name)
 
     @property
     def records(self) -> list[VideoRecord]:
