@@ -25,7 +25,7 @@ from pathlib import Path
 from strategy_memory import REPO, measure
 
 from framer_ds.lab.activations import probe_activations
-from framer_ds.lab.census import meta_model, task_census
+from framer_ds.lab.census import helper_modules, meta_model, task_census
 from framer_ds.lab.memory_model import estimate
 from framer_ds.lab.planner import Hardware, resolved_zero
 from framer_ds.tasks.registry import get_task_class
@@ -44,8 +44,9 @@ def predict(config_path: Path, strategy: str, processes: int) -> int:
     config = load_run_config(config_path)
     task = get_task_class(config.task)(config)
     model = meta_model(task)
-    census = task_census(task, model)
-    probe = probe_activations(task, model=model)
+    helpers = helper_modules(task)
+    census = task_census(task, model, helpers)
+    probe = probe_activations(task, model=model, helpers=helpers.in_evaluation)
     world = 1 if strategy == "plain" else processes
     hardware = Hardware(world, 1, 0)
     zero = resolved_zero(

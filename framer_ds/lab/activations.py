@@ -29,8 +29,7 @@ import torch
 from accelerate.utils import send_to_device
 
 from framer_ds.engine.precision import cast_batch, dtype_of
-from framer_ds.engine.pretrained import empty_weights
-from framer_ds.lab.census import meta_model
+from framer_ds.lab.census import helper_modules, meta_model
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
@@ -123,13 +122,15 @@ def probe_activations(
     fake: bool = True,
     model: torch.nn.Module | None = None,
     with_eval: bool = True,
+    helpers: list[torch.nn.Module] | None = None,
 ) -> ActivationProbe:
     """One forward + backward per micro-batch size of `task`'s model on fake tensors (module docstring).
     `fake=False` runs the same step on real tensors with real (random) weights: the check that the fake
     run follows the same graph, for models small enough to run. `model`: the task's `meta_model` when
     the caller built it already; the probe gives it fake (or empty) parameters, so count it first.
-    `with_eval`: also measure the evaluation transient (`Task.eval_transient`, with `Task.eval_helpers`
-    on the device in `Task.helper_dtypes`)."""
+    `with_eval`: also measure the evaluation transient (`Task.eval_transient`, with the helpers on the
+    device in `Task.helper_dtypes`); `helpers`: `HelperModules.in_evaluation` on the meta device, when
+    the caller built them for the census (the probe makes them fake)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if len(set(micro_batches)) < 2:
@@ -153,7 +154,11 @@ def probe_activations(
         model.zero_grad(set_to_none=True)
     (k1, k2), (m1, m2) = micro_batches[:2], measured[:2]
     per_sample = max(0, round((m2 - m1) / (k2 - k1)))
-    eval_peak = _eval_transient_peak(task, model, mode, device, dtype) if with_eval else 0
+    if with_eval:
+        helpers = helper_modules(task).in_evaluation if helpers is None else helpers
+        eval_peak = _eval_transient_peak(task, model, helpers, mode, device, dtype)
+    else:
+        eval_peak = 0
     return ActivationProbe(
         micro_batches=tuple(micro_batches),
         measured_bytes=tuple(measured),
@@ -166,12 +171,15 @@ def probe_activations(
 
 
 def _eval_transient_peak(
-    task: Task, model: torch.nn.Module, mode: Any, device: str, dtype: torch.dtype
+    task: Task,
+    model: torch.nn.Module,
+    helpers: list[torch.nn.Module],
+    mode: Any,
+    device: str,
+    dtype: torch.dtype,
 ) -> int:
-    """`task.eval_transient` under the tracker, in the probe's fake mode, with the evaluation helpers
-    built on the meta device, cast to the dtypes they run in and made fake (or empty) too."""
-    with empty_weights():
-        helpers = task.eval_helpers()
+    """`task.eval_transient` under the tracker, in the probe's fake mode, with `helpers` (on the meta
+    device) cast to the dtypes they run in and made fake (or empty) too."""
     for helper, helper_dtype in zip(helpers, task.helper_dtypes(helpers, dtype), strict=True):
         helper.requires_grad_(False).eval().to(helper_dtype)  # still meta: the cast costs nothing
     with mode:

@@ -9,7 +9,7 @@ and every parameter is a meta tensor (no memory, any size of model on a laptop).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -53,17 +53,39 @@ def meta_model(task: Task) -> torch.nn.Module:
         return task.build_model()
 
 
-def task_census(task: Task, model: torch.nn.Module | None = None) -> ParameterCensus:
-    """The census of the model `task` trains; `model`: its `meta_model`, when the caller has built it
-    already (the planner builds one for the census and the activation probe)."""
-    model = meta_model(task) if model is None else model
+@dataclass
+class HelperModules:
+    """A task's frozen helpers on the meta device, built once per plan: the census counts them, then
+    the probe makes them fake (a VAE and a CLIP encoder take seconds to build, even on meta)."""
+
+    frozen: list[torch.nn.Module]
+    eval_only: list[torch.nn.Module]
+
+    @property
+    def in_evaluation(self) -> list[torch.nn.Module]:
+        """Every helper on the device while evaluating or sampling."""
+        return [*self.frozen, *self.eval_only]
+
+
+def helper_modules(task: Task) -> HelperModules:
     with empty_weights():
-        helpers, eval_helpers = task.frozen_helpers(), task.eval_helpers()
-    census = census_of(model, helpers, task.config.train.mixed_precision)
+        return HelperModules(task.frozen_helpers(), task.eval_only_helpers())
+
+
+def task_census(
+    task: Task, model: torch.nn.Module | None = None, helpers: HelperModules | None = None
+) -> ParameterCensus:
+    """The census of the model `task` trains; `model`: its `meta_model`, and `helpers`: its
+    `helper_modules`, when the caller has built them already (the planner builds each once for the
+    census and the activation probe)."""
+    model = meta_model(task) if model is None else model
+    helpers = helper_modules(task) if helpers is None else helpers
+    census = census_of(model, helpers.frozen, task.config.train.mixed_precision)
     compute = dtype_of(task.config.train.mixed_precision)
-    dtypes = task.helper_dtypes(eval_helpers, compute)
+    in_evaluation = helpers.in_evaluation
+    dtypes = task.helper_dtypes(in_evaluation, compute)
     eval_bytes = sum(
-        p.numel() * d.itemsize for h, d in zip(eval_helpers, dtypes, strict=True) for p in h.parameters()
+        p.numel() * d.itemsize for h, d in zip(in_evaluation, dtypes, strict=True) for p in h.parameters()
     )
     return replace(census, eval_helper_bytes=max(0, eval_bytes - census.helper_bytes))
 

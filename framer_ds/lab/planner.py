@@ -27,7 +27,7 @@ from typing import Any
 
 from framer_ds.engine.zero_buffers import resolve_auto
 from framer_ds.lab.activations import ActivationProbe, probe_activations
-from framer_ds.lab.census import meta_model, task_census
+from framer_ds.lab.census import helper_modules, meta_model, task_census
 from framer_ds.lab.memory_model import STRATEGIES, MemoryEstimate, ParameterCensus, estimate
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
@@ -292,9 +292,10 @@ def make_plan(
     config = load_run_config(config_path, overrides)
     task = get_task_class(config.task)(config)
     model = meta_model(task)  # one build for both: the census counts it before the probe fakes it
-    census = task_census(task, model)
+    helpers = helper_modules(task)
+    census = task_census(task, model, helpers)
     train = config.train
-    probes = {"configured": probe_activations(task, model=model)}
+    probes = {"configured": probe_activations(task, model=model, helpers=helpers.in_evaluation)}
     if not train.gradient_checkpointing:
         switched = load_run_config(config_path, [*overrides, "train.gradient_checkpointing=true"])
         probe = probe_activations(get_task_class(switched.task)(switched), with_eval=False)

@@ -162,11 +162,11 @@ class Task(ABC):
         `engine.pretrained.empty_weights()`, so load them with `load_pretrained`."""
         return []
 
-    def eval_helpers(self) -> list[torch.nn.Module]:
-        """Frozen models on every device while evaluating or sampling: the training ones, plus any a latent
-        cache keeps off the device in training that sampling brings back (a VAE to decode videos).
-        `framer-ds plan` counts them like `frozen_helpers`, inside `empty_weights()`."""
-        return self.frozen_helpers()
+    def eval_only_helpers(self) -> list[torch.nn.Module]:
+        """Frozen models that come to every device only while evaluating or sampling, beside
+        `frozen_helpers` (a VAE a latent cache keeps off the device in training and sampling brings
+        back). `framer-ds plan` counts them like `frozen_helpers`, inside `empty_weights()`."""
+        return []
 
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The dtype each frozen helper runs in on the device (e.g. a VAE kept in fp32 where fp16
@@ -178,7 +178,8 @@ class Task(ABC):
     ) -> None:
         """Run, under no_grad, what evaluation or sampling computes beyond the training step (a video
         task's denoiser on a guided batch and its VAE decode); `framer-ds plan` measures its peak on fake
-        tensors, `batch` being `example_batch(2)` on the model's device. Nothing by default: evaluation
+        tensors, `helpers` being `frozen_helpers() + eval_only_helpers()` and `batch` `example_batch(2)`,
+        on the model's device. Nothing by default: evaluation
         is the training forward without its backward, which the training peak already covers."""
         return None
 

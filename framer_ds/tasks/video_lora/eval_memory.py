@@ -1,5 +1,5 @@
 """What a video_lora run's evaluation phase puts on the device beyond the training step (a `framer-ds
-plan` input, through the Task hooks `eval_helpers`, `helper_dtypes` and `eval_transient`).
+plan` input, through the Task hooks `eval_only_helpers`, `helper_dtypes` and `eval_transient`).
 
 Why it matters: with the latent cache on, the VAE and the image encoder leave the device once the cache
 is filled, and come back for every validation-sample round and every interp_eval. There the denoiser
@@ -36,12 +36,12 @@ class VideoEvalMemory:
     """The evaluation-phase hooks of `VideoLoraTask` (mixed in: they need its config, frozen encoders and
     training loss)."""
 
-    def eval_helpers(self) -> list[torch.nn.Module]:
-        """The VAE and image encoder whenever sampling brings them to the device, else what training
-        keeps there."""
+    def eval_only_helpers(self) -> list[torch.nn.Module]:
+        """The VAE and image encoder when the latent cache keeps them off the device in training and
+        sampling brings them back; without the cache they are `frozen_helpers` already."""
         if self.config.data.cache.enabled and samples_during_training(self.config):
             return list(self.frozen.load())
-        return self.frozen_helpers()
+        return []
 
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The VAE in the dtype SVD's VAE tolerates (fp32 under fp16 with force_upcast), as
