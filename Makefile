@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4,<2.15" || echo "torch==2.13.0")
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-fast lint format bench bench-memory clean
+.PHONY: setup quickstart test test-fast test-readme lint format bench bench-memory clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,10 @@ quickstart: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Every README command block run as written in a scratch copy, the long trainings included (~10 min).
+test-readme: setup
+	$(PY) -m pytest tests/test_readme.py -m "readme_full or not readme_full" $(PYTEST_ARGS)
 
 # The inner loop: everything but the multi-process launches (about a third of the suite's time).
 test-fast: setup

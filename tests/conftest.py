@@ -31,6 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "readme_full" not in (config.getoption("markexpr") or ""):
+        skip_full = pytest.mark.skip(reason="runs every README training for real: `make test-readme`")
+        for item in items:
+            if "readme_full" in item.keywords:
+                item.add_marker(skip_full)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -214,6 +214,15 @@ def test_unknown_task_suggests_the_registered_one(quickstart_overrides, capsys):
     assert "task: unknown task 'vit_clasification'. Did you mean 'vit_classification'?" in err
 
 
+@pytest.mark.parametrize(("command", "serving"), [("tracks", "video_lora"), ("encode-audio", "tts_lm")])
+def test_a_task_specific_data_command_on_another_task_names_its_tasks(capsys, command, serving):
+    """`framer-ds data tracks` on the quickstart (vit_classification) used to end in a TypeError."""
+    rc, _, err = cli(capsys, "data", command, QUICKSTART)
+    assert rc == 1
+    assert f"`framer-ds data {command}` serves the task(s) {serving}" in err, err
+    assert "'vit_classification'" in err and "Traceback" not in err
+
+
 def test_pretrained_path_without_config_json(quickstart_overrides, tmp_path, capsys):
     not_a_model = tmp_path / "downloads" / "vit"
     not_a_model.mkdir(parents=True)

@@ -47,6 +47,24 @@ def test_malformed_override_is_reported():
     assert "key.path=value" in problems_of(QUICKSTART, ["train.max_steps"])[0]
 
 
+def test_problems_from_overrides_name_the_override():
+    """A bad value typed on the command line is looked for there: the error says which override."""
+    with pytest.raises(ConfigError) as info:
+        load_run_config(QUICKSTART, ["train.learning_rate=abc", "train.lrr=1", "train.epochs=0"])
+    lines = sorted(info.value.render().splitlines()[1:])
+    assert lines[0].startswith("  - train.epochs: got 0") and lines[0].endswith(
+        "(in override train.epochs=0)"
+    )
+    assert lines[1].startswith("  - train.learning_rate: got 'abc'")
+    assert lines[1].endswith("(in override train.learning_rate=abc)")
+    assert lines[2].startswith("  - train.lrr: unknown key") and lines[2].endswith(
+        "(in override train.lrr=1)"
+    )
+    with pytest.raises(ConfigError) as from_file:
+        load_run_config(QUICKSTART, ["train.max_steps=3", "train.learning_rate=abc"])
+    assert "train.max_steps" not in from_file.value.render()  # a valid override is not blamed
+
+
 def test_override_into_a_value_is_reported():
     found = problems_of(QUICKSTART, ["output_dir.x=1"])
     assert any("'output_dir' is a value, not a section" in p for p in found)
@@ -74,7 +92,9 @@ def test_all_errors_reported_at_once():
 
 def test_wrong_type_names_key_path(tmp_path):
     found = problems_of(QUICKSTART, ["train.epochs=-1"])
-    assert found == ["train.epochs: got -1: Input should be greater than or equal to 1."]
+    assert found == [
+        "train.epochs: got -1: Input should be greater than or equal to 1. (in override train.epochs=-1)"
+    ]
 
 
 def test_unknown_task_suggests_registered(tmp_path):

@@ -85,6 +85,29 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[Confi
     return problems
 
 
+def attribute_to_overrides(
+    problems: Sequence[ConfigProblem], overrides: Sequence[str]
+) -> list[ConfigProblem]:
+    """Name the command-line override behind each problem it caused: a user who typed
+    `train.learning_rate=abc` looks for it on the command line, not in the YAML file."""
+    keys = {item.partition("=")[0].strip(): item for item in overrides if "=" in item}
+    attributed = []
+    for problem in problems:
+        item = next(
+            (
+                text
+                for key, text in keys.items()
+                if problem.where == key
+                or problem.where.startswith(key + ".")
+                or key.startswith(problem.where + ".")
+            ),
+            None,
+        )
+        message = problem.message if item is None else f"{problem.message} (in override {item})"
+        attributed.append(ConfigProblem(problem.where, message))
+    return attributed
+
+
 def section_model(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation such as `WandbConfig | None`, if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):

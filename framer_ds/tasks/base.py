@@ -113,9 +113,10 @@ class Task(ABC):
             ]
         )
 
-    def compute_tracks(self) -> str:
+    def compute_tracks(self, shard: tuple[int, int] = (0, 1)) -> str:
         """`framer-ds data tracks`: precompute point tracks of every video (resumable); returns what was
-        done. Tasks without trajectories keep this error."""
+        done; `shard` (index, count) picks this process's share of the videos. Tasks without
+        trajectories keep this error."""
         raise ConfigError(
             [ConfigProblem("task", f"task {self.name!r} has no point tracks (video_lora has: data.tracks)")]
         )

@@ -53,3 +53,26 @@ def get_task_class(name: str) -> type[Task]:
     if name not in available_tasks():
         raise ConfigError([unknown_task_problem(name)], "config")
     return _TASKS[name]
+
+
+def tasks_serving(method: str) -> list[str]:
+    """The registered tasks that implement the Task hook `method` (override the base's refusal)."""
+    _load_builtin_tasks()
+    default = getattr(Task, method)
+    return sorted(name for name, cls in _TASKS.items() if getattr(cls, method) is not default)
+
+
+def require_task_hook(task: Task, method: str, command: str) -> None:
+    """A task-specific command (`framer-ds data tracks`, `data encode-audio`) on a task without it:
+    one line naming the tasks it serves, before anything is built."""
+    if getattr(type(task), method) is getattr(Task, method):
+        serving = ", ".join(tasks_serving(method)) or "none of the registered tasks"
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "task",
+                    f"`framer-ds {command}` serves the task(s) {serving}; this config's task is "
+                    f"{task.name!r}. Point it at a config of one of those tasks.",
+                )
+            ]
+        )

@@ -17,7 +17,12 @@ from pydantic import BaseModel, ValidationError
 
 from framer_ds import __version__
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
-from framer_ds.config.loader import apply_overrides, describe_validation_error, read_yaml_mapping
+from framer_ds.config.loader import (
+    apply_overrides,
+    attribute_to_overrides,
+    describe_validation_error,
+    read_yaml_mapping,
+)
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.export import EXPORT_RECORD, read_export_record
 from framer_ds.tasks.base import Task
@@ -76,9 +81,9 @@ def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfi
     try:
         config = validate_run_config(raw, str(path))
     except ConfigError as exc:
-        raise ConfigError(problems + exc.problems, str(path)) from None
+        problems += exc.problems
     if problems:
-        raise ConfigError(problems, str(path))
+        raise ConfigError(attribute_to_overrides(problems, overrides), str(path)) from None
     return config
 
 
