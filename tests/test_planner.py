@@ -157,12 +157,22 @@ def test_plan_runs_on_every_shipped_config_without_weights(checkpoints_without_w
         assert plan["recommendation"]["command"].startswith("accelerate launch"), name
 
 
+def test_the_micro_batch_search_limit_is_named():
+    from framer_ds.lab.planner import MAX_MICRO_BATCH, micro_batch_limit
+
+    assert micro_batch_limit(1437, 1) == (1437, "data") and micro_batch_limit(1437, 4) == (360, "data")
+    assert micro_batch_limit(None, 2) == (MAX_MICRO_BATCH, "search limit")
+    assert micro_batch_limit(10**6, 2) == (MAX_MICRO_BATCH, "search limit")
+
+
 def test_plan_table_and_bad_flags_all_reported(capsys):
     config = str(REPO / "configs/quickstart.yaml")
     assert main(["plan", config, *TINY_VIT_OVERRIDES, "--gpus", "2", "--gpu-memory", "16GB"]) == 0
     out = capsys.readouterr().out
     assert "recommended: ddp" in out and "accelerate launch --multi_gpu --num_processes 2" in out
     assert "usable after a" in out and "largest mb" in out
+    # 1,437 training digits over 2 ranks: no rank ever sees a micro-batch above 719 (it said 4096).
+    assert "719 (data)" in out and "4096" not in out
     assert main(["plan", config, "--gpus", "0", "--gpu-memory", "lots"]) == 1
     err = capsys.readouterr().err
     assert "--gpus: must be at least 1" in err and "'lots' is not a size" in err

@@ -90,6 +90,9 @@ class StrategyRow:
     host_bytes_per_node: int
     largest_micro_batch: int
     """0: not even one sample fits."""
+    largest_limited_by: str
+    """What stops the micro-batch from growing: "memory", "data" (each rank's share of the training
+    examples) or "search limit" (MAX_MICRO_BATCH: memory would allow more)."""
     micro_batch: int
     """The micro-batch this row runs at: the configured one, or the largest that fits below it."""
     accumulation: int
@@ -159,18 +162,26 @@ def resolved_zero(strategy: str, census: ParameterCensus, deepspeed_dir: Path, h
     return zero
 
 
-def _largest_fitting(fits) -> int:
-    """The largest k in [1, MAX_MICRO_BATCH] with fits(k), for a monotone fits; 0 when none."""
+def _largest_fitting(fits, limit: int = MAX_MICRO_BATCH) -> int:
+    """The largest k in [1, limit] with fits(k), for a monotone fits; 0 when none."""
     if not fits(1):
         return 0
     low, high = 1, 2
-    while high <= MAX_MICRO_BATCH and fits(high):
+    while high <= limit and fits(high):
         low, high = high, high * 2
-    high = min(high, MAX_MICRO_BATCH + 1)
+    high = min(high, limit + 1)
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
+
+
+def micro_batch_limit(train_examples: int | None, world: int) -> tuple[int, str]:
+    """The largest micro-batch worth searching and what sets it: a rank never sees a micro-batch larger
+    than its share of the training set (1,437 examples on 1 rank: 1,437, not 4,096)."""
+    if train_examples is not None and math.ceil(train_examples / world) < MAX_MICRO_BATCH:
+        return max(1, math.ceil(train_examples / world)), "data"
+    return MAX_MICRO_BATCH, "search limit"
 
 
 def _split_batch(global_batch: int, world: int, largest: int) -> tuple[int, int]:
@@ -193,6 +204,7 @@ def strategy_row(
     zero: dict,
     micro_batch: int,
     global_batch: int,
+    limit: tuple[int, str] = (MAX_MICRO_BATCH, "search limit"),
 ) -> StrategyRow:
     def memory(k: int) -> MemoryEstimate:
         return estimate(
@@ -206,7 +218,8 @@ def strategy_row(
         host_ok = hardware.cpu_bytes is None or host_per_node(found) <= hardware.cpu_bytes
         return found.peak("device") <= hardware.usable and host_ok
 
-    largest = _largest_fitting(lambda k: within(memory(k)))
+    largest = _largest_fitting(lambda k: within(memory(k)), limit[0])
+    limited_by = limit[1] if largest == limit[0] else "memory"
     runs_at, accumulation = _split_batch(
         global_batch, hardware.world, min(micro_batch, largest) or micro_batch
     )
@@ -228,6 +241,7 @@ def strategy_row(
         device_bytes=found.peak("device"),
         host_bytes_per_node=host_per_node(found),
         largest_micro_batch=largest,
+        largest_limited_by=limited_by,
         micro_batch=runs_at,
         accumulation=accumulation,
         global_batch=runs_at * accumulation * hardware.world,
@@ -303,6 +317,7 @@ def make_plan(
     micro_batch = train.micro_batch_size
     target = global_batch or micro_batch * train.gradient_accumulation_steps * hardware.world
 
+    limit = micro_batch_limit(task.train_example_count(), hardware.world)
     zeros: dict[str, dict | FileNotFoundError] = {}  # each JSON read once, for both probes
     for strategy in strategies:
         try:
@@ -313,9 +328,9 @@ def make_plan(
     def rows_for(probe: ActivationProbe) -> list[StrategyRow]:
         mp = train.mixed_precision
         return [
-            StrategyRow(strategy, False, 0, 0, 0, micro_batch, 0, 0, note=str(zero))
+            StrategyRow(strategy, False, 0, 0, 0, "memory", micro_batch, 0, 0, note=str(zero))
             if isinstance(zero, FileNotFoundError)
-            else strategy_row(strategy, census, probe, hardware, mp, zero, micro_batch, target)
+            else strategy_row(strategy, census, probe, hardware, mp, zero, micro_batch, target, limit)
             for strategy, zero in zeros.items()
         ]
 
@@ -386,15 +401,17 @@ def format_plan(plan: Plan) -> str:
         lines += [
             "",
             f"strategies{title}:",
-            f"{'':<14} fits  peak/GPU     host/node    largest mb  accumulation",
+            f"{'':<14} fits  peak/GPU     host/node    largest mb          accumulation",
         ]
         for row in rows:
             host = _gib(row.host_bytes_per_node) if row.host_bytes_per_node else "-"
             accumulation = f"{row.accumulation} (mb {row.micro_batch})" if row.largest_micro_batch else "-"
+            largest = str(row.largest_micro_batch)
+            if row.largest_micro_batch and row.largest_limited_by != "memory":
+                largest += f" ({row.largest_limited_by})"
             lines.append(
                 f"{row.strategy:<14} {'yes' if row.fits else 'no':<5} {_gib(row.device_bytes):<12} "
-                f"{host:<12} {row.largest_micro_batch:<11} {accumulation}"
-                + (f"  - {row.note}" if row.note else "")
+                f"{host:<12} {largest:<19} {accumulation}" + (f"  - {row.note}" if row.note else "")
             )
     lines.append("")
     if plan.recommendation is None:

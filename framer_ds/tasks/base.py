@@ -121,6 +121,11 @@ class Task(ABC):
             [ConfigProblem("task", f"task {self.name!r} has no point tracks (video_lora has: data.tracks)")]
         )
 
+    def train_example_count(self) -> int | None:
+        """Training examples, when counting them is cheap (an index, not a pass over the media): `plan`
+        caps the largest micro-batch at each rank's share. None: unknown without reading the data."""
+        return None
+
     def data_report(self) -> str:
         """What `framer-ds data check` prints: counts and anything rejected. Raises ConfigError when
         the data is unusable. Tasks override it with a richer report."""

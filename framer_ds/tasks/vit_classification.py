@@ -205,6 +205,9 @@ class VitClassificationTask(Task):
             ImageFolderDataset(index.val, self.image_transform(arch, train=False)),
         )
 
+    def train_example_count(self) -> int | None:
+        return len(self._scan().train)
+
     def build_model(self) -> torch.nn.Module:
         index = self._scan()
         labels = {
