@@ -37,6 +37,11 @@ class MlpDataConfig(StrictModel):
     record_dir: Path | None = Field(None, description="Each rank appends the sample ids it trained on.")
     sleep_per_batch_s: float = 0.0
     startup_sleep_s: float = Field(0.0, description="Sleep while building the datasets (a slow start-up).")
+    nan_grad_after_batches: int = Field(
+        0,
+        description="From this process's N-th training micro-batch on (0 = never) the loss stays finite "
+        "but its gradient is NaN, as when a backward overflows: the step leaves every weight NaN.",
+    )
 
 
 class RegressionSet(Dataset):
@@ -75,6 +80,10 @@ class MlpRegressionTask(Task):
     ModelConfig = MlpModelConfig
     DataConfig = MlpDataConfig
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.batches_trained = 0
+
     def build_datasets(self):
         data = self.config.data
         if data.startup_sleep_s:
@@ -107,7 +116,13 @@ class MlpRegressionTask(Task):
                 f.write(json.dumps(batch["id"].tolist()) + "\n")
         if data.sleep_per_batch_s:
             time.sleep(data.sleep_per_batch_s)
-        return F.mse_loss(model(batch["x"]).float(), batch["y"].float())
+        pred = model(batch["x"]).float()
+        loss = F.mse_loss(pred, batch["y"].float())
+        self.batches_trained += 1
+        if data.nan_grad_after_batches and self.batches_trained >= data.nan_grad_after_batches:
+            # sqrt's derivative at 0 is inf, and 0 * inf is NaN: the value adds 0, every gradient is NaN
+            loss = loss + 0.0 * torch.sqrt(pred.sum() * 0.0)
+        return loss
 
     def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
         pred = model(batch["x"]).float()
