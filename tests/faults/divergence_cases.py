@@ -1,15 +1,18 @@
 """Fault cases: a run that diverges. Its weights go NaN in an update whose loss was still finite (the test
-task's `data.nan_grad_after_batches`: a finite loss with a NaN gradient, as when a backward overflows),
+task's `data.bad_grad_after_batches`: a finite loss with a NaN gradient, as when a backward overflows),
 so the loss check only notices on the next step. No checkpoint, best/ or final/ may hold those weights."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import torch
 from faults.harness import case, cli, mlp
 from safetensors.torch import load_file
+
+from conftest import REPO, accelerate_launch_cmd, launch_env
 
 # Micro-batch 8 x accumulation 2 (the test config): optimizer step k trains micro-batches 2k-1 and 2k, so
 # a NaN gradient from micro-batch 15 on poisons the weights in the update of step 8.
@@ -26,7 +29,7 @@ def nonfinite_tensors(checkpoint: Path) -> int:
 
 
 def diverging(tmp: Path, name: str = "run", task_data: dict | None = None, **train) -> tuple[Path, Path]:
-    data = {**SMALL["data"], "nan_grad_after_batches": 2 * POISONED_STEP - 1, **(task_data or {})}
+    data = {**SMALL["data"], "bad_grad_after_batches": 2 * POISONED_STEP - 1, **(task_data or {})}
     settings = {"max_steps": 12, "checkpoint_every": 2, "keep_last_checkpoints": 2, **train}
     return mlp(tmp, name, model=SMALL["model"], data=data, train=settings)
 
@@ -55,8 +58,8 @@ def divergence_keeps_the_finite_checkpoints(tmp: Path) -> str:
         str(config),
         "train.resume=latest",
         "train.learning_rate=1e-4",
-        "data.nan_grad_after_batches=0",  # the "fix" that lets this resume train on
-        "train.resume_allow_changes=[data.nan_grad_after_batches]",
+        "data.bad_grad_after_batches=0",  # the "fix" that lets this resume train on
+        "train.resume_allow_changes=[data.bad_grad_after_batches]",
     )
     assert resumed.rc == 0, resumed.err[-2000:]
     assert f"resumed from {newest} at step 6" in resumed.out, resumed.out[-2000:]
@@ -90,3 +93,47 @@ def divergence_never_exports_best_or_final(tmp: Path) -> str:
     ]
     assert f"The newest finite checkpoint is {run / 'checkpoints' / 'step_6'}" in ran.err
     return "best/ kept at step 6, no final/, exit 1 naming checkpoints/step_6"
+
+
+@case(
+    "the same divergence under 2-process DDP: the weights go NaN in step 8's update on both ranks",
+    "both ranks skip the step_8 save together (no hang), step_4 and step_6 stay; exit non-zero naming step_6",
+    multi_process=True,
+)
+def divergence_under_ddp_skips_the_save_on_every_rank(tmp: Path) -> str:
+    config, run = diverging(tmp)
+    cmd = accelerate_launch_cmd(
+        "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config)
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode != 0
+    assert f"checkpoint step_{POISONED_STEP} NOT written" in proc.stdout, proc.stdout[-2000:]
+    assert f"The newest finite checkpoint is {run / 'checkpoints' / 'step_6'}" in proc.stderr, proc.stderr[
+        -3000:
+    ]
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert kept == ["step_4", "step_6"], kept
+    assert [nonfinite_tensors(run / "checkpoints" / name) for name in kept] == [0, 0]
+    return "step_8 skipped on both ranks; kept step_4, step_6 (finite); exit non-zero naming step_6"
+
+
+@case(
+    "gradients of ~1e20 (finite) from step 8 on, no clipping: Adam's squared-gradient moment overflows "
+    "to inf while the weights stay finite",
+    "the checkpoints from step 8 on are not written (a warning names the optimizer state); the run "
+    "finishes and final/ is exported from its finite weights",
+)
+def an_overflowing_optimizer_state_is_not_checkpointed(tmp: Path) -> str:
+    config, run = diverging(tmp, task_data={"bad_grad": "huge"}, max_grad_norm=0.0)
+    ran = cli("train", str(config))
+    assert ran.rc == 0, ran.err[-2000:]
+    for step in (8, 10, 12):
+        warning = (
+            f"step {step}: the optimizer state is not finite (NaN/inf); checkpoint step_{step} NOT written"
+        )
+        assert warning in ran.out, ran.out[-2000:]
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert kept == ["step_4", "step_6"], kept
+    assert [nonfinite_tensors(run / "checkpoints" / name) for name in kept] == [0, 0]
+    assert (run / "final" / "model.safetensors").is_file()
+    return "step_8, step_10, step_12 not written (optimizer state); kept step_4, step_6; final/ exported"

@@ -1,0 +1,47 @@
+"""engine/finite.py: what counts as a finite training state, on the tensors each rank holds."""
+
+from __future__ import annotations
+
+import torch
+from accelerate import Accelerator
+
+from framer_ds.engine.finite import Finiteness, agreed_finiteness, all_finite, optimizer_tensors
+
+
+def test_large_finite_values_are_finite_and_any_nan_or_inf_is_not():
+    # 1e30 squared overflows float32 (max ~3.4e38): a 2-norm or a sum of squares would call these weights
+    # non-finite; the inf-norm (max |x|) cannot overflow. Empty tensors (unsharded ZeRO-3 placeholders)
+    # and integer tensors are skipped.
+    big = torch.full((1000,), 1e30)
+    assert all_finite([big, big.to(torch.bfloat16), torch.empty(0), torch.arange(3)])
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
+            poisoned = torch.ones(7, dtype=dtype)
+            poisoned[3] = bad
+            assert not all_finite([big, poisoned]), (bad, dtype)
+
+
+def test_the_optimizer_state_behind_accelerates_wrapper_is_checked():
+    """Adam's moment overflowing to inf leaves the weights finite (its update is m / sqrt(inf) = 0), and
+    the check still finds it: the state of the torch optimizer inside accelerate's wrapper is read."""
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 2)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    assert agreed_finiteness(accelerator, model, optimizer) == Finiteness(weights=True, optimizer=True)
+    assert any(t is model.weight for t in optimizer_tensors(optimizer))
+    state = optimizer.optimizer.state[model.weight]
+    state["exp_avg_sq"][0, 0] = float("inf")
+    found = agreed_finiteness(accelerator, model, optimizer)
+    assert found == Finiteness(weights=True, optimizer=False)
+    assert found.describe() == "the optimizer state is not finite (NaN/inf)"
+    with torch.no_grad():
+        model.bias[1] = float("nan")
+    assert (
+        agreed_finiteness(accelerator, model).describe() == "the trainable weights are not finite (NaN/inf)"
+    )
+    assert (
+        agreed_finiteness(accelerator, model, optimizer).describe()
+        == "the trainable weights and the optimizer state are not finite (NaN/inf)"
+    )
