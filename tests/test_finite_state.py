@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+
+import pytest
 import torch
 from accelerate import Accelerator
 
+from conftest import REPO, accelerate_launch_cmd, launch_env, strategy_launch_args
 from framer_ds.engine.finite import Finiteness, agreed_finiteness, all_finite, optimizer_tensors
 
 
@@ -45,3 +50,25 @@ def test_the_optimizer_state_behind_accelerates_wrapper_is_checked():
         agreed_finiteness(accelerator, model, optimizer).describe()
         == "the trainable weights and the optimizer state are not finite (NaN/inf)"
     )
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_a_nan_only_one_rank_holds_is_seen_by_every_rank(strategy, tmp_path):
+    """Under ZeRO each rank holds a shard (ZeRO-3: of every parameter; both: of the fp32 master weights
+    and Adam's moments). A NaN put into rank 1's shard only must make BOTH ranks report it: saving is a
+    collective, and a rank that took the other branch would wait in it forever."""
+    cmd = accelerate_launch_cmd(*strategy_launch_args(strategy, tmp_path), "tests/finite_agreement_script.py")
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = sorted(
+        (json.loads(line.split("FINITE ", 1)[1]) for line in proc.stdout.splitlines() if "FINITE " in line),
+        key=lambda r: r["rank"],
+    )
+    assert [r["rank"] for r in seen] == [0, 1], proc.stdout[-2000:]
+    for report in seen:
+        assert report["clean"] is True
+        assert report["weights"] == [False, True], report
+        assert report["optimizer"] == [True, False], report
