@@ -138,7 +138,10 @@ def test_repeated_nan_aborts_without_writing_poisoned_weights(tmp_path, capsys):
     )
     assert cli_main(["train", str(config)]) == 1
     err = capsys.readouterr().err
-    assert "non-finite loss (NaN/inf)" in err and "3 steps in a row" in err and "train.learning_rate" in err
+    assert "non-finite loss (NaN/inf)" in err and "3 steps in a row" in err
+    # no checkpoint to name: the advice says so and suggests a tenth of the learning rate (1e-3)
+    assert f"There is no checkpoint in {run_dir / 'checkpoints'}" in err
+    assert "train.learning_rate=0.0001 --overwrite" in err
     assert not (run_dir / "final").exists()
     assert not list((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").exists() else True
 

@@ -167,8 +167,8 @@ def divergence_advice(output_dir: Path, learning_rate: float) -> str:
     lower = f"train.learning_rate={learning_rate / 10:g}"
     if newest is None:
         return (
-            "No checkpoint was written (none had finite weights); start again with a lower learning "
-            f"rate, e.g. {lower} --overwrite."
+            f"There is no checkpoint in {output_dir / 'checkpoints'} to resume from; start again with a "
+            f"lower learning rate, e.g. {lower} --overwrite."
         )
     return (
         f"The newest finite checkpoint is {newest} (step {step_of(newest)}; none was written from "
