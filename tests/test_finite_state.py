@@ -55,7 +55,10 @@ def test_the_optimizer_state_behind_accelerates_wrapper_is_checked():
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+# ZeRO-3 only: its shards cover both places a rank's view differs (parameter partitions and the fp32
+# master partition with Adam's moments); ZeRO-2's optimizer is reached the same way (also passes, ~1 min
+# more suite time).
+@pytest.mark.parametrize("strategy", ["zero3"])
 def test_a_nan_only_one_rank_holds_is_seen_by_every_rank(strategy, tmp_path):
     """Under ZeRO each rank holds a shard (ZeRO-3: of every parameter; both: of the fp32 master weights
     and Adam's moments). A NaN put into rank 1's shard only must make BOTH ranks report it: saving is a
