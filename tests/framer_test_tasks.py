@@ -11,6 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,16 @@ class MlpDataConfig(StrictModel):
     record_dir: Path | None = Field(None, description="Each rank appends the sample ids it trained on.")
     sleep_per_batch_s: float = 0.0
     startup_sleep_s: float = Field(0.0, description="Sleep while building the datasets (a slow start-up).")
+    bad_grad_after_batches: int = Field(
+        0,
+        description="From this process's N-th training micro-batch on (0 = never) the loss stays finite "
+        "but its gradient is bad (`bad_grad`), as when a backward overflows.",
+    )
+    bad_grad: Literal["nan", "huge"] = Field(
+        "nan",
+        description="'nan': every gradient is NaN, so the step leaves the weights NaN. 'huge': gradients "
+        "of ~1e20, finite, but Adam's squared-gradient moment overflows to inf (weights stay finite).",
+    )
 
 
 class RegressionSet(Dataset):
@@ -75,6 +86,10 @@ class MlpRegressionTask(Task):
     ModelConfig = MlpModelConfig
     DataConfig = MlpDataConfig
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.batches_trained = 0
+
     def build_datasets(self):
         data = self.config.data
         if data.startup_sleep_s:
@@ -107,7 +122,15 @@ class MlpRegressionTask(Task):
                 f.write(json.dumps(batch["id"].tolist()) + "\n")
         if data.sleep_per_batch_s:
             time.sleep(data.sleep_per_batch_s)
-        return F.mse_loss(model(batch["x"]).float(), batch["y"].float())
+        pred = model(batch["x"]).float()
+        loss = F.mse_loss(pred, batch["y"].float())
+        self.batches_trained += 1
+        if data.bad_grad_after_batches and self.batches_trained >= data.bad_grad_after_batches:
+            if data.bad_grad == "nan":  # sqrt's derivative at 0 is inf and 0 * inf is NaN; the value adds 0
+                loss = loss + 0.0 * torch.sqrt(pred.sum() * 0.0)
+            else:  # adds 0, and 1e20 to d loss / d pred
+                loss = loss + (pred.sum() * 1e20 - (pred.sum() * 1e20).detach())
+        return loss
 
     def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
         pred = model(batch["x"]).float()

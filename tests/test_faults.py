@@ -27,7 +27,7 @@ from conftest import (
     wait_for_step,
 )
 from framer_ds.cli.main import main as cli_main
-from framer_ds.train.faults import EXIT_PREEMPTED, PREEMPTED_MARKER
+from framer_ds.train.faults import EXIT_PREEMPTED, PREEMPTED_MARKER, Preempted
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -138,7 +138,10 @@ def test_repeated_nan_aborts_without_writing_poisoned_weights(tmp_path, capsys):
     )
     assert cli_main(["train", str(config)]) == 1
     err = capsys.readouterr().err
-    assert "non-finite loss (NaN/inf)" in err and "3 steps in a row" in err and "train.learning_rate" in err
+    assert "non-finite loss (NaN/inf)" in err and "3 steps in a row" in err
+    # no checkpoint to name: the advice says so and suggests a tenth of the learning rate (1e-3)
+    assert f"There is no checkpoint in {run_dir / 'checkpoints'}" in err
+    assert "train.learning_rate=0.0001 --overwrite" in err
     assert not (run_dir / "final").exists()
     assert not list((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").exists() else True
 
@@ -152,6 +155,20 @@ def test_abort_policy_stops_at_the_first_nan(tmp_path, capsys):
     )
     assert cli_main(["train", str(config)]) == 1
     assert "non-finite loss (NaN/inf) at optimizer step" in capsys.readouterr().err
+
+
+def test_a_stop_after_a_non_finite_step_names_the_checkpoint_a_requeue_resumes():
+    """SaveCheckpoint skips a non-finite state even for a stop signal: preempted.json and the message
+    then name the newest (finite) checkpoint, not one of the step the signal stopped."""
+    root = Path("run/checkpoints")
+    assert (
+        str(Preempted(8, "SIGTERM", root / "step_8")) == "stopped by SIGTERM after step 8; checkpoint written"
+    )
+    skipped = str(Preempted(8, "SIGTERM", root / "step_6"))
+    assert skipped.endswith(
+        "after step 8; its state was not finite, so no checkpoint was written (the newest is step_6)"
+    )
+    assert str(Preempted(8, "SIGTERM", None)).endswith("no checkpoint was written (there is none)")
 
 
 @pytest.mark.distributed

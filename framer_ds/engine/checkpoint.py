@@ -78,6 +78,12 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def newest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    found = complete_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
 @dataclass
 class ResumeChoice:
     """The checkpoint a run continues from, and what the choice had to say about the others."""

@@ -23,8 +23,9 @@ from tqdm.auto import tqdm
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import TrainConfig
-from framer_ds.engine.checkpoint import TrainerState, save_checkpoint
+from framer_ds.engine.checkpoint import TrainerState, newest_checkpoint, save_checkpoint
 from framer_ds.engine.export import publish_export
+from framer_ds.engine.finite import Finiteness, agreed_finiteness
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.train.console import say
@@ -247,9 +248,15 @@ class KeepBest(StepAction):
             state.best_value = state.best_step = None
         if self.improves(value, state.best_value):
             record = {"step": step, "metric": self.metric, "value": value, "mode": self.mode}
-            write_export(ctx.run, ctx.output_dir / BEST_DIR, record=(BEST_RECORD, record))
-            state.best_value, state.best_step = value, step
-            say(ctx.run.accelerator, f"step {step}: best {self.metric}={value:.4f} so far, exported to best/")
+            finite = write_export(ctx.run, ctx.output_dir / BEST_DIR, record=(BEST_RECORD, record))
+            if finite.ok:
+                state.best_value, state.best_step = value, step
+                say(
+                    ctx.run.accelerator,
+                    f"step {step}: best {self.metric}={value:.4f} so far, exported to best/",
+                )
+            else:
+                say(ctx.run.accelerator, f"warning: step {step}: {finite.describe()}; best/ is kept")
         elif not math.isfinite(value):
             say(ctx.run.accelerator, f"step {step}: {self.metric}={value} is not finite; best/ is kept")
         if state.best_value is not None:
@@ -264,10 +271,16 @@ class KeepBest(StepAction):
         return value > best if self.mode == "max" else value < best
 
 
-def write_export(run: TrainingRun, target: Path, record: tuple[str, dict] | None = None) -> None:
+def write_export(run: TrainingRun, target: Path, record: tuple[str, dict] | None = None) -> Finiteness:
     """The task's export (`final/`, `best/`) into `target`, atomically, with an optional JSON record
-    (name, content) inside it, published together with the weights. Call on EVERY rank."""
+    (name, content) inside it, published together with the weights. Call on EVERY rank.
+
+    Nothing is written when the trainable weights are not finite on some rank (an export of NaN
+    weights replaced a good `best/` or `final/`); the caller learns it from the returned `Finiteness`."""
     accelerator = run.accelerator
+    finite = agreed_finiteness(accelerator, run.model)
+    if not finite.ok:
+        return finite
 
     def write(staging: Path) -> None:
         run.task.export_with_record(accelerator, run.model, staging)
@@ -275,6 +288,7 @@ def write_export(run: TrainingRun, target: Path, record: tuple[str, dict] | None
             atomic_write_json(staging / record[0], record[1])
 
     publish_export(accelerator, target, write)
+    return finite
 
 
 class WriteSamples(StepAction):
@@ -292,7 +306,11 @@ class WriteSamples(StepAction):
 
 class SaveCheckpoint(StepAction):
     """A resumable checkpoint on schedule, or at once when a stop signal reached any rank; after the
-    signal's checkpoint the run stops with `Preempted` (exit 75, requeue)."""
+    signal's checkpoint the run stops with `Preempted` (exit 75, requeue).
+
+    Only from a finite state: weights that went NaN/inf in an update whose loss was still finite would
+    otherwise be published, counted against keep_last (pruning the good checkpoints) and resumed by
+    `train.resume=latest`. Such a save is skipped, on every rank alike, with a warning naming the step."""
 
     name = "checkpoint"
 
@@ -300,14 +318,23 @@ class SaveCheckpoint(StepAction):
         return super().due(ctx) or (ctx.outcome is not None and ctx.outcome.stop_requested)
 
     def run(self, ctx: StepContext) -> None:
-        run, accelerator = ctx.run, ctx.run.accelerator
+        run, accelerator, step = ctx.run, ctx.run.accelerator, ctx.state.global_step
 
         def task_artifacts(directory: Path) -> None:
             run.task.checkpoint_artifacts(accelerator, run.model, directory)
 
-        path = save_checkpoint(accelerator, run.config, ctx.state, extra_artifacts=task_artifacts)
+        finite = agreed_finiteness(accelerator, run.model, run.optimizer)
+        if finite.ok:
+            path = save_checkpoint(accelerator, run.config, ctx.state, extra_artifacts=task_artifacts)
+        else:
+            path = newest_checkpoint(ctx.output_dir)
+            newest = f"the newest finite checkpoint stays {path}" if path else "no finite checkpoint exists"
+            say(
+                accelerator,
+                f"warning: step {step}: {finite.describe()}; checkpoint step_{step} NOT written, {newest}",
+            )
         if ctx.outcome is not None and ctx.outcome.stop_requested:
-            raise Preempted(ctx.state.global_step, ctx.signal_name() or "a stop signal on another rank", path)
+            raise Preempted(step, ctx.signal_name() or "a stop signal on another rank", path)
 
 
 def evaluation_cadence(train: TrainConfig) -> Cadence:

@@ -14,9 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from accelerate import Accelerator
-
+from framer_ds.engine.checkpoint import newest_checkpoint, step_of
 from framer_ds.storage.atomic import atomic_write_json
 
 # Exit status of a run that checkpointed because it was asked to stop (Slurm time limit or
@@ -31,6 +29,10 @@ class NonFiniteLossError(RuntimeError):
     """Too many consecutive optimizer steps had a non-finite loss: the run is diverging."""
 
 
+class NonFiniteWeightsError(NonFiniteLossError):
+    """The weights after the last step are not finite: `final/` is not exported from them."""
+
+
 class Preempted(Exception):
     """A stop signal ended the run: after the stop checkpoint (`checkpoint`), or during start-up, before
     training began (`checkpoint` is then the one the run would have resumed from, or None). The run
@@ -41,7 +43,14 @@ class Preempted(Exception):
     ):
         self.step, self.signal_name, self.checkpoint = step, signal_name, checkpoint
         self.during_startup = during_startup
-        what = "before training started" if during_startup else f"after step {step}; checkpoint written"
+        if during_startup:
+            what = "before training started"
+        elif checkpoint is not None and checkpoint.name == f"step_{step}":
+            what = f"after step {step}; checkpoint written"
+        else:  # the state was not finite (SaveCheckpoint): resuming continues from an earlier checkpoint
+            what = f"after step {step}; its state was not finite, so no checkpoint was written (" + (
+                f"the newest is {checkpoint.name})" if checkpoint is not None else "there is none)"
+            )
         super().__init__(f"stopped by {signal_name} {what}")
 
 
@@ -122,20 +131,14 @@ class ParentWatchdog:
                 return
 
 
-def exchange_flags(accelerator: Accelerator, *flags: bool) -> list[bool]:
-    """Whether ANY rank raised each flag (one all-reduce for all of them)."""
-    local = torch.tensor([float(f) for f in flags], device=accelerator.device)
-    if accelerator.num_processes > 1:
-        local = accelerator.reduce(local, reduction="sum")
-    return [bool(v > 0) for v in local.tolist()]
-
-
 @dataclass
 class NonFiniteTracker:
     """Counts optimizer steps whose window held a non-finite loss; aborts after too many in a row."""
 
     policy: str  # "skip" | "abort"
     max_consecutive: int
+    output_dir: Path  # where the advice finds the checkpoint to resume from
+    learning_rate: float  # the advice suggests a tenth of it
     skipped_total: int = 0
     consecutive: int = 0
 
@@ -149,10 +152,28 @@ class NonFiniteTracker:
             raise NonFiniteLossError(
                 f"non-finite loss (NaN/inf) at optimizer step {step + 1}"
                 + (f", {self.consecutive} steps in a row" if self.policy == "skip" else "")
-                + ". No checkpoint was written from these weights; the last checkpoint is clean. "
-                "Lower train.learning_rate, add warmup (train.warmup_steps), use bf16 instead of fp16, "
-                "or check the data; train.nonfinite_loss / train.max_consecutive_nonfinite set the policy."
+                + ". "
+                + divergence_advice(self.output_dir, self.learning_rate)
+                + " Also consider warmup (train.warmup_steps), bf16 instead of fp16, or checking the data; "
+                "train.nonfinite_loss / train.max_consecutive_nonfinite set the policy."
             )
+
+
+def divergence_advice(output_dir: Path, learning_rate: float) -> str:
+    """Where a diverged run continues from, truthfully. No checkpoint is written from non-finite weights
+    or optimizer state (SaveCheckpoint checks before saving), so the newest one on disk is the newest
+    finite one, and `train.resume=latest` picks it."""
+    newest = newest_checkpoint(output_dir)
+    lower = f"train.learning_rate={learning_rate / 10:g}"
+    if newest is None:
+        return (
+            f"There is no checkpoint in {output_dir / 'checkpoints'} to resume from; start again with a "
+            f"lower learning rate, e.g. {lower} --overwrite."
+        )
+    return (
+        f"The newest finite checkpoint is {newest} (step {step_of(newest)}; none was written from "
+        f"non-finite weights): resume from it with a lower learning rate, e.g. train.resume=latest {lower}."
+    )
 
 
 def write_preempted_marker(output_dir: Path, stop: Preempted) -> None:

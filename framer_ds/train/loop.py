@@ -29,7 +29,14 @@ from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.train.actions import StepContext, Throughput, default_actions, run_due_actions, write_export
 from framer_ds.train.console import above_the_progress_bar, say
-from framer_ds.train.faults import NonFiniteTracker, Preempted, StopRequest, write_preempted_marker
+from framer_ds.train.faults import (
+    NonFiniteTracker,
+    NonFiniteWeightsError,
+    Preempted,
+    StopRequest,
+    divergence_advice,
+    write_preempted_marker,
+)
 from framer_ds.train.run import TrainingRun, apply_config_after_resume, build_training_run
 from framer_ds.train.step import OptimizerStep, windows
 from framer_ds.train.summary import format_summary, run_summary
@@ -115,7 +122,13 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
     logger = MetricsLogger(accelerator, config, summary, state.global_step)
     try:
         eval_metrics = _train(run, state, logger, stop)
-        write_export(run, Path(config.output_dir) / "final")
+        finite = write_export(run, Path(config.output_dir) / "final")
+        if not finite.ok:
+            raise NonFiniteWeightsError(
+                f"after the last optimizer step ({state.global_step}) {finite.describe()}; final/ was "
+                "not exported from them. "
+                + divergence_advice(Path(config.output_dir), config.train.learning_rate)
+            )
     finally:
         logger.close()
     return TrainResult(Path(config.output_dir), state.global_step, eval_metrics)
@@ -148,7 +161,12 @@ def _train(
         epoch_now=state.epoch + state.batches_in_epoch / plan.batches_per_epoch,
     )
     actions = default_actions(run)
-    nonfinite = NonFiniteTracker(train_cfg.nonfinite_loss, train_cfg.max_consecutive_nonfinite)
+    nonfinite = NonFiniteTracker(
+        train_cfg.nonfinite_loss,
+        train_cfg.max_consecutive_nonfinite,
+        Path(run.config.output_dir),
+        train_cfg.learning_rate,
+    )
     step = OptimizerStep(run, lambda: stop.requested)
     run.model.train()
     with above_the_progress_bar():

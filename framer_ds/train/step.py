@@ -18,9 +18,10 @@ import torch
 
 from framer_ds.engine.accelerator import accumulation_step, uses_deepspeed
 from framer_ds.engine.checkpoint import TrainerState
+from framer_ds.engine.finite import exchange_flags
 from framer_ds.engine.precision import to_compute_dtype
 from framer_ds.tasks.base import TrainingLoss
-from framer_ds.train.faults import NonFiniteLossError, exchange_flags
+from framer_ds.train.faults import NonFiniteLossError
 from framer_ds.train.run import TrainingRun
 
 
