@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import TrainConfig
-from framer_ds.engine.checkpoint import TrainerState, save_checkpoint
+from framer_ds.engine.checkpoint import TrainerState, reporting_full_disk_during_save, save_checkpoint
 from framer_ds.engine.export import publish_export
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
 from framer_ds.storage.atomic import atomic_write_json
@@ -305,7 +305,8 @@ class SaveCheckpoint(StepAction):
         def task_artifacts(directory: Path) -> None:
             run.task.checkpoint_artifacts(accelerator, run.model, directory)
 
-        path = save_checkpoint(accelerator, run.config, ctx.state, extra_artifacts=task_artifacts)
+        with reporting_full_disk_during_save(run.config.output_dir, ctx.state.global_step):
+            path = save_checkpoint(accelerator, run.config, ctx.state, extra_artifacts=task_artifacts)
         if ctx.outcome is not None and ctx.outcome.stop_requested:
             raise Preempted(ctx.state.global_step, ctx.signal_name() or "a stop signal on another rank", path)
 

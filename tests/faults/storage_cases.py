@@ -3,14 +3,18 @@ output_dir that cannot be written), and unusable input files met at start."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from faults.harness import case, cli
+import pytest
+from faults.harness import case, cli, mlp, train_steps
 
 from conftest import REPO, launch_env
+from framer_ds.engine.manifest import verify_checkpoint
 
 # --- exports -----------------------------------------------------------------------------------------
 
@@ -50,3 +54,67 @@ def a_killed_merged_export_leaves_nothing_behind(tmp: Path) -> str:
     after = sorted(p.name for p in out.parent.iterdir())
     assert after == ["merged"] and (out / "model_index.json").is_file(), after
     return f"the kill left {left[0].rsplit('.', 2)[0]}.<host>.<pid>.<id>; the next export removed it: {after}"
+
+
+# --- full disks and paths that cannot be written -----------------------------------------------------
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, options: str) -> Iterator[Path]:
+    """A small tmpfs at `directory`: a real file system that really fills up (or is read-only), which a
+    chmod cannot fake for root. Skips where mounting is not permitted (not root, no CAP_SYS_ADMIN)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+@case(
+    "the disk fills up while a checkpoint is written (a real ENOSPC: output_dir on a 4 MiB tmpfs, each "
+    "checkpoint of the test MLP ~2.5 MB)",
+    "one line 'no space left on <checkpoints>: <n> bytes needed, <f> free; step_1 is kept' and exit 1, no "
+    "traceback; step_1 still verifies, the partial step_2 is gone, and after space is freed the run resumes",
+)
+def a_full_disk_keeps_the_previous_checkpoint(tmp: Path) -> str:
+    config, _ = mlp(tmp, train={"max_steps": 2, "checkpoint_every": 1})
+    with tmpfs(tmp / "disk", "size=4m") as disk:
+        run = disk / "run"
+        full = cli("train", str(config), f"output_dir={run}")
+        assert full.rc == 1, full.err[-2000:]
+        line = full.err.strip().splitlines()[-1]
+        root = run / "checkpoints"
+        assert line.startswith(f"error: no space left on {root}: ") and "bytes needed" in line, full.err
+        assert "step_1 is kept" in line and "unexpected pos" not in full.err and "Error" not in full.err
+        assert sorted(p.name for p in root.iterdir()) == ["step_1"]
+        assert verify_checkpoint(root / "step_1").ok
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+        resumed = cli("train", str(config), f"output_dir={run}", "train.resume=latest")
+        assert resumed.rc == 0, resumed.err[-2000:]
+        assert train_steps(run) == [1, 2] and (run / "final").is_dir()
+    return f"exit 1: {line.removeprefix('error: ').split(';')[0]}; step_1 kept; resumed after remount"
+
+
+@case(
+    "output_dir is a dangling symlink, or lies on a read-only file system (a tmpfs mounted ro)",
+    "one line naming output_dir and the reason, exit 1, no traceback (was FileExistsError / OSError)",
+)
+def an_unwritable_output_dir_is_one_line(tmp: Path) -> str:
+    config, _ = mlp(tmp, train={"max_steps": 1})
+    (tmp / "dangling").symlink_to(tmp / "unmounted")
+    dangling = cli("train", str(config), f"output_dir={tmp / 'dangling'}")
+    with tmpfs(tmp / "ro", "ro,size=1m") as read_only:
+        ro = cli("train", str(config), f"output_dir={read_only / 'run'}")
+    seen = []
+    for result, needle in ((dangling, "which does not exist"), (ro, "Read-only file system")):
+        lines = result.err.strip().splitlines()
+        assert result.rc == 1 and len(lines) == 1 and needle in lines[0], result.err
+        assert lines[0].startswith("error: output_dir "), lines
+        seen.append(needle)
+    assert not (tmp / "unmounted").exists()
+    return f"exit 1, one line each: {', '.join(repr(s) for s in seen)}"
