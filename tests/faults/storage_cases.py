@@ -4,6 +4,7 @@ output_dir that cannot be written), and unusable input files met at start."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,3 +119,37 @@ def an_unwritable_output_dir_is_one_line(tmp: Path) -> str:
         seen.append(needle)
     assert not (tmp / "unmounted").exists()
     return f"exit 1, one line each: {', '.join(repr(s) for s in seen)}"
+
+
+# --- unusable input files ----------------------------------------------------------------------------
+
+
+@case(
+    "data.root holds a zero-byte .mp4 and a text file named .mp4 beside 4 good clips (video_lora)",
+    "training refuses to start: '2 of 6 video files (33%) are unusable, more than "
+    "data.max_rejected_fraction (0.1)', each file named; allowed with data.max_rejected_fraction=0.5, the "
+    "run summary says 'usable: 4, rejected: 2' and names both (as `data check` does)",
+)
+def broken_videos_are_named_at_start(tmp: Path) -> str:
+    from framer_ds.data.synthetic_video import ensure_synthetic_clips
+
+    root = tmp / "videos"
+    shutil.copytree(ensure_synthetic_clips(tmp / "clips", count=4), root)
+    (root / "empty.mp4").write_bytes(b"")
+    (root / "notes.mp4").write_text("this is a text file, not a video\n")
+    tiny = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
+    argv = ["train", str(tiny), f"output_dir={tmp / 'run'}", "data.builtin=null", f"data.root={root}"]
+    argv += ["train.max_steps=1", "train.eval_every=null", "train.checkpoint_every=null"]
+    argv += ["model.samples.every=0", "data.val_fraction=0"]
+    refused = cli(*argv)
+    assert refused.rc == 1 and "2 of 6 video files (33%) are unusable" in refused.err, refused.err[-3000:]
+    assert "data.max_rejected_fraction (0.1)" in refused.err and "Traceback" not in refused.err
+    for name in ("empty.mp4", "notes.mp4"):
+        assert f"rejected {root / name}: " in refused.err, refused.err
+    assert not (tmp / "run" / "metrics.jsonl").exists()
+    allowed = cli(*argv, f"output_dir={tmp / 'allowed'}", "data.max_rejected_fraction=0.5")
+    assert allowed.rc == 0, allowed.err[-3000:]
+    assert "usable: 4, rejected: 2" in allowed.out, allowed.out
+    for name in ("empty.mp4", "notes.mp4"):
+        assert f"rejected {root / name}: PyAV cannot read it" in allowed.out, allowed.out
+    return "refused at 33% > 0.1 naming both files; at 0.5 trains and its summary names both"
