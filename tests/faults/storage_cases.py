@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from faults.harness import case, cli, mlp, train_steps
 
-from conftest import REPO, launch_env
+from conftest import REPO, accelerate_launch_cmd, launch_env, strategy_launch_args
 from framer_ds.engine.manifest import verify_checkpoint
 
 # --- exports -----------------------------------------------------------------------------------------
@@ -153,3 +153,34 @@ def broken_videos_are_named_at_start(tmp: Path) -> str:
     for name in ("empty.mp4", "notes.mp4"):
         assert f"rejected {root / name}: PyAV cannot read it" in allowed.out, allowed.out
     return "refused at 33% > 0.1 naming both files; at 0.5 trains and its summary names both"
+
+
+# --- a checkpoint resumed under another strategy -----------------------------------------------------
+
+
+@case(
+    "a 2-process ZeRO-2 checkpoint resumed under ZeRO-3 (the launch's --deepspeed_config_file swapped)",
+    "every rank stops before loading with one line: written under ZeRO-2, this run uses ZeRO-3, resume "
+    "with configs/deepspeed/zero2.json (`framer-ds checkpoint universal` named: it changes the world size, "
+    "not the stage); was a bare AssertionError from DeepSpeed's load_checkpoint",
+    multi_process=True,
+)
+def a_zero2_checkpoint_resumed_under_zero3(tmp: Path) -> str:
+    config, run = mlp(tmp, train={"max_steps": 2, "checkpoint_every": 2})
+    zero2 = launch(strategy_launch_args("zero2", tmp), config)
+    assert zero2.returncode == 0, zero2.stderr[-3000:]
+    resumed = launch(strategy_launch_args("zero3", tmp), config, "train.resume=latest", "train.max_steps=4")
+    assert resumed.returncode != 0, resumed.stdout[-2000:]
+    lines = [line for line in resumed.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 2 and lines[0] == lines[1], resumed.stderr[-4000:]  # one line per rank
+    assert "written under ZeRO-2 but this run uses ZeRO-3" in lines[0] and "zero2.json" in lines[0]
+    assert "AssertionError" not in resumed.stderr and "[rank0]: Traceback" not in resumed.stderr
+    assert train_steps(run) == [1, 2] and not (run / "checkpoints" / "step_2" / "universal").exists()
+    return (
+        "exit non-zero; each rank: 'error: ... written under ZeRO-2 but this run uses ZeRO-3 ... zero2.json'"
+    )
+
+
+def launch(launch_args: list[str], config: Path, *overrides: str) -> subprocess.CompletedProcess:
+    cmd = accelerate_launch_cmd(*launch_args, "-m", "framer_ds", "train", str(config), *overrides)
+    return subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=540)
