@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +101,37 @@ def test_a_failed_build_leaves_nothing(tmp_path):
         (staging / "half").write_text("x")
         raise ValueError("render failed")
     assert list(tmp_path.iterdir()) == []
+
+
+def _builder(target: Path, then: str) -> subprocess.Popen:
+    """A process that stages `target` with building_dir and then runs `then` (a kill, or a wait)."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from framer_ds.storage.atomic import building_dir\n"
+        f"with building_dir({str(target)!r}) as staging:\n"
+        "    (staging / 'half').write_bytes(b'x' * 1000)\n"
+        "    print(staging.name, flush=True)\n"
+        f"    {then}\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def test_staging_left_by_a_killed_builder_is_removed_by_the_next_one(tmp_path):
+    """A builder killed by SIGKILL cannot clean up; the next build of the same target removes what it
+    left, but never the staging of a builder that is still running."""
+    target = tmp_path / "merged"
+    killed = _builder(target, "os.kill(os.getpid(), signal.SIGKILL)")
+    killed_name = killed.stdout.readline().strip()
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+    assert (tmp_path / killed_name).is_dir()
+    running = _builder(target, "time.sleep(60)")
+    running_name = running.stdout.readline().strip()
+    try:
+        with building_dir(target) as staging:
+            (staging / "weights").write_text("complete")
+        assert publish_dir(staging, target, replace=False)
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted(["merged", running_name]), left
+    finally:
+        running.kill()
+        running.wait()

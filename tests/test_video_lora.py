@@ -165,7 +165,13 @@ def test_corrupt_and_too_short_videos_are_skipped_and_reported(tmp_path):
     write_moving_shape_clip(root / "short.mp4", frames=3, width=96, height=80, fps=12, seed=9)
     write_moving_shape_clip(root / "five.mp4", frames=5, width=96, height=80, fps=12, seed=8)
     task = VideoLoraTask(
-        tiny_config(tmp_path, "data.builtin=null", f"data.root={root}", "data.val_fraction=0")
+        tiny_config(
+            tmp_path,
+            "data.builtin=null",
+            f"data.root={root}",
+            "data.val_fraction=0",
+            "data.max_rejected_fraction=0.3",  # 2 of 7 rejected: allowed, and named in the summary
+        )
     )
     index = task._data().index()
     assert len(index.records) == 5  # five.mp4 is too short for stride 2 (7 frames) but fits stride 1
@@ -175,6 +181,8 @@ def test_corrupt_and_too_short_videos_are_skipped_and_reported(tmp_path):
     # the stride is capped for five.mp4, counted in the run summary and the data report
     train, _ = task.build_datasets()
     assert task.data_summary()["stride"].startswith("1 of 5 videos are too short for stride 2")
+    assert task.data_summary()["videos"].startswith("usable: 5, rejected: 2\n")
+    assert f"rejected {root / 'broken.mp4'}: PyAV cannot read it" in task.data_summary()["videos"]
     assert "stride: 1 of 5 videos" in task.data_report()
     five = next(i for i, r in enumerate(train.records) if r.video_id.startswith("five"))
     assert train[five]["fps"] == 12.0 and train[five]["pixel_values"].shape[0] == 4  # stride 1 -> 12 fps
@@ -223,9 +231,12 @@ def test_data_check_prints_the_report_and_fails_on_unusable_data(tmp_path, capsy
         "data.builtin=null",
         f"data.root={root}",
     ]
-    assert main(args) == 0
+    assert main([*args, "data.max_rejected_fraction=0.25"]) == 0  # 1 of 4: at the limit, allowed
     out = capsys.readouterr().out
     assert "usable: 3, rejected: 1" in out and "broken.mp4" in out and "96x80" in out
+    assert main(args) == 1  # the default 0.1: refused as training would refuse it
+    err = capsys.readouterr().err
+    assert "1 of 4 video files (25%) are unusable, more than data.max_rejected_fraction (0.1)" in err
 
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -12,6 +12,7 @@ from framer_ds.cli.lab_commands import LAB_COMMANDS, add_lab_commands
 from framer_ds.cli.options import add_config_args
 from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, RunSetupError
+from framer_ds.storage.disk_space import DiskFullError
 
 OVERRIDES_HELP = """overrides:
   Any config key can be set after the config path as a dotted key=value; values are read as YAML:
@@ -442,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 1
-    except (InputDataError, RunSetupError, MissingDependencyError) as exc:
+    except (InputDataError, RunSetupError, MissingDependencyError, DiskFullError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

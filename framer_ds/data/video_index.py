@@ -318,7 +318,7 @@ def format_report(index: VideoIndex) -> str:
     """Human summary for `data check` and for the zero-usable error: counts, durations, sizes, rejects."""
     recs = index.records
     lines = [f"Video index of {index.root} (clips need >= {index.min_frames} frames):"]
-    lines.append(f"  usable: {len(recs)}, rejected: {len(index.rejected)}")
+    lines.append(f"  {count_line(index)}")
     if recs:
         durations = [r.usable_frames / r.fps for r in recs]
         lines.append(
@@ -330,12 +330,41 @@ def format_report(index: VideoIndex) -> str:
         lines.append("  resolutions: " + ", ".join(f"{k} ({v})" for k, v in sizes.most_common()))
         rates = Counter(f"{r.source_fps:g}" for r in recs)
         lines.append("  fps: " + ", ".join(f"{k} ({v})" for k, v in rates.most_common()))
-    lines += [f"  rejected {path}: {reason}" for path, reason in index.rejected]
+    lines += [f"  {line}" for line in rejected_lines(index)]
     return "\n".join(lines)
 
 
-def require_usable(index: VideoIndex, where: str) -> None:
-    """Fail at start, with the full report, when no video can give a clip."""
+def count_line(index: VideoIndex) -> str:
+    """`usable: N, rejected: M`, as `data check` and the run summary print it."""
+    return f"usable: {len(index.records)}, rejected: {len(index.rejected)}"
+
+
+def rejected_lines(index: VideoIndex, limit: int | None = None) -> list[str]:
+    """`rejected PATH: REASON` per rejected file (the first `limit`, then how many more)."""
+    shown = index.rejected if limit is None else index.rejected[:limit]
+    lines = [f"rejected {path}: {reason}" for path, reason in shown]
+    if len(shown) < len(index.rejected):
+        lines.append(
+            f"... and {len(index.rejected) - len(shown)} more (`framer-ds data check` lists them all)"
+        )
+    return lines
+
+
+def require_usable(index: VideoIndex, where: str, max_rejected_fraction: float = 1.0) -> None:
+    """Fail at start, with the full report, when no video can give a clip, or when more than
+    `max_rejected_fraction` of the files are unusable: a broken copy or the wrong folder would otherwise
+    train on what is left without a word."""
+    total = len(index.records) + len(index.rejected)
+    if index.records and len(index.rejected) > max_rejected_fraction * total:
+        fix = (
+            "Fix or remove the rejected files (or point data.root at the right videos), or allow more "
+            "with data.max_rejected_fraction."
+        )
+        problem = (
+            f"{len(index.rejected)} of {total} video files ({len(index.rejected) / total:.0%}) are unusable, "
+            f"more than data.max_rejected_fraction ({max_rejected_fraction:g}). {fix}\n{format_report(index)}"
+        )
+        raise ConfigError([ConfigProblem(where, problem)], source=str(index.root))
     if index.records:
         return
     what = (

@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.manifest import Verification, verify_checkpoint, write_manifest
 from framer_ds.engine.rank_zero import decided_by_rank_zero
 from framer_ds.storage.atomic import publish_dir, staging_dir
+from framer_ds.storage.disk_space import reporting_full_disk, tree_bytes
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_CONFIG = "config.yaml"  # the resolved config that wrote the checkpoint
@@ -212,3 +214,18 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainerState:
     """Restore model, optimizer, scheduler and RNG states (collective) and return the loop position."""
     accelerator.load_state(str(path))
     return read_trainer_state(path)
+
+
+def reporting_full_disk_during_save(output_dir: Path, step: int) -> AbstractContextManager[None]:
+    """Wrap `save_checkpoint` of `step`: a full disk becomes one line (DiskFullError) naming the
+    checkpoint directory and the bytes needed (the size of the newest checkpoint, the best estimate of
+    the next one), after the partial `.tmp_step_N` is deleted; the previous checkpoint is never touched
+    (nothing is published or pruned before every file of the new one is written)."""
+    root, previous = checkpoints_root(output_dir), complete_checkpoints(output_dir)
+    return reporting_full_disk(
+        root,
+        tree_bytes(previous[-1]) if previous else 0,
+        staging_dir(root / f"step_{step}"),
+        kept=f"{previous[-1].name} is kept" if previous else "no earlier checkpoint exists",
+        fix="Free space there (or set output_dir on a larger disk) and resume with train.resume=latest",
+    )

@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ def check_run_dir(config: RunConfigBase) -> None:
     """Fail before any work when a fresh run would overwrite an existing one. Runs on every rank,
     before any rank writes, so no rank sees another's files."""
     out = Path(config.output_dir)
+    check_writable_dir(out)
     if config.train.resume == "latest" and (out / "final").exists() and not complete_checkpoints(out):
         raise ConfigError(
             [
@@ -56,6 +58,27 @@ def check_run_dir(config: RunConfigBase) -> None:
                 )
             ]
         )
+
+
+def check_writable_dir(out: Path) -> None:
+    """`out` exists (it is created) and takes a file, or RunSetupError names why not: a dangling symlink,
+    a read-only file system, no permission, a full disk. Without this the first write (the run lock)
+    failed with a bare FileExistsError or OSError traceback. Every rank may run it at once."""
+    if out.is_symlink() and not out.exists():
+        raise RunSetupError(
+            f"output_dir {out} is a symlink to {os.readlink(out)}, which does not exist: create that "
+            "directory (e.g. mount the disk it lives on) or set output_dir to a real directory"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".framer_ds_write_test."):
+            pass
+    except OSError as exc:
+        at = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else ""
+        raise RunSetupError(
+            f"output_dir {out} cannot be written: {exc.strerror or exc}{at}; set output_dir to a directory "
+            "on a writable file system with free space"
+        ) from None
 
 
 def claim_run_dir(accelerator: Accelerator, output_dir: Path) -> RunLock | None:

@@ -24,6 +24,7 @@ model so large that the conversion would outlast the collective timeout the othe
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,10 +37,10 @@ from pathlib import Path
 from accelerate import Accelerator
 from accelerate.checkpointing import load_accelerator_state
 
-from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem, RunSetupError
 from framer_ds.config.schema import TrainConfig
 from framer_ds.engine.accelerator import uses_deepspeed
-from framer_ds.engine.checkpoint import TrainerState
+from framer_ds.engine.checkpoint import DEEPSPEED_CONFIG, TrainerState
 from framer_ds.storage.atomic import building_dir, publish_dir
 
 DS_TAG = "pytorch_model"  # accelerate's MODEL_NAME: the tag save_state/load_state give the DeepSpeed engine
@@ -52,6 +53,44 @@ def zero_shard_count(checkpoint: Path) -> int:
     `checkpoint` is not one. Counted from the files (not trainer_state.json) because that is what
     DeepSpeed itself checks, and checkpoints from before `world_size` was recorded lack the field."""
     return len(list((Path(checkpoint) / DS_TAG).glob("*optim_states.pt")))
+
+
+def checkpoint_zero_stage(checkpoint: Path) -> int | None:
+    """The ZeRO stage that wrote `checkpoint`, or None when DeepSpeed did not (DDP, one process).
+
+    Read from the DeepSpeed config `save_checkpoint` records beside the shards (`deepspeed.json`, with
+    the offload settings); a checkpoint without it is judged by its files: ZeRO-3 writes one
+    `zero_pp_rank_R_mp_rank_00_model_states.pt` per rank, ZeRO-1/2 a single `mp_rank_00_model_states.pt`.
+    """
+    checkpoint = Path(checkpoint)
+    if not zero_shard_count(checkpoint):
+        return None
+    try:
+        return int(json.loads((checkpoint / DEEPSPEED_CONFIG).read_text())["zero_optimization"]["stage"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return 3 if any((checkpoint / DS_TAG).glob("zero_pp_rank_*_model_states.pt")) else 2
+
+
+def check_same_zero_layout(checkpoint: Path, running_stage: int) -> None:
+    """Refuse, in one line, a ZeRO checkpoint whose stage layout differs from the running one.
+
+    ZeRO-1 and ZeRO-2 share one optimizer and one layout (offload on or off does not change it); ZeRO-3
+    has its own (per-rank model states, parameter partitions). DeepSpeed fed the other layout fails deep in
+    `load_checkpoint` with a bare `AssertionError` (no `zero_pp_rank_*_model_states.pt` for ZeRO-3), and
+    its universal conversion does not help: the converted ZeRO-2 checkpoint fails the same way under
+    ZeRO-3 (tried with deepspeed 0.19.8), so the fix is the launch that wrote it."""
+    written = checkpoint_zero_stage(checkpoint)
+    if written is None or (written == 3) == (running_stage == 3):
+        return
+    shipped = f"configs/deepspeed/zero{written}.json" if written in (2, 3) else "JSON"
+    raise RunSetupError(
+        f"{checkpoint} was written under ZeRO-{written} but this run uses ZeRO-{running_stage}, and "
+        "DeepSpeed cannot load a checkpoint into another ZeRO stage (`framer-ds checkpoint universal` "
+        "converts one for another number of processes, not another stage): resume with "
+        f"`accelerate launch --deepspeed_config_file {shipped}` (zero_optimization.stage {written}, any "
+        f"number of processes), or export its weights with {checkpoint}/zero_to_fp32.py and start a new run"
+    )
 
 
 def is_universal(checkpoint: Path) -> bool:
@@ -105,6 +144,7 @@ def prepare_resume(accelerator: Accelerator, checkpoint: Path) -> Path:
             ],
             "resume",
         )
+    check_same_zero_layout(checkpoint, accelerator.state.deepspeed_plugin.zero_stage)
     world = accelerator.num_processes
     if shards == world:
         return checkpoint

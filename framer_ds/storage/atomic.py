@@ -11,15 +11,51 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+# The host goes into private staging names so that a process cleaning up after killed builders only
+# judges processes of its own host (a directory on a shared file system may be staged from any node).
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
 
 def _unique_suffix() -> str:
-    return f"{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    return f"{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_staging(target: Path) -> list[Path]:
+    """Delete the private staging directories of `target` left by builders of this host that were
+    killed (SIGKILL, the OOM killer) before they could clean up; returns what was removed.
+
+    Why: each is as large as what it was building (a merged video pipeline is gigabytes), and nothing
+    else ever removes them. A staging directory whose process is alive, or that was made on another
+    host, is left alone: it may be a concurrent builder."""
+    target = Path(target)
+    pattern = re.compile(rf"^\.tmp_{re.escape(target.name)}\.{re.escape(_HOST)}\.(\d+)\.[0-9a-f]{{8}}$")
+    removed = []
+    if not target.parent.is_dir():
+        return removed
+    for entry in target.parent.iterdir():
+        match = pattern.match(entry.name)
+        if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def fsync_path(path: Path) -> None:
@@ -117,7 +153,9 @@ def publish_dir(staging: Path, target: Path, *, replace: bool = True) -> bool:
 def building_dir(target: Path) -> Iterator[Path]:
     """Yield a fresh private staging directory for `target` (one process); removed if the body fails.
 
-    The caller publishes it with `publish_dir` (whose return value tells a lost race apart)."""
+    The caller publishes it with `publish_dir` (whose return value tells a lost race apart). Staging
+    directories of `target` left by killed builders are removed first (`remove_stale_staging`)."""
+    remove_stale_staging(target)
     staging = staging_dir(target, unique=True)
     staging.mkdir(parents=True)
     try:

@@ -23,7 +23,12 @@ from tqdm.auto import tqdm
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import TrainConfig
-from framer_ds.engine.checkpoint import TrainerState, newest_checkpoint, save_checkpoint
+from framer_ds.engine.checkpoint import (
+    TrainerState,
+    newest_checkpoint,
+    reporting_full_disk_during_save,
+    save_checkpoint,
+)
 from framer_ds.engine.export import publish_export
 from framer_ds.engine.finite import Finiteness, agreed_finiteness
 from framer_ds.engine.metrics import MetricsLogger, memory_stats
@@ -325,7 +330,8 @@ class SaveCheckpoint(StepAction):
 
         finite = agreed_finiteness(accelerator, run.model, run.optimizer)
         if finite.ok:
-            path = save_checkpoint(accelerator, run.config, ctx.state, extra_artifacts=task_artifacts)
+            with reporting_full_disk_during_save(run.config.output_dir, ctx.state.global_step):
+                path = save_checkpoint(accelerator, run.config, ctx.state, extra_artifacts=task_artifacts)
         else:
             path = newest_checkpoint(ctx.output_dir)
             newest = f"the newest finite checkpoint stays {path}" if path else "no finite checkpoint exists"

@@ -344,6 +344,13 @@ class VideoLoraDataConfig(StrictModel):
         False, description="Train augmentation: a random crop of the resized clip instead of the centre crop."
     )
     val_fraction: float = Field(0.1, ge=0, lt=1, description="Videos held out for the eval loss.")
+    max_rejected_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Training (and `data check`) refuses to start when more than this fraction of the video "
+        "files is unusable (corrupt, empty, too short); the rejected files are named either way.",
+    )
     cache: LatentCacheOptions = Field(
         default_factory=LatentCacheOptions, description="Encode clips once and train from the cache."
     )

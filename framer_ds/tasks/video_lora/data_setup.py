@@ -23,12 +23,16 @@ from framer_ds.data.video_index import (
     VideoIndex,
     VideoRecord,
     build_video_index,
+    count_line,
     format_report,
+    rejected_lines,
     require_usable,
     scan_image_pairs,
 )
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig
+
+REJECTED_SHOWN = 20  # rejected files named in the run summary; `data check` lists them all
 
 
 def layout_problems(data: VideoLoraDataConfig, mode: str, fps: float | None) -> list[ConfigProblem]:
@@ -97,7 +101,7 @@ class VideoLoraData:
         found = build_video_index(
             self.root, data.manifest, data.num_frames, cache_dir=default_cache_dir() / "video_index"
         )
-        require_usable(found, "data.root")
+        require_usable(found, "data.root", data.max_rejected_fraction)
         return found
 
     def report(self) -> str:
@@ -136,6 +140,9 @@ class VideoLoraData:
         val_ids = held_out([r.video_id for r in records], data.val_fraction)
         train_records = [r for r in records if r.video_id not in val_ids]
         notes = {"validation": self._split_note(len(val_ids), len(records), "videos")}
+        if found.rejected:  # named at start, as `data check` names them: never dropped without a word
+            listed = "".join(f"\n    {line}" for line in rejected_lines(found, REJECTED_SHOWN))
+            notes["videos"] = f"{count_line(found)}{listed}"
         if (note := self.stride_note(records)) is not None:
             notes["stride"] = note
         common = {
