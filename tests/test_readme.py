@@ -104,6 +104,9 @@ def test_quick_blocks_run_as_written(tmp_path, needs_make_venv):
     final_eval = read_metrics(repo / "runs" / "quickstart")[1][-1]
     assert final_eval["step"] == 1320  # 30 epochs x 44 steps: the shipped schedule ran to the end
     assert final_eval["eval/accuracy"] >= 0.97, final_eval  # the README's promise
+    console = done.stdout + done.stderr
+    noise = [line for line in console.splitlines() if re.search(r"warn", line, re.I)]
+    assert not noise, noise  # a quiet console: framer_ds/third_party_noise.py says what is filtered
     printed = done.stdout.split("framer-ds sample runs/quickstart/final", 1)[1]
     assert re.search(r"\b7\b", printed.splitlines()[1]), printed  # examples/digit_7.png: 7 on top
 

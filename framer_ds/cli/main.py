@@ -13,6 +13,7 @@ from framer_ds.cli.options import add_config_args
 from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, RunSetupError
 from framer_ds.storage.disk_space import DiskFullError
+from framer_ds.third_party_noise import quiet_third_party_noise
 
 OVERRIDES_HELP = """overrides:
   Any config key can be set after the config path as a dotted key=value; values are read as YAML:
@@ -437,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    quiet_third_party_noise()
     try:
         check_torchvision()
         return COMMANDS[args.command](args)

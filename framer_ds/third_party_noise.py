@@ -1,0 +1,62 @@
+"""Console lines from the libraries underneath that tell a framer_ds user nothing they can act on.
+
+Where the cause is ours, it is fixed at the cause; what is left is filtered here, each by the
+logger or warning category it comes from AND its message, never a whole logger or category:
+
+- DeepSpeed's "Setting accelerator to CPU. If you have GPU ... we were unable to detect it": on a
+  machine without CUDA framer_ds trains on the CPU on purpose. We tell DeepSpeed so
+  (`DS_ACCELERATOR=cpu`, unless the user set it), which is the detection's own override, and the
+  warning is not printed; a CUDA machine is left to DeepSpeed's detection.
+- transformers' "`CLIPImageProcessor` requires torchvision (not installed); falling back to
+  `CLIPImageProcessorPil`": raised when diffusers' SVD pipeline module imports the plain name.
+  framer_ds itself asks for the Pil class (`compat.image_processor_class`); the fallback is the
+  class we want.
+- diffusers' "There are modules in X that should be kept in float32: []": diffusers >= 0.36 warns on
+  every `.to(dtype)` of a model, even one with no float32 modules (the empty list). A model that does
+  list modules still warns.
+- torch >= 2.10's FutureWarnings that `all_gather_into_tensor` / `reduce_scatter_tensor` (and their
+  private `_base` forms) are deprecated: called by DeepSpeed's and accelerate's collectives, not by
+  framer_ds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+_LOG_FILTERS = {
+    "transformers.utils.import_utils": re.compile(r"requires torchvision \(not installed\); falling back"),
+    "diffusers.models.modeling_utils": re.compile(r"should be kept in float32: \[\]\."),
+}
+_DEPRECATED_COLLECTIVES = (
+    r"`torch\.distributed\.(all_gather_into_tensor|_all_gather_base|reduce_scatter_tensor"
+    r"|_reduce_scatter_base)` is (deprecated|a private function)"
+)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, pattern: re.Pattern[str]):
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+def quiet_third_party_noise() -> None:
+    """Install the filters above (idempotent); call before the libraries are imported."""
+    if "DS_ACCELERATOR" not in os.environ and not _cuda_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    for name, pattern in _LOG_FILTERS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) and f.pattern is pattern for f in logger.filters):
+            logger.addFilter(_DropMessage(pattern))
+    warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVES, category=FutureWarning)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
