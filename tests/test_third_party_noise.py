@@ -43,11 +43,12 @@ def test_the_documented_log_lines_are_dropped_and_their_neighbours_kept(quiet, c
 
 def test_only_the_deprecated_collectives_future_warnings_are_dropped(quiet):
     with warnings.catch_warnings(record=True) as seen:
-        warnings.warn("`torch.distributed.all_gather_into_tensor` is deprecated. Use ...", FutureWarning)
-        warnings.warn(
-            "`torch.distributed._all_gather_base` is a private function and will be ...", FutureWarning
-        )
-        warnings.warn("`torch.distributed.broadcast` is deprecated.", FutureWarning)
+        for message in (
+            "`torch.distributed.all_gather_into_tensor` is deprecated. Use ...",
+            "`torch.distributed._all_gather_base` is a private function and will be ...",
+            "`torch.distributed.broadcast` is deprecated.",
+        ):
+            warnings.warn(message, FutureWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["`torch.distributed.broadcast` is deprecated."]
 
 

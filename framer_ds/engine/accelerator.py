@@ -33,6 +33,7 @@ from accelerate.utils import ProjectConfiguration
 
 from framer_ds.compat import require
 from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.deepspeed_ops import announce_op_builds
 
 
 def deepspeed_requested() -> bool:
@@ -57,6 +58,8 @@ def build_accelerator(config: RunConfigBase, collective_timeout_s: int = 1800) -
     """The Accelerator for this process; call once per run, before building models."""
     has_gpu = torch.cuda.is_available()
     use_deepspeed = deepspeed_requested()
+    if use_deepspeed:
+        announce_op_builds()
     handlers: list = [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # A dead rank must take the job down within the timeout rather than hang a collective forever.
