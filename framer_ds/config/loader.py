@@ -127,6 +127,11 @@ def describe_validation_error(exc: ValidationError, schema: type[BaseModel]) -> 
             field = owner.model_fields.get(str(loc[-1])) if owner else None
             about = f" ({field.description})" if field is not None and field.description else ""
             message = f"required key is missing; add it{about}."
+        elif kind == "finite_number":
+            message = (
+                f"got {err.get('input')!r}: must be a finite number (a literal beyond float range such as "
+                "1e400 reads as inf); write the value you mean."
+            )
         elif isinstance(err.get("input"), dict):  # a section's own validator: the rule, not the section
             message = f"{err['msg'].removeprefix('Value error, ')}."
         else:
