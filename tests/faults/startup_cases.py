@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from faults.harness import case, cli, mlp
+from faults.harness import case, cli, mlp, train_steps
 
 # --- values -------------------------------------------------------------------------------------------
 
@@ -23,3 +23,26 @@ def non_finite_floats_are_refused(tmp: Path) -> str:
         assert key in bad.err and "must be a finite number" in bad.err, bad.err
     assert not run.exists()
     return "exit 1, '2 problem(s)': adam_epsilon got inf, learning_rate got nan: must be a finite number"
+
+
+# --- resuming -----------------------------------------------------------------------------------------
+
+
+@case(
+    "the newest checkpoint's manifest.json was deleted, then resume=latest",
+    "`latest` names step_8 as incomplete (no manifest) and resumes from the verified step_4; an explicit "
+    "train.resume of step_8 is refused (it used to be taken as an unverified pre-0.2 checkpoint)",
+)
+def a_checkpoint_without_its_manifest_is_skipped(tmp: Path) -> str:
+    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 4, "keep_last_checkpoints": 3})
+    assert cli("train", str(config)).rc == 0
+    step_4, step_8 = run / "checkpoints" / "step_4", run / "checkpoints" / "step_8"
+    (step_8 / "manifest.json").unlink()
+    explicit = cli("train", str(config), f"train.resume={step_8}", "train.max_steps=10")
+    assert explicit.rc == 1 and "manifest.json is missing" in explicit.err, explicit.err[-2000:]
+    latest = cli("train", str(config), "train.resume=latest", "train.max_steps=10")
+    assert latest.rc == 0, latest.err[-3000:]
+    skipped = next(line for line in latest.out.splitlines() if "skipped step_8" in line)
+    assert "manifest.json is missing" in skipped and f"resumed from {step_4}" in latest.out, latest.out
+    assert train_steps(run) == list(range(1, 11))
+    return "explicit resume of step_8 refused; latest: 'skipped step_8: ... manifest.json is missing', step 4"
