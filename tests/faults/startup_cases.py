@@ -46,3 +46,29 @@ def a_checkpoint_without_its_manifest_is_skipped(tmp: Path) -> str:
     assert "manifest.json is missing" in skipped and f"resumed from {step_4}" in latest.out, latest.out
     assert train_steps(run) == list(range(1, 11))
     return "explicit resume of step_8 refused; latest: 'skipped step_8: ... manifest.json is missing', step 4"
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    """Every file of a run directory with its content, except the lock a run takes while it is alive."""
+    return {
+        str(p.relative_to(run)): p.read_bytes()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name != ".framer_ds.lock"
+    }
+
+
+@case(
+    "resume=latest from a step_8 checkpoint with train.max_steps=6",
+    "refused naming both numbers and the fix; nothing in the run directory changes (it used to export "
+    "final/ labelled as trained to step 6 from step-8 weights)",
+)
+def resuming_past_max_steps_is_refused(tmp: Path) -> str:
+    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 4})
+    assert cli("train", str(config)).rc == 0
+    before = _snapshot(run)
+    short = cli("train", str(config), "train.resume=latest", "train.max_steps=6")
+    assert short.rc == 1, short.err[-2000:]
+    message = next(line for line in short.err.splitlines() if "train.max_steps" in line)
+    assert "is 6" in message and "step 8" in message and "Set train.max_steps to 8 or more" in message
+    assert _snapshot(run) == before
+    return f"exit 1, '{message.strip().removeprefix('- ')[:90]}...'; run directory unchanged"
