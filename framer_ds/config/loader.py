@@ -54,6 +54,21 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
+def output_dir_early(path: Path, overrides: Sequence[str]) -> Path | None:
+    """`output_dir` from the YAML and its overrides alone, without importing the task or validating:
+    where a stop signal during the seconds of imports before that writes preempted.json. None when it
+    cannot be read this way; the full validation that follows says why."""
+    from framer_ds.config.schema import expand_path
+
+    try:
+        raw = read_yaml_mapping(Path(path))
+        if apply_overrides(raw, overrides) or not isinstance(raw.get("output_dir"), str):
+            return None
+        return expand_path(raw["output_dir"])
+    except (ConfigError, ValueError):
+        return None
+
+
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[ConfigProblem]:
     """Apply `a.b.c=value` overrides in place (values parsed as YAML: 20, 1e-4, null, [1, 2], true)."""
     problems = []

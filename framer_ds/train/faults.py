@@ -10,21 +10,25 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 
-from framer_ds.storage.atomic import atomic_write_json
+# EXIT_PREEMPTED and PREEMPTED_MARKER are imported from here too; they live with the start-up handling.
+from framer_ds.train.preemption import EXIT_PREEMPTED, PREEMPTED_MARKER, STOP_SIGNALS
 
-# Exit status of a run that checkpointed because it was asked to stop (Slurm time limit or
-# preemption): the Slurm script requeues on it. 75 = EX_TEMPFAIL, "try again later".
-EXIT_PREEMPTED = 75
-PREEMPTED_MARKER = "preempted.json"
-# SIGINT too: Ctrl-C, or `accelerate launch` passing its own SIGINT on to the ranks. A second one aborts.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+__all__ = [
+    "EXIT_PREEMPTED",
+    "PREEMPTED_MARKER",
+    "NonFiniteLossError",
+    "NonFiniteTracker",
+    "ParentWatchdog",
+    "Preempted",
+    "StopRequest",
+    "exchange_flags",
+]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -153,15 +157,3 @@ class NonFiniteTracker:
                 "Lower train.learning_rate, add warmup (train.warmup_steps), use bf16 instead of fp16, "
                 "or check the data; train.nonfinite_loss / train.max_consecutive_nonfinite set the policy."
             )
-
-
-def write_preempted_marker(output_dir: Path, stop: Preempted) -> None:
-    """What the Slurm script reads to decide on a requeue (the launcher may mask the exit status)."""
-    marker = {
-        "step": stop.step,
-        "signal": stop.signal_name,
-        "checkpoint": str(stop.checkpoint) if stop.checkpoint is not None else None,
-        "during_startup": stop.during_startup,
-        "time": time.time(),
-    }
-    atomic_write_json(Path(output_dir) / PREEMPTED_MARKER, marker)
