@@ -1,5 +1,6 @@
 """Fault cases: what a run does with bad input and interruptions around its start (non-finite values,
-early signals, resuming past max_steps, a checkpoint without its manifest, a lock race)."""
+signals in the first seconds, resuming past max_steps, a checkpoint without its manifest, a config
+error found during start-up, an old preemption marker). The heartbeat-lock race is in test_run_lock.py."""
 
 from __future__ import annotations
 
