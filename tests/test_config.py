@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import typing
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from framer_ds.config.errors import ConfigError
 from framer_ds.config.loader import apply_overrides, dump_run_config
@@ -142,3 +147,48 @@ def test_mixed_precision_no_survives_yaml_reading_it_as_false(tmp_path):
     config = load_run_config(write(tmp_path, text.replace("train:\n", "train:\n  mixed_precision: no\n", 1)))
     assert config.train.mixed_precision == "no"
     assert any("mixed_precision" in p for p in problems_of(QUICKSTART, ["train.mixed_precision=yes"]))
+
+
+def _float_fields(model: type[BaseModel], seen: set[type] | None = None) -> Iterator[tuple[type, str, Any]]:
+    """(section, field, a non-finite value shaped like the field) for every float field under `model`."""
+    seen = set() if seen is None else seen
+    if model in seen:
+        return
+    seen.add(model)
+    for name, field in model.model_fields.items():
+        shapes = [field.annotation]
+        while shapes:
+            annotation = shapes.pop()
+            args = typing.get_args(annotation)
+            if annotation is float:
+                yield model, name, math.inf
+            elif typing.get_origin(annotation) in (list, tuple) and float in args:
+                yield model, name, [math.nan] * (len(args) if typing.get_origin(annotation) is tuple else 1)
+            elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                yield from _float_fields(annotation, seen)
+            else:
+                shapes.extend(args)  # X | None, Annotated[...]
+
+
+def test_no_float_field_of_any_task_accepts_nan_or_inf():
+    """`train.adam_epsilon=1e400` (inf) used to pass `gt=0`, train nothing and exit 0: every float field
+    of every registered task's config refuses NaN and inf (one rule on StrictModel)."""
+    import framer_test_tasks  # noqa: F401  (the test tasks register too)
+    from framer_ds.tasks.registry import available_tasks, get_task_class
+
+    checked = set()
+    for task in available_tasks():
+        for section, name, value in _float_fields(get_task_class(task).config_class()):
+            with pytest.raises(ValidationError) as info:
+                section.model_validate({name: value})
+            refused = [e for e in info.value.errors() if e["loc"][0] == name]
+            assert refused and refused[0]["type"] == "finite_number", (section.__name__, name, refused)
+            checked.add(f"{section.__name__}.{name}")
+    assert {"TrainConfig.adam_epsilon", "EdmOptions.p_std", "TextMixOptions.ratio_end"} <= checked
+
+
+def test_an_overflowing_float_is_named_with_the_fix():
+    found = problems_of(QUICKSTART, ["train.adam_epsilon=1e400", "train.learning_rate=.nan"])
+    assert len(found) == 2
+    assert all("must be a finite number" in p for p in found)
+    assert {p.split(":")[0] for p in found} == {"train.adam_epsilon", "train.learning_rate"}

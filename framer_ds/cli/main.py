@@ -14,6 +14,7 @@ from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, RunSetupError
 from framer_ds.storage.disk_space import DiskFullError
 from framer_ds.third_party_noise import quiet_third_party_noise
+from framer_ds.train.preemption import EARLY_STOP
 
 OVERRIDES_HELP = """overrides:
   Any config key can be set after the config path as a dotted key=value; values are read as YAML:
@@ -192,12 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides) + (["overwrite_output_dir=true"] if args.overwrite else [])
+    if EARLY_STOP.armed:  # before the seconds of imports below: where a stop signal writes its marker
+        from framer_ds.config.loader import output_dir_early
+
+        EARLY_STOP.knows(output_dir_early(args.config, overrides))
+
     from framer_ds.tasks.run_config import load_run_config
     from framer_ds.train.faults import EXIT_PREEMPTED, NonFiniteLossError, Preempted
     from framer_ds.train.loop import run_training
 
-    overrides = list(args.overrides) + (["overwrite_output_dir=true"] if args.overwrite else [])
     config = load_run_config(args.config, overrides)
+    EARLY_STOP.knows(config.output_dir)  # a stop signal from here on writes preempted.json there
     if args.deepspeed_config is not None:
         from framer_ds.launch.environment import use_deepspeed_json
 
@@ -210,6 +217,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except NonFiniteLossError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        EARLY_STOP.disarm()  # the run has ended: a late signal must not write a marker for it
     if int(os.environ.get("RANK", "0")) == 0:
         summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
         print(f"done: {result.global_step} steps, {summary or 'no eval set'}; outputs in {result.output_dir}")
@@ -439,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     quiet_third_party_noise()
+    if args.command != "train":
+        EARLY_STOP.resend_pending()  # only a training run stops with exit 75 (train/preemption.py)
     try:
         check_torchvision()
         return COMMANDS[args.command](args)

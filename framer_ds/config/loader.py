@@ -54,6 +54,21 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
+def output_dir_early(path: Path, overrides: Sequence[str]) -> Path | None:
+    """`output_dir` from the YAML and its overrides alone, without importing the task or validating:
+    where a stop signal during the seconds of imports before that writes preempted.json. None when it
+    cannot be read this way; the full validation that follows says why."""
+    from framer_ds.config.schema import expand_path
+
+    try:
+        raw = read_yaml_mapping(Path(path))
+        if apply_overrides(raw, overrides) or not isinstance(raw.get("output_dir"), str):
+            return None
+        return expand_path(raw["output_dir"])
+    except (ConfigError, ValueError):
+        return None
+
+
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[ConfigProblem]:
     """Apply `a.b.c=value` overrides in place (values parsed as YAML: 20, 1e-4, null, [1, 2], true)."""
     problems = []
@@ -150,6 +165,11 @@ def describe_validation_error(exc: ValidationError, schema: type[BaseModel]) -> 
             field = owner.model_fields.get(str(loc[-1])) if owner else None
             about = f" ({field.description})" if field is not None and field.description else ""
             message = f"required key is missing; add it{about}."
+        elif kind == "finite_number":
+            message = (
+                f"got {err.get('input')!r}: must be a finite number (a literal beyond float range such as "
+                "1e400 reads as inf); write the value you mean."
+            )
         elif isinstance(err.get("input"), dict):  # a section's own validator: the rule, not the section
             message = f"{err['msg'].removeprefix('Value error, ')}."
         else:

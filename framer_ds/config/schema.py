@@ -65,9 +65,19 @@ def _from_config_text(annotation: Any, value: Any) -> Any:
 class StrictModel(BaseModel):
     """Base for every config section: unknown keys are errors, assignments are validated, and types are
     strict: `max_steps: true` or `epochs: 2.5` is an error, never silently 1 or 2. Paths are the one
-    conversion from text (with `~` and `$VARS` expanded), lists become tuples where a tuple is declared."""
+    conversion from text (with `~` and `$VARS` expanded), lists become tuples where a tuple is declared.
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), strict=True)
+    No float field takes NaN or inf (`allow_inf_nan=False`, one rule for every section of every task):
+    `adam_epsilon: 1e400` reads as inf, passed `gt=0`, and trained nothing with exit 0. A field that
+    means something by inf must say so in its description and opt in with `Field(allow_inf_nan=True)`."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        protected_namespaces=(),
+        strict=True,
+        allow_inf_nan=False,
+    )
 
     @field_validator("*", mode="before")
     @classmethod

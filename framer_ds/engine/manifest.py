@@ -82,8 +82,11 @@ def verify_checkpoint(directory: Path) -> Verification:
     result = Verification(directory)
     manifest_path = directory / MANIFEST_NAME
     if not manifest_path.is_file():
-        result.warnings.append(
-            f"{directory} has no {MANIFEST_NAME} (written by a framer_ds before 0.2): not verified"
+        # The manifest is written last: without it nothing says the rest is whole (a deleted manifest
+        # used to be read as "written before 0.2" and stopped `latest` from falling back).
+        result.problems.append(
+            f"{manifest_path} is missing, so the checkpoint is incomplete (the manifest is written last) "
+            "and cannot be verified"
         )
         return result
     try:

@@ -47,6 +47,9 @@ def resume_changes(
 
     Gradient accumulation may change only together with the number of processes and so that the
     global batch stays the same (the documented way to resume at another world size)."""
+    past_the_end = _past_max_steps(checkpoint, config, state)
+    if past_the_end:
+        raise ConfigError(past_the_end, "resume")
     recorded_path = Path(checkpoint) / CHECKPOINT_CONFIG
     if not recorded_path.is_file():
         return [
@@ -86,6 +89,22 @@ def resume_changes(
             "resume",
         )
     return applied
+
+
+def _past_max_steps(checkpoint: Path, config: RunConfigBase, state: TrainerState) -> list[ConfigProblem]:
+    """A checkpoint already past `train.max_steps` cannot be trained back to it: the run used to export
+    final/ as if trained to max_steps from weights trained further. Checked before anything is written."""
+    limit = config.train.max_steps
+    if limit is None or state.global_step <= limit:
+        return []
+    return [
+        ConfigProblem(
+            "train.max_steps",
+            f"is {limit} but {checkpoint} is at step {state.global_step}: a resumed run cannot end before "
+            f"its checkpoint. Set train.max_steps to {state.global_step} or more, or resume from a "
+            f"checkpoint at step {limit} or earlier (train.resume=PATH; output_dir/checkpoints/step_N)",
+        )
+    ]
 
 
 def _best_tracking_note(config: RunConfigBase) -> str:

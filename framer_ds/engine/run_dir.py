@@ -121,7 +121,8 @@ def check_shared_run_dir(accelerator: Accelerator, output_dir: Path) -> None:
 
 def prepare_run_dir(accelerator: Accelerator, config: RunConfigBase, resume_step: int | None) -> None:
     """On rank 0, with the lock held: clear the directory for --overwrite; on resume put the timeline
-    the run leaves aside and drop metric lines and samples past the resume step; write config.yaml."""
+    the run leaves aside and drop metric lines and samples past the resume step. config.yaml is written
+    later (`write_run_config`), once the run really starts."""
     out = Path(config.output_dir)
     if accelerator.is_main_process:
         if config.overwrite_output_dir:
@@ -137,12 +138,19 @@ def prepare_run_dir(accelerator: Accelerator, config: RunConfigBase, resume_step
                 )
             for moved in set_aside_newer(out, step):
                 print(f"resume: {moved.parent.name}/{moved.name} holds the abandoned timeline", flush=True)
-        atomic_write_text(out / "config.yaml", dump_run_config(config))
         metrics = out / "metrics.jsonl"
         if metrics.exists():
             truncate_metrics_after(metrics, step)
         drop_samples_after(out / "samples", step)
     accelerator.wait_for_everyone()
+
+
+def write_run_config(config: RunConfigBase) -> None:
+    """`output_dir/config.yaml`, the config that runs: written (rank 0) once the model, data and
+    checkpoint are loaded, not when the directory is prepared. A config error found in between (a
+    training set smaller than a batch) used to leave a config.yaml behind, and the corrected rerun was
+    refused as "already holds a run"."""
+    atomic_write_text(Path(config.output_dir) / "config.yaml", dump_run_config(config))
 
 
 def clear_run_dir(out: Path) -> None:

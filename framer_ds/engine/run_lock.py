@@ -7,6 +7,12 @@ the kernel when the holder dies, so a crash never leaves a stale lock. Some Lust
 no working flock (ENOLCK, EOPNOTSUPP, ENOSYS); there the lock is the file itself, holding host, pid and
 a heartbeat the holder refreshes, and a newcomer takes it over only once the heartbeat is stale (or the
 holder's pid is gone on this host).
+
+The heartbeat lock is taken by creating the file with O_EXCL (atomic, NFS included): exactly one of
+any number of newcomers creates it. It used to be "write, sleep, re-read, last writer wins", where two
+runs that both read "no holder" before either wrote could both win. A stale lock is removed only under
+a second exclusive create (`.framer_ds.lock.break`, a directory), after reading it again: a newcomer
+that judged it stale a moment ago cannot delete the fresh lock of the one that broke it first.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from framer_ds.storage.atomic import atomic_write_json
 
 LOCK_NAME = ".framer_ds.lock"
 NO_FLOCK_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+BREAK_WAIT_S = 5.0  # how long a newcomer waits for another one that is breaking a stale lock
 
 
 class RunDirLocked(RunSetupError):
@@ -81,6 +88,23 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _flock_works(probe: Path) -> bool:
+    """Whether this file system has a working flock, tried on a private file beside the lock (the lock
+    file itself must not be created here: in heartbeat mode it is created exclusively, holding its owner)."""
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError as exc:
+        if exc.errno not in NO_FLOCK_ERRNOS:
+            raise
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
 class RunLock:
     """Held for the life of a run by ONE process (rank 0); `release` is also safe after a crash."""
 
@@ -96,35 +120,78 @@ class RunLock:
     def acquire(self) -> None:
         """Take the lock or raise RunDirLocked naming its holder."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not _flock_works(self.path.with_name(f"{LOCK_NAME}.{self._me.token}.probe")):
+            self._acquire_by_heartbeat()
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise self._locked_error(_read_holder(self.path)) from None
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in NO_FLOCK_ERRNOS:
-                raise
-            self._acquire_by_heartbeat()
-            return
         self._fd, self.mode = fd, "flock"
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(self._me.__dict__).encode())
         os.fsync(fd)
 
     def _acquire_by_heartbeat(self) -> None:
-        holder = _read_holder(self.path)
-        if holder is not None and not self._me.same_process(holder) and not self._is_stale(holder):
-            raise self._locked_error(holder)
-        atomic_write_json(self.path, self._me.__dict__)
-        time.sleep(min(1.0, self.heartbeat_s / 10))  # two newcomers at once: the last writer wins
-        holder = _read_holder(self.path)
-        if not self._me.same_process(holder):
-            raise self._locked_error(holder)
+        deadline = time.monotonic() + BREAK_WAIT_S
+        while not self._create():
+            holder = _read_holder(self.path)
+            if self._me.same_process(holder):  # an NFS retry of our own create reported EEXIST
+                break
+            if not self._stale(holder):
+                raise self._locked_error(holder)
+            if not self._break(holder) and time.monotonic() > deadline:
+                raise self._locked_error(_read_holder(self.path))
         self.mode = "heartbeat"
         self._thread = threading.Thread(target=self._beat, name="framer_ds-run-lock", daemon=True)
         self._thread.start()
+
+    def _create(self) -> bool:
+        """Create the lock file holding us, atomically: False when it exists (whoever created it)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, json.dumps(self._me.__dict__).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def _stale(self, holder: LockHolder | None) -> bool:
+        """A holder that stopped beating; a file we cannot read is stale once it is as old as that (a
+        newcomer reads it between its O_EXCL create and its write: it is not stale then)."""
+        if holder is not None:
+            return self._is_stale(holder)
+        try:
+            return time.time() - self.path.stat().st_mtime > self.stale_after_s
+        except FileNotFoundError:
+            return True  # gone since: create again
+
+    def _break(self, judged: LockHolder | None) -> bool:
+        """Remove the stale lock we read as `judged`, holding `.break` while we look at it again.
+        False when another newcomer is breaking it (we wait for the outcome)."""
+        breaker = self.path.with_name(f"{LOCK_NAME}.break")
+        try:
+            breaker.mkdir()
+        except FileExistsError:
+            with contextlib.suppress(OSError):  # left by a newcomer that died while breaking
+                if time.time() - breaker.stat().st_mtime > self.stale_after_s:
+                    breaker.rmdir()
+            time.sleep(0.05)
+            return False
+        try:
+            now = _read_holder(self.path)
+            same = now == judged if judged is None else (now is not None and now.token == judged.token)
+            if same and self._stale(now):
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
+        finally:
+            breaker.rmdir()
+        return True
 
     def _is_stale(self, holder: LockHolder) -> bool:
         if holder.host == socket.gethostname() and not _pid_alive(holder.pid):

@@ -10,19 +10,24 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from framer_ds.engine.checkpoint import newest_checkpoint, step_of
-from framer_ds.storage.atomic import atomic_write_json
 
-# Exit status of a run that checkpointed because it was asked to stop (Slurm time limit or
-# preemption): the Slurm script requeues on it. 75 = EX_TEMPFAIL, "try again later".
-EXIT_PREEMPTED = 75
-PREEMPTED_MARKER = "preempted.json"
-# SIGINT too: Ctrl-C, or `accelerate launch` passing its own SIGINT on to the ranks. A second one aborts.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# EXIT_PREEMPTED and PREEMPTED_MARKER are imported from here too; they live with the start-up handling.
+from framer_ds.train.preemption import EXIT_PREEMPTED, PREEMPTED_MARKER, STOP_SIGNALS
+
+__all__ = [
+    "EXIT_PREEMPTED",
+    "PREEMPTED_MARKER",
+    "NonFiniteLossError",
+    "NonFiniteTracker",
+    "NonFiniteWeightsError",
+    "ParentWatchdog",
+    "Preempted",
+    "StopRequest",
+]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -174,15 +179,3 @@ def divergence_advice(output_dir: Path, learning_rate: float) -> str:
         f"The newest finite checkpoint is {newest} (step {step_of(newest)}; none was written from "
         f"non-finite weights): resume from it with a lower learning rate, e.g. train.resume=latest {lower}."
     )
-
-
-def write_preempted_marker(output_dir: Path, stop: Preempted) -> None:
-    """What the Slurm script reads to decide on a requeue (the launcher may mask the exit status)."""
-    marker = {
-        "step": stop.step,
-        "signal": stop.signal_name,
-        "checkpoint": str(stop.checkpoint) if stop.checkpoint is not None else None,
-        "during_startup": stop.during_startup,
-        "time": time.time(),
-    }
-    atomic_write_json(Path(output_dir) / PREEMPTED_MARKER, marker)

@@ -23,7 +23,13 @@ from framer_ds.engine.accelerator import build_accelerator, end_accelerator, fro
 from framer_ds.engine.checkpoint import TrainerState, decide_resume, load_checkpoint, read_trainer_state
 from framer_ds.engine.metrics import MetricsLogger
 from framer_ds.engine.resume_changes import resume_changes
-from framer_ds.engine.run_dir import check_run_dir, check_shared_run_dir, claim_run_dir, prepare_run_dir
+from framer_ds.engine.run_dir import (
+    check_run_dir,
+    check_shared_run_dir,
+    claim_run_dir,
+    prepare_run_dir,
+    write_run_config,
+)
 from framer_ds.engine.universal import adapt_to_world_size, prepare_resume
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
@@ -35,8 +41,8 @@ from framer_ds.train.faults import (
     Preempted,
     StopRequest,
     divergence_advice,
-    write_preempted_marker,
 )
+from framer_ds.train.preemption import clear_preempted_marker, write_preempted_marker
 from framer_ds.train.run import TrainingRun, apply_config_after_resume, build_training_run
 from framer_ds.train.step import OptimizerStep, windows
 from framer_ds.train.summary import format_summary, run_summary
@@ -61,7 +67,13 @@ def run_training(config: RunConfigBase) -> TrainResult:
         return _start(config, stop)
     except Preempted as preempted:
         if int(os.environ.get("RANK", "0")) == 0:
-            write_preempted_marker(Path(config.output_dir), preempted)
+            write_preempted_marker(
+                Path(config.output_dir),
+                preempted.signal_name,
+                step=preempted.step,
+                checkpoint=preempted.checkpoint,
+                during_startup=preempted.during_startup,
+            )
         raise
     finally:
         stop.uninstall()
@@ -115,6 +127,9 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
         apply_config_after_resume(run)
         state = adapt_to_world_size(accelerator, state, load_path, config.train, run.plan.batches_per_epoch)
         say(accelerator, f"resumed from {resume_path} at step {state.global_step}")
+    if accelerator.is_main_process:  # the run really starts: a config error found earlier leaves no run
+        write_run_config(config)
+        clear_preempted_marker(config.output_dir)  # this run is no longer the preempted one
     summary = run_summary(run, state, resume_path)
     say(accelerator, format_summary(summary))
     for warning in run.zero_buffers.warnings if run.zero_buffers is not None else ():

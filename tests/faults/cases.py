@@ -10,7 +10,14 @@ real `python -m framer_ds` / `accelerate launch` processes for signals, kills an
 from __future__ import annotations
 
 # Importing the case modules registers their cases, in this order.
-from faults import divergence_cases, process_cases, storage_cases, timeline_cases, value_cases  # noqa: F401
+from faults import (  # noqa: F401
+    divergence_cases,
+    process_cases,
+    startup_cases,
+    storage_cases,
+    timeline_cases,
+    value_cases,
+)
 from faults.harness import CASES, Case
 
 __all__ = ["CASES", "Case"]

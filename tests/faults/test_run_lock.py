@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import errno
 import json
+import multiprocessing
+import os
 import socket
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,3 +72,59 @@ def test_a_live_heartbeat_on_another_node_is_respected(tmp_path, no_flock):
     (tmp_path / LOCK_NAME).write_text(json.dumps(holder))
     with pytest.raises(RunDirLocked, match="pid 4242 on host node-17"):
         RunLock(tmp_path, stale_after_s=60).acquire()
+
+
+def _contend(run_dir: Path, start: Any, delay_s: float, results: Any, release: Any) -> None:
+    """One newcomer in a process of its own, on a file system without flock: wait for the start, take
+    the lock or fail, report, and keep a won lock until the test has every answer."""
+
+    def flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    def slow_read_holder(path: Path, read=run_lock._read_holder):
+        holder = read(path)
+        time.sleep(0.05)  # a shared file system answers late: the holder may have changed by now
+        return holder
+
+    run_lock.fcntl.flock = flock
+    run_lock._read_holder = slow_read_holder
+    lock = RunLock(run_dir, heartbeat_s=0.1, stale_after_s=60)
+    start.wait()
+    time.sleep(delay_s)
+    try:
+        lock.acquire()
+    except RunDirLocked:
+        results.put((os.getpid(), False))
+        return
+    results.put((os.getpid(), True))
+    release.wait(60)
+    lock.release()
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["no lock yet", "a stale lock (dead pid)"])
+def test_of_many_newcomers_at_once_exactly_one_wins_the_heartbeat_lock(tmp_path, stale):
+    """The old heartbeat lock (write, sleep 10 ms, re-read, last writer wins) let two newcomers that both
+    read "no holder" before either wrote both win. Here 12 start together, 15 ms apart (more than that
+    sleep), on a file system whose reads answer 50 ms late (NFS and Lustre latency), on an empty
+    directory and on one with a stale lock to take over: the old lock let several win every time."""
+    if stale:
+        dead = {"host": socket.gethostname(), "pid": 2**22 + 17, "started": 0, "heartbeat": 0, "token": "t"}
+        (tmp_path / LOCK_NAME).write_text(json.dumps(dead))
+    context = multiprocessing.get_context("fork")  # light children: this module imports no torch
+    start, release, results = context.Event(), context.Event(), context.Queue()
+    contenders = [
+        context.Process(target=_contend, args=(tmp_path, start, 0.015 * i, results, release))
+        for i in range(12)
+    ]
+    for proc in contenders:
+        proc.start()
+    start.set()
+    try:
+        outcomes = [results.get(timeout=60) for _ in contenders]
+    finally:
+        release.set()
+        for proc in contenders:
+            proc.join(30)
+    winners = [pid for pid, won in outcomes if won]
+    assert len(winners) == 1, f"{len(winners)} of {len(contenders)} newcomers hold the lock"
+    assert not list(tmp_path.glob(f"{LOCK_NAME}.*")), "a probe or break file was left behind"
