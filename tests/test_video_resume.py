@@ -14,10 +14,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
+from accelerate.data_loader import prepare_data_loader
+from torch.utils.data import DataLoader, Dataset
 
 from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics
+from framer_ds.data.item_draws import DrawsPerItem, ItemDraws, drawn_at_epoch
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
+from framer_ds.train.step import set_loader_epoch
 
 CONFIGS = REPO / "configs" / "tasks" / "video_lora"
 BASES = {"svd": CONFIGS / "tiny.yaml", "framer": CONFIGS / "framer_tiny.yaml"}
@@ -93,3 +98,48 @@ def test_two_process_resume_repeats_the_uninterrupted_losses_for_both_bases(tmp_
         _launch_two(config, [f"output_dir={full}", *two])
         _launch_two(config, [f"output_dir={resumable_copy(full, resumed)}", *two, "train.resume=latest"])
         assert_same_trajectory(full, resumed)
+
+
+class EpochProbe(DrawsPerItem, Dataset):
+    """Items report the epoch their draws are keyed by, and one draw."""
+
+    def __init__(self, size: int = 4):
+        self.size, self.draws = size, ItemDraws(seed=5)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict:
+        return {"epoch": self.draws.epoch, "draw": torch.rand(1, generator=self.item_generator(index))}
+
+
+def _epochs_seen(loader) -> set[int]:
+    return {int(e) for batch in loader for e in batch["epoch"]}
+
+
+def test_the_epoch_reaches_the_dataset_under_a_sharded_loader():
+    """accelerate forwards `set_epoch` to the dataset only when no sampler inside its batch sampler
+    has one; under DDP its seedable sampler does, and the dataset stayed at epoch 0 (every epoch drew
+    the first epoch's augmentation)."""
+    dataset = EpochProbe()
+    loader = DataLoader(dataset, batch_size=1, shuffle=True, generator=torch.Generator().manual_seed(0))
+    sharded = prepare_data_loader(
+        loader, num_processes=2, process_index=0, put_on_device=False, use_seedable_sampler=True
+    )
+    set_loader_epoch(sharded, 3)
+    assert _epochs_seen(sharded) == {3}
+
+
+def test_persistent_workers_draw_by_the_current_epoch_and_pins_stay_local():
+    dataset = EpochProbe()
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True)
+    draws = {}
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        assert _epochs_seen(loader) == {epoch}  # the workers started at epoch 0 see epoch 1 too
+        draws[epoch] = torch.cat([batch["draw"] for batch in loader]).flatten()
+    assert not torch.equal(draws[0], draws[1])  # each epoch its own augmentation
+    with drawn_at_epoch(dataset, 0):  # e.g. sampling inputs: this process only
+        assert torch.equal(torch.cat([dataset[i]["draw"] for i in range(4)]), draws[0])
+        assert _epochs_seen(loader) == {1}
+    assert dataset.draws.epoch == 1
