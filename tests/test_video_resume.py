@@ -71,10 +71,13 @@ def _train_in_process(config: Path, overrides: list[str]) -> None:
 
 @pytest.mark.parametrize("base", ["svd", "framer"])
 def test_resumed_run_repeats_the_uninterrupted_losses(base, tmp_path):
+    """The resumed run loads its clips in 2 DataLoader workers (a change resume applies): the clips they
+    read draw their augmentation as the main process did in the uninterrupted run."""
     config = BASES[base]
     _train_in_process(config, [f"output_dir={tmp_path / 'full'}", *COMMON])
     resumed = resumable_copy(tmp_path / "full", tmp_path / "resumed")
-    _train_in_process(config, [f"output_dir={resumed}", *COMMON, "train.resume=latest"])
+    workers = [*COMMON, "train.num_workers=2", "train.resume=latest"]
+    _train_in_process(config, [f"output_dir={resumed}", *workers])
     assert_same_trajectory(tmp_path / "full", resumed)
 
 
