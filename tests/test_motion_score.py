@@ -165,7 +165,8 @@ def test_a_clips_bucket_follows_its_stride(tmp_path):
     task.prepare_data()
     train, _ = task.build_datasets()
     by_stride: dict[str, dict[int, float]] = {}
-    for draw in range(60):
+    for draw in range(60):  # each clip's stride is drawn per (seed, epoch, index): read several epochs
+        train.set_epoch(draw // len(train))
         item = train[draw % len(train)]
         by_stride.setdefault(item["video_id"], {})[item["fps"]] = item["motion_bucket_id"]
     assert any(len(seen) > 1 for seen in by_stride.values())

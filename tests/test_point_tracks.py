@@ -382,7 +382,7 @@ def test_items_carry_controlnet_cond_and_the_cache_gives_the_same(tmp_path):
 def test_a_cached_run_and_an_uncached_run_give_the_same_controlnet_cond(tmp_path):
     from accelerate import Accelerator
 
-    from framer_ds.engine.rng import isolated_seed
+    from framer_ds.data.item_draws import drawn_at_epoch
 
     task = _tiny_task(tmp_path, "data.cache.enabled=true", f"data.cache.dir={tmp_path / 'latents'}")
     task.prepare_data()
@@ -391,8 +391,8 @@ def test_a_cached_run_and_an_uncached_run_give_the_same_controlnet_cond(tmp_path
     cached_train, cached_val = task.precompute(task.accelerator, train, val)
     assert isinstance(cached_train, TrackConditionedDataset)
     for entry in range(len(cached_train)):
-        with isolated_seed(task.config.train.seed * 1_000_003 + entry):  # the draw task._cached made
-            uncached = train[entry]
+        with drawn_at_epoch(train, entry // len(train)):  # copy k of a clip: the draw of epoch k
+            uncached = train[entry % len(train)]
         cached = cached_train[entry]
         assert "target" in cached and cached["placement"] == uncached["placement"]
         assert torch.equal(cached["controlnet_cond"], uncached["controlnet_cond"])

@@ -403,6 +403,26 @@ def test_sampling_deterministic_under_torch_seed(index) -> None:
         ClipSampler(4, stride=2, stride_range=(1, 3))
 
 
+def test_seeded_items_draw_by_epoch_and_index_not_from_the_global_rng(index) -> None:
+    """What a resumed run relies on (data/item_draws.py): an item's start, stride, crop and flip are a
+    function of (seed, epoch, index), whenever it is read, and leave the training RNG alone."""
+    ds = VideoClipDataset(
+        index, num_frames=4, height=64, width=64, stride_range=(1, 3), random_crop=True, hflip=True,
+        with_placement=True, seed=3,
+    )  # fmt: skip
+    state = torch.get_rng_state()
+    placements = [ds[i]["placement"] for i in range(4)]
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(123)  # the global RNG plays no part
+    assert [ds[i]["placement"] for i in range(4)] == placements
+    ds.set_epoch(1)
+    later = [ds[i]["placement"] for i in range(4)]
+    assert later != placements  # a new epoch, new augmentation
+    with ds.at_epoch(0):
+        assert [ds[i]["placement"] for i in range(4)] == placements
+    assert [ds[i]["placement"] for i in range(4)] == later
+
+
 def test_hflip_mirrors_or_not(index) -> None:
     plain = VideoClipDataset(index, num_frames=2, height=64, width=64, stride=1)
     flip = VideoClipDataset(index, num_frames=2, height=64, width=64, stride=1, hflip=True)

@@ -5,8 +5,10 @@ Why seeking: the seed decoded every frame of every video per sample, so a 14-fra
 the first wanted frame (PyAV/FFmpeg do the seeking and decoding) and stops after the last one, and
 only the wanted frames are converted to RGB.
 
-Why all randomness comes from torch's global RNG: the checkpoint saves and restores it and DataLoader
-workers are seeded from it, so a resumed run replays the same clips, strides, crops and flips.
+Why a training dataset draws from each item's own generator (`seed=`, data/item_draws.py): a resumed
+run must replay the same clips, strides, crops and flips, and draws from torch's global RNG did not
+(accelerate's loader reads a batch ahead of the checkpoint). Without a seed the draws come from the
+global RNG (ad-hoc use); the helpers take an optional `generator` for either.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.utils.data import Dataset
 
 from framer_ds.compat import LazyModule
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
+from framer_ds.data.item_draws import DrawsPerItem, ItemDraws
 from framer_ds.data.video_index import VideoIndex, VideoRecord
 
 av = LazyModule("av", "decoding video clips (video_lora data)")
@@ -172,17 +175,20 @@ class ClipSampler:
             hi = 0
         return min(lo, hi), hi
 
-    def sample(self, record: VideoRecord) -> tuple[int, int]:
-        """(start frame, stride); a stride too large for this record is capped to the largest that fits."""
+    def sample(self, record: VideoRecord, generator: torch.Generator | None = None) -> tuple[int, int]:
+        """(start frame, stride); a stride too large for this record is capped to the largest that fits.
+        Random draws come from `generator` (None: torch's global RNG)."""
         lo, hi = self.allowed_strides(record)
         avail = record.usable_frames
         if hi < 1:
             raise VideoReadError(f"{record.path} has {avail} usable frames, a clip needs {self.num_frames}")
         random = self.mode == "random"
-        stride = int(torch.randint(lo, hi + 1, (1,)).item()) if random and hi > lo else (lo + hi) // 2
+        stride = (lo + hi) // 2
+        if random and hi > lo:
+            stride = int(torch.randint(lo, hi + 1, (1,), generator=generator))
         slack = avail - ((self.num_frames - 1) * stride + 1)
         if random:
-            offset = int(torch.randint(0, slack + 1, (1,)).item()) if slack else 0
+            offset = int(torch.randint(0, slack + 1, (1,), generator=generator)) if slack else 0
         else:
             offset = slack // 2 if self.mode == "center" else 0
         return record.first_frame + offset, stride
@@ -220,13 +226,21 @@ class CropBox:
     width: int
 
 
-def crop_box(src_h: int, src_w: int, height: int, width: int, random_crop: bool) -> CropBox:
-    """The scale that covers height x width, then the centre or a random crop (torch's global RNG)."""
+def crop_box(
+    src_h: int,
+    src_w: int,
+    height: int,
+    width: int,
+    random_crop: bool,
+    generator: torch.Generator | None = None,
+) -> CropBox:
+    """The scale that covers height x width, then the centre or a random crop (drawn from `generator`,
+    None: torch's global RNG)."""
     scale = max(height / src_h, width / src_w)
     new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
     if random_crop:
-        top = int(torch.randint(0, new_h - height + 1, (1,)).item())
-        left = int(torch.randint(0, new_w - width + 1, (1,)).item())
+        top = int(torch.randint(0, new_h - height + 1, (1,), generator=generator))
+        left = int(torch.randint(0, new_w - width + 1, (1,), generator=generator))
     else:
         top, left = (new_h - height) // 2, (new_w - width) // 2
     return CropBox(src_h, src_w, new_h, new_w, top, left, height, width)
@@ -300,11 +314,13 @@ def _coprime_step(n: int) -> int:
     return step
 
 
-class VideoClipDataset(Dataset):
+class VideoClipDataset(DrawsPerItem, Dataset):
     """Index -> {"pixel_values": float32 [T,3,H,W] in [-1,1], "video_id": str, "fps": float}, where
     fps = source fps / stride (the rate SVD's fps conditioning should see); with `with_placement` also
     "placement": the clip's `ClipPlacement` as JSON (for point tracks). Augmentations (random
     start/stride/crop, flip) apply only when `train`; eval clips are centred and use no randomness.
+    With `seed` each item draws them from its own generator, keyed by (seed, epoch, index): the same
+    clip for the same place in training, whenever it is read (`item_draws.py`).
 
     A file that fails at read time (deleted or corrupted after indexing) is logged once, remembered,
     and replaced by another record (deterministic order, at most `max_retries` reads), so hour 3 of a
@@ -327,10 +343,12 @@ class VideoClipDataset(Dataset):
         max_retries: int = 8,
         max_failed_fraction: float = 0.05,
         with_placement: bool = False,
+        seed: int | None = None,
     ) -> None:
         problems = validate_svd_size(height, width)
         if problems:
             raise ConfigError(problems, source="VideoClipDataset")
+        self.draws = ItemDraws(seed) if seed is not None else None
         if not index.records:
             raise ValueError("the index has no usable videos; call require_usable(index, ...) first.")
         self.records = list(index.records)
@@ -354,23 +372,25 @@ class VideoClipDataset(Dataset):
                 yield record
 
     def __getitem__(self, index: int) -> dict:
+        generator = self.item_generator(index)  # one stream for the item, a replaced file included
         tries = 0
         for record in self._candidates(index):
             if tries > self.max_retries:
                 break
             tries += 1
             try:
-                return self._load(record)
+                return self._load(record, generator)
             except VideoReadError as exc:
                 self._record_failure(record, str(exc))
         raise InputDataError(self._failure_message(f"no readable clip for item {index} after {tries} tries"))
 
-    def _load(self, record: VideoRecord) -> dict:
-        start, stride = self.sampler.sample(record)
+    def _load(self, record: VideoRecord, generator: torch.Generator | None) -> dict:
+        start, stride = self.sampler.sample(record, generator)
         frames = read_clip(record.path, start, self.sampler.num_frames, stride, record.first_pts)
-        box = crop_box(*frames.shape[1:3], self.height, self.width, self.random_crop and self.train)
+        random_crop = self.random_crop and self.train
+        box = crop_box(*frames.shape[1:3], self.height, self.width, random_crop, generator)
         pixels = apply_crop_box(frames, box)
-        flipped = bool(self.train and self.hflip and torch.rand(1).item() < 0.5)
+        flipped = bool(self.train and self.hflip and torch.rand(1, generator=generator).item() < 0.5)
         if flipped:
             pixels = pixels.flip(-1)
         item = {
@@ -402,10 +422,11 @@ class VideoClipDataset(Dataset):
         )
 
 
-class ImagePairDataset(Dataset):
+class ImagePairDataset(DrawsPerItem, Dataset):
     """`scan_image_pairs` output -> {"pixel_values": float32 [2,3,H,W] (start, end) in [-1,1],
     "video_id": id, "num_frames": T}. Only the two real frames are returned: the interpolation task
-    builds the T - 2 placeholder frames between them, so it alone decides what they hold."""
+    builds the T - 2 placeholder frames between them, so it alone decides what they hold. The flip
+    draws as `VideoClipDataset`'s augmentation does (`seed`)."""
 
     def __init__(
         self,
@@ -414,6 +435,7 @@ class ImagePairDataset(Dataset):
         width: int,
         num_frames: int,
         hflip: bool = False,
+        seed: int | None = None,
     ) -> None:
         problems = validate_svd_size(height, width)
         if num_frames < 2:
@@ -422,6 +444,7 @@ class ImagePairDataset(Dataset):
             raise ConfigError(problems, source="ImagePairDataset")
         self.pairs, self.height, self.width = list(pairs), height, width
         self.num_frames, self.hflip = num_frames, hflip
+        self.draws = ItemDraws(seed) if seed is not None else None
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -439,6 +462,6 @@ class ImagePairDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         pair_id, start, end = self.pairs[index]
         pixels = torch.stack([self._load(start), self._load(end)])
-        if self.hflip and torch.rand(1).item() < 0.5:
+        if self.hflip and torch.rand(1, generator=self.item_generator(index)).item() < 0.5:
             pixels = pixels.flip(-1)
         return {"pixel_values": pixels.mul_(2).sub_(1), "video_id": pair_id, "num_frames": self.num_frames}

@@ -57,7 +57,7 @@ def windows(run: TrainingRun, state: TrainerState) -> Iterator[Window]:
     """
     plan, accumulation = run.plan, run.config.train.gradient_accumulation_steps
     while True:
-        run.train_loader.set_epoch(state.epoch)
+        set_loader_epoch(run.train_loader, state.epoch)
         loader: Iterable[Any] = run.train_loader
         if state.batches_in_epoch:
             loader = run.accelerator.skip_first_batches(run.train_loader, state.batches_in_epoch)
@@ -74,6 +74,19 @@ def windows(run: TrainingRun, state: TrainerState) -> Iterator[Window]:
                 f"the training loader yielded more than the {plan.batches_per_epoch} "
                 "micro-batches planned per epoch; the dataset's length changed while training"
             )
+
+
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """The loader's sampler and its dataset learn the epoch (a dataset may key its augmentation by it,
+    data/item_draws.py).
+
+    Why the dataset is told here too: accelerate forwards the epoch to the dataset only when no sampler
+    inside its batch sampler has `set_epoch`; under DDP its seedable sampler does, so the dataset
+    stayed at epoch 0 and every epoch drew the first epoch's augmentation."""
+    loader.set_epoch(epoch)
+    dataset_set_epoch = getattr(loader.dataset, "set_epoch", None)
+    if dataset_set_epoch is not None:
+        dataset_set_epoch(epoch)
 
 
 def _advancing(batches: Iterator[Any], state: TrainerState, batches_per_epoch: int) -> Iterator[Any]:

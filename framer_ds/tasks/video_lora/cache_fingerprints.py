@@ -33,7 +33,9 @@ def weights_fingerprint(svd_dir: Path) -> list:
     return found
 
 
-CACHE_FORMAT_VERSION = 1  # bump when the encoding changes what a cached entry holds
+# bump when the encoding changes what a cached entry holds; 2: a training entry's augmentation is
+# drawn from (seed, copy, clip) (data/item_draws.py), no longer from the entry's global-RNG stream
+CACHE_FORMAT_VERSION = 2
 
 
 def describe_cache(

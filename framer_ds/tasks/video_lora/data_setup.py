@@ -88,6 +88,7 @@ class VideoLoraData:
     root: Path
     fixed_fps: float | None  # model.fps
     motion_from_data: bool = False  # model.motion_bucket: from_data
+    seed: int | None = None  # train.seed: training items draw their augmentation from (seed, epoch, index)
 
     @property
     def sampler(self) -> ClipSampler:
@@ -131,7 +132,9 @@ class VideoLoraData:
             pairs = scan_image_pairs(self.root)
             val_ids = held_out([pid for pid, _, _ in pairs], data.val_fraction)
             size = {"height": data.height, "width": data.width, "num_frames": data.num_frames}
-            train = ImagePairDataset([p for p in pairs if p[0] not in val_ids], hflip=data.hflip, **size)
+            train = ImagePairDataset(
+                [p for p in pairs if p[0] not in val_ids], hflip=data.hflip, seed=self.seed, **size
+            )
             val = ImagePairDataset([p for p in pairs if p[0] in val_ids], **size) if val_ids else None
             notes = {"validation": self._split_note(len(val_ids), len(pairs), "image pairs")}
             return BuiltData(train, val, notes, [self.fixed_fps] if self.fixed_fps else [])
@@ -158,6 +161,7 @@ class VideoLoraData:
             hflip=data.hflip,
             random_crop=data.random_crop,
             train=True,
+            seed=self.seed,
             **common,
         )
         val = None

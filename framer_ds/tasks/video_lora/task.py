@@ -16,6 +16,7 @@ from accelerate.utils import send_to_device
 from torch.utils.data import Dataset, default_collate
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.data.item_draws import drawn_at_epoch
 from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, cache_key, fill_cache
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.data.video_clips import validate_svd_size
@@ -152,7 +153,11 @@ class VideoLoraTask(VideoEvalMemory, Task):
     def _data(self) -> VideoLoraData:
         model = self.config.model
         return VideoLoraData(
-            self.config.data, self.data_root(), model.fps, model.motion_bucket == "from_data"
+            self.config.data,
+            self.data_root(),
+            model.fps,
+            model.motion_bucket == "from_data",
+            self.config.train.seed,
         )
 
     def data_report(self) -> str:
@@ -251,16 +256,18 @@ class VideoLoraTask(VideoEvalMemory, Task):
         return LatentCache(root, cache_key(described), len(dataset) * copies, summary)
 
     def _cached(self, dataset: Dataset, split: str, copies: int) -> CachedEntryDataset:
-        """Entry i is item i % n with its own RNG stream: training entries draw augmentation and the
-        conditioning-noise strength as training would, eval entries use the fixed eval settings."""
+        """Entry i is item i % n: training entries draw augmentation and the conditioning-noise strength
+        as training would, eval entries use the fixed eval settings. Copy k = i // n of a clip takes the
+        augmentation epoch k would draw, and the noise strength from the entry's own seeded stream."""
         accelerator = self.accelerator
         cache = self._cache_for(dataset, split, copies)
 
         def encode(entry: int):
             if self.frozen.vae is None:  # loaded only when something is left to encode
                 self.frozen.on_device(self.accelerator)
-            with isolated_seed(self.config.train.seed * 1_000_003 + entry):
-                item = dataset[entry % len(dataset)]
+            copy, index = divmod(entry, len(dataset))
+            with isolated_seed(self.config.train.seed * 1_000_003 + entry), drawn_at_epoch(dataset, copy):
+                item = dataset[index]
                 batch = send_to_device(default_collate([item]), accelerator.device)
                 batch = to_compute_dtype(accelerator, batch, self.full_precision_keys)
                 encoded = self._encode(batch, self._eval_generator(batch) if split == "eval" else None)

@@ -20,10 +20,10 @@ from accelerate.utils import gather_object
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from framer_ds.data.item_draws import drawn_at_epoch
 from framer_ds.data.video_index import VIDEO_EXTENSIONS
 from framer_ds.data.video_write import to_uint8_frames, write_video
 from framer_ds.diffusion.sampling import FramerSampling, SamplerParts, sample_video
-from framer_ds.engine.rng import isolated_seed
 from framer_ds.tasks.video_lora.config import SampleOptions
 
 
@@ -42,11 +42,11 @@ def collect_sample_inputs(
     source: Dataset, options: SampleOptions, interpolation: bool, with_reference: bool, fps: float | None
 ) -> list[SampleInput]:
     """The first `options.count` items of a pixel dataset (held-out clips, or training clips with
-    their augmentation drawn from `options.seed`, so every round samples the same inputs), each with its
+    their augmentation drawn as in epoch 0, so every round samples the same inputs), each with its
     own motion bucket and point heatmaps when the items carry them (`motion_bucket: from_data`,
     `data.tracks`), as interp_eval uses them."""
     inputs = []
-    with isolated_seed(options.seed):
+    with drawn_at_epoch(source, 0):
         for index in range(min(options.count, len(source))):
             item = source[index]
             pixels, bucket = item["pixel_values"], item.get("motion_bucket_id")

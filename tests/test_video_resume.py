@@ -1,0 +1,148 @@
+"""video_lora resumes onto its own trajectory: a run resumed from a mid-epoch checkpoint repeats the
+uninterrupted run's per-step losses exactly, for both bases (SVD and Framer), on 1 and 2 processes.
+
+Why exact equality: both runs are fp32 on the CPU and do the same operations in the same order, so a
+resumed run that restores every random draw (clip offsets, flips, sigma, noise, conditioning dropout,
+the noise-augmentation strength) gives the same floats; a draw that is not restored moves a loss by
+~0.1-0.5 (issue 29 §2: 0.141 against 0.338 at the first resumed step).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.data_loader import prepare_data_loader
+from torch.utils.data import DataLoader, Dataset
+
+from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics
+from framer_ds.data.item_draws import DrawsPerItem, ItemDraws, drawn_at_epoch
+from framer_ds.tasks.run_config import load_run_config
+from framer_ds.train.loop import run_training
+from framer_ds.train.step import set_loader_epoch
+
+CONFIGS = REPO / "configs" / "tasks" / "video_lora"
+BASES = {"svd": CONFIGS / "tiny.yaml", "framer": CONFIGS / "framer_tiny.yaml"}
+STEPS = 5
+# Checkpoints at steps 2, 4 and 5; the resumed run starts from step 2: mid-epoch (8 training clips,
+# 4 micro-batches an epoch on one process, 4 per rank on two with micro-batch 1), and its steps cross
+# into the next epoch. No eval set and no samples: neither touches training, and both cost time.
+COMMON = [
+    f"train.max_steps={STEPS}",
+    "train.checkpoint_every=2",
+    "train.keep_last_checkpoints=5",
+    "train.eval_every=null",
+    "train.num_workers=0",
+    "train.log_every=1",
+    "data.val_fraction=0",
+    "model.samples.every=0",
+    "model.interp_eval.enabled=false",
+]
+
+
+def resumable_copy(run: Path, to: Path) -> Path:
+    """`run` as if it had been stopped right after its step-2 checkpoint."""
+    shutil.copytree(run, to)
+    for later in ("step_4", f"step_{STEPS}"):
+        shutil.rmtree(to / "checkpoints" / later)
+    shutil.rmtree(to / "final")
+    return to
+
+
+def assert_same_trajectory(full: Path, resumed: Path) -> None:
+    straight, again = read_metrics(full)[0], read_metrics(resumed)[0]
+    assert [x["step"] for x in again] == list(range(1, STEPS + 1))
+    # exact: same fp32 CPU operations in the same order (module docstring)
+    assert [(x["step"], x["loss"], x["lr"]) for x in again[2:]] == [
+        (x["step"], x["loss"], x["lr"]) for x in straight[2:]
+    ]
+
+
+def _train_in_process(config: Path, overrides: list[str]) -> None:
+    from accelerate.state import AcceleratorState, GradientState
+
+    run_training(load_run_config(config, overrides))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.mark.parametrize("base", ["svd", "framer"])
+def test_resumed_run_repeats_the_uninterrupted_losses(base, tmp_path):
+    """The resumed run loads its clips in 2 DataLoader workers (a change resume applies): the clips they
+    read draw their augmentation as the main process did in the uninterrupted run."""
+    config = BASES[base]
+    _train_in_process(config, [f"output_dir={tmp_path / 'full'}", *COMMON])
+    resumed = resumable_copy(tmp_path / "full", tmp_path / "resumed")
+    workers = [*COMMON, "train.num_workers=2", "train.resume=latest"]
+    _train_in_process(config, [f"output_dir={resumed}", *workers])
+    assert_same_trajectory(tmp_path / "full", resumed)
+
+
+def _launch_two(config: Path, overrides: list[str]) -> None:
+    cmd = accelerate_launch_cmd(
+        "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config), *overrides
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_two_process_resume_repeats_the_uninterrupted_losses_for_both_bases(tmp_path):
+    """DDP on 2 CPU processes: each rank restores its own draws (random_states_<rank>.pkl) and reads its
+    own share of the clips with the same per-item augmentation."""
+    two = [*COMMON, "train.micro_batch_size=1"]
+    for base, config in BASES.items():
+        full, resumed = tmp_path / base / "full", tmp_path / base / "resumed"
+        _launch_two(config, [f"output_dir={full}", *two])
+        _launch_two(config, [f"output_dir={resumable_copy(full, resumed)}", *two, "train.resume=latest"])
+        assert_same_trajectory(full, resumed)
+
+
+class EpochProbe(DrawsPerItem, Dataset):
+    """Items report the epoch their draws are keyed by, and one draw."""
+
+    def __init__(self, size: int = 4):
+        self.size, self.draws = size, ItemDraws(seed=5)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict:
+        return {"epoch": self.draws.epoch, "draw": torch.rand(1, generator=self.item_generator(index))}
+
+
+def _epochs_seen(loader) -> set[int]:
+    return {int(e) for batch in loader for e in batch["epoch"]}
+
+
+def test_the_epoch_reaches_the_dataset_under_a_sharded_loader():
+    """accelerate forwards `set_epoch` to the dataset only when no sampler inside its batch sampler
+    has one; under DDP its seedable sampler does, and the dataset stayed at epoch 0 (every epoch drew
+    the first epoch's augmentation)."""
+    dataset = EpochProbe()
+    loader = DataLoader(dataset, batch_size=1, shuffle=True, generator=torch.Generator().manual_seed(0))
+    sharded = prepare_data_loader(
+        loader, num_processes=2, process_index=0, put_on_device=False, use_seedable_sampler=True
+    )
+    set_loader_epoch(sharded, 3)
+    assert _epochs_seen(sharded) == {3}
+
+
+def test_persistent_workers_draw_by_the_current_epoch_and_pins_stay_local():
+    dataset = EpochProbe()
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True)
+    draws = {}
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        assert _epochs_seen(loader) == {epoch}  # the workers started at epoch 0 see epoch 1 too
+        draws[epoch] = torch.cat([batch["draw"] for batch in loader]).flatten()
+    assert not torch.equal(draws[0], draws[1])  # each epoch its own augmentation
+    with drawn_at_epoch(dataset, 0):  # e.g. sampling inputs: this process only
+        assert torch.equal(torch.cat([dataset[i]["draw"] for i in range(4)]), draws[0])
+        assert _epochs_seen(loader) == {1}
+    assert dataset.draws.epoch == 1
