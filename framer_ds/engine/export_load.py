@@ -1,10 +1,11 @@
 """An export's weights (`final/`, `best/`) back into the model a task's `build_model` made: what
 `framer-ds eval RUN` evaluates.
 
-Why a loader of our own rather than `from_pretrained`: the model to evaluate is the one training built
-(same class, same wrapping, same attention settings), so the eval forward is training's; only its
-weights come from the export. Every problem (a missing file, keys or shapes that do not fit) is one
-line naming the export and the fix, never a traceback.
+Why into that model rather than evaluating whatever `from_pretrained(final)` returns: the model to
+evaluate is the one training built (same class, same peft wrapping, same attention settings), so the
+eval forward is training's; only its weights come from the export (a transformers model's read by its
+own loader, which knows how its files name them). Every problem (a missing file, keys or shapes that do
+not fit) is one line naming the export and the fix, never a traceback.
 """
 
 from __future__ import annotations
