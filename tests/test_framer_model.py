@@ -399,10 +399,13 @@ def test_sampler_feeds_framers_conditioning_and_controlnet(tmp_path):
         framer = FramerSampling(token, controlnet_cond, conditioning_scale=1.0, step_range=(0.0, 0.5))
         generator = torch.Generator().manual_seed(0)
         return sample_video(
-            parts, first, last, 4, 7.0, 127, num_inference_steps=2, generator=generator, framer=framer
-        )
+            parts, first, last, 4, 7.0, 127, num_inference_steps=2, generator=generator, framer=framer,
+            on_step=lambda: steps.append(1),  # what moves the sampling progress bar
+        )  # fmt: skip
 
+    steps = []
     plain = sample(None)
+    assert len(steps) == 2  # one call per denoising step
     (model_in, _), kwargs = seen[0]
     assert model_in.shape == (2, 4, 9, 8, 8) and kwargs["encoder_hidden_states"].shape == (2, 2, 32)
     assert kwargs["encoder_hidden_states"][0].eq(0).all() and kwargs["encoder_hidden_states"][1].ne(0).any()

@@ -83,7 +83,7 @@ def test_eval_command_reproduces_the_runs_final_evaluation(tmp_path, capsys, mon
         report["metrics"]["eval/psnr"], rel=1e-4
     )  # one eval: same model
     assert main(["eval", str(tmp_path / "nowhere")]) == 1
-    monkeypatch.setattr(VideoLoraTask, "load_export", lambda self, model, export_dir: None)
+    monkeypatch.setattr(VideoLoraTask, "load_export", lambda self, model, export_dir: model)
     assert main(["eval", str(run)]) == 0  # the base model: the export's weights did make the difference
     untrained = json.loads((run / "eval.json").read_text())["metrics"]
     assert untrained["eval/loss"] != pytest.approx(report["metrics"]["eval/loss"], rel=1e-3)

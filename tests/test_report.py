@@ -15,7 +15,7 @@ from PIL import Image
 from conftest import REPO
 from framer_ds.cli.main import main
 from framer_ds.config.errors import ConfigError
-from framer_ds.lab.report import read_history, summary_row
+from framer_ds.lab.report import default_report_dir, read_history, summary_row
 
 STEPS = 12
 
@@ -71,6 +71,19 @@ def test_report_from_metrics_and_from_the_job_log_agree(logged_run, tmp_path, ca
     assert rows[0]["final_loss"] == pytest.approx(rows[1]["final_loss"], abs=1e-4)
     assert rows[0]["time_s"] > 0 and rows[0]["samples_per_s"] > 0 and rows[0]["peak_memory_gb"] > 0
     assert rows[0]["best eval/loss"] <= rows[0]["final eval/loss"]
+
+
+def test_the_report_goes_into_the_run_not_the_current_directory(logged_run, tmp_path, monkeypatch, capsys):
+    """Without --out: RUN/report/ (a job log: its run's report/), several runs: report/ beside them."""
+    monkeypatch.chdir(tmp_path)
+    run = logged_run / "run"
+    assert main(["report", str(run)]) == 0
+    assert (run / "report" / "report.md").is_file() and (run / "report" / "loss.png").is_file()
+    assert f"wrote {run / 'report' / 'report.md'}" in capsys.readouterr().out
+    assert not (tmp_path / "report").exists()
+    assert default_report_dir([logged_run / "logs" / "job-1.out"]) == logged_run.resolve() / "report"
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    assert default_report_dir([tmp_path / "a", Path("b")]) == tmp_path.resolve() / "report"
 
 
 def test_requeued_logs_killed_lines_and_damaged_files(tmp_path):

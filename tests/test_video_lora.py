@@ -77,12 +77,16 @@ def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path, 
     args = ["sample", str(final), "--image", str(tmp_path / "first.png"), "--out", str(out), "--steps", "3"]
     assert main(args) == 1  # an interpolation adapter needs the last frame too
     assert main([*args, "--last-image", str(tmp_path / "last.png")]) == 0
-    assert "conditioned on 6 fps" in capsys.readouterr().out  # the trained fps, not SVD's default 7
+    printed = capsys.readouterr().out
+    assert "conditioned on 6 fps" in printed  # the trained fps, not SVD's default 7
+    assert "(H.264)" in printed and "sample_frames" in printed
     import av
 
     with av.open(str(out)) as container:
+        assert container.streams.video[0].codec_context.name == "h264"
         decoded = list(container.decode(video=0))
     assert len(decoded) == 4 and (decoded[0].width, decoded[0].height) == (64, 64)
+    assert len(list((tmp_path / "sample_frames").glob("frame_*.png"))) == 4
     tuned_options = ["--num-frames", "3", "--motion-bucket-id", "60", "--fps", "9", "--noise-aug", "0.05"]
     more = [*args, "--last-image", str(tmp_path / "last.png"), *tuned_options, "--min-guidance", "1.5"]
     assert main([*more, "--max-guidance", "2.5", "--decode-chunk-size", "2", "--resize", "pad"]) == 0
@@ -269,6 +273,8 @@ def test_validation_samples_are_written_and_logged_to_wandb_offline(tmp_path):
         with av.open(str(videos[0])) as container:
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         assert len(frames) == 4 and frames[0].shape == (64, 128, 3)  # reference | sample
+        pngs = sorted((videos[0].parent / "00_clip_000_frames").glob("*.png"))  # to compare frame by frame
+        assert [p.name for p in pngs] == [f"frame_{i:03d}.png" for i in range(4)]
     media = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     media = [line for line in media if "media/samples" in line]
     assert [line["step"] for line in media] == [2, 4]

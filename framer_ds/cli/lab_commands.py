@@ -79,7 +79,12 @@ def add_lab_commands(sub: argparse._SubParsersAction) -> None:
         "read from its Slurm log (RUN_DIR/logs/*.out, or the .out file itself).",
     )
     report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="output_dir of a run, or a log")
-    report.add_argument("--out", type=Path, default=Path("report"), help="where to write (default ./report)")
+    report.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write (default RUN_DIR/report; several runs: report/ in the folder holding them)",
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -139,10 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         "eval",
         help="evaluate a finished run's export on its held-out data (writes RUN/eval.json)",
         description="Evaluate RUN/final (or RUN/best) with the config recorded in it, on the run's own "
-        "held-out data, exactly as training evaluates (video_lora: eval/loss, and with "
-        "model.interp_eval the interpolation metrics). Prints the metrics and writes RUN/eval.json "
-        "(RUN/eval_best.json). Under `accelerate launch --num_processes N -m framer_ds eval RUN` the "
-        "held-out set is split between the processes.",
+        "held-out data, exactly as training evaluates: vit_classification loss, accuracy and per-class "
+        "accuracy; tts_lm loss and audio-token accuracy; drivable_vit IoU per class and mean; video_lora "
+        "eval/loss (with model.interp_eval the interpolation metrics). Prints the metrics and writes "
+        "RUN/eval.json (RUN/eval_best.json), with a per_class table where the task has classes. Under "
+        "`accelerate launch --num_processes N -m framer_ds eval RUN` the held-out set is split between "
+        "the processes and the numbers are those of one process.",
     )
     evaluation.add_argument("run_dir", type=Path, help="a finished run's output_dir")
     evaluation.add_argument("--export", choices=["final", "best"], default="final", help="which export")

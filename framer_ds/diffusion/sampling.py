@@ -105,10 +105,12 @@ def sample_video(
     tile_size: int | None = None,
     framer: FramerSampling | None = None,
     guidance_schedule: GuidanceSchedule = "linear",
+    on_step: Callable[[], Any] | None = None,
 ) -> Tensor:
     """first/last: [3,H,W] in [-1,1]; returns [T,3,H,W] in [-1,1]. The UNet takes 9 input channels
     when `last` is given (noisy + conditioning latents + mask). `guidance_schedule`: how the guidance
-    goes from min to max over the frames (`guidance_scales`). `framer`: Framer's conventions (the
+    goes from min to max over the frames (`guidance_scales`). `on_step`: called after each denoising step
+    (a progress bar's `update`). `framer`: Framer's conventions (the
     pipeline `StableVideoDiffusionInterpControlPipeline.__call__`): CLIP of first and last frame, the
     mask token on missing frames, the mask 1 there, zero latents and embeddings unconditionally."""
     device = first.device
@@ -176,5 +178,7 @@ def sample_video(
             pred_uncond, pred_cond = pred.chunk(2)
             pred = pred_uncond + guidance * (pred_cond - pred_uncond)
         latents = scheduler.step(pred, t, latents).prev_sample
+        if on_step is not None:
+            on_step()
     frames = decode_latents(parts.vae, latents, num_frames, decode_chunk_size)  # [1,C,T,H,W]
     return frames[0].permute(1, 0, 2, 3).clamp(-1, 1)

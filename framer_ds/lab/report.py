@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.storage.atomic import atomic_write_text
 
 # tqdm's bar in a log file: "train:  25%|##5  | 10/40 [00:05<00:15,  2.00it/s, loss=8.9261]"
 PROGRESS = re.compile(
@@ -204,8 +206,26 @@ def plot_histories(histories: list[RunHistory], out_dir: Path) -> list[Path]:
     return written
 
 
-def write_report(paths: list[Path], out_dir: Path) -> Path:
-    """report.md (the table, then the plots) and the PNGs, in out_dir."""
+def run_directory(path: Path) -> Path:
+    """The run a `framer-ds report` argument names: a directory itself; a job log `RUN/logs/x.out` its
+    RUN (a bare log file: its folder)."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    return path.parent.parent if path.parent.name == "logs" else path.parent
+
+
+def default_report_dir(paths: list[Path]) -> Path:
+    """Where a report goes without --out: with its run (`RUN/report/`), so it travels with the run's
+    other outputs and never lands in whatever directory the command ran from; several runs compared:
+    `report/` in the folder that holds them all."""
+    runs = [run_directory(p).resolve() for p in paths]
+    return (runs[0] if len(runs) == 1 else Path(os.path.commonpath(runs))) / "report"
+
+
+def write_report(paths: list[Path], out_dir: Path | None = None) -> Path:
+    """report.md (the table, then the plots) and the PNGs, in out_dir (default `default_report_dir`)."""
+    out_dir = Path(out_dir) if out_dir is not None else default_report_dir(paths)
     histories = [read_history(p) for p in paths]
     names = [h.name for h in histories]
     for index, history in enumerate(histories):  # two runs called "final" or "run" stay apart
@@ -223,5 +243,5 @@ def write_report(paths: list[Path], out_dir: Path) -> Path:
         ]
     )
     report = out_dir / "report.md"
-    report.write_text(text + "\n")
+    atomic_write_text(report, text + "\n")
     return report

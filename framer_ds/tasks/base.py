@@ -261,9 +261,17 @@ class Task(ABC):
         if accelerator.is_main_process:
             write_export_record(out_dir, self.name, self.config.model_dump(mode="json"))
 
-    def load_export(self, model: torch.nn.Module, export_dir: Path) -> None:
-        """Put the weights of this task's export (`final/`, `best/`) into `model` as `build_model` made
-        it, before `prepare`: what `framer-ds eval RUN` evaluates. Tasks that support it override this."""
+    def eval_details(self, sums: dict[str, torch.Tensor], num_samples: int) -> dict[str, Any]:
+        """Sections `framer-ds eval` writes into eval.json beside the metrics, from the same totals as
+        `summarize_eval`: breakdowns too long for a metrics line (a per-class table of 1,000 classes
+        would flood every eval line and tracker). None by default."""
+        return {}
+
+    def load_export(self, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
+        """The model `framer-ds eval RUN` evaluates: `model` (as `build_model` made it, before `prepare`)
+        with the weights of this task's export (`final/`, `best/`), or, where the export has another
+        form than the training model (a LoRA merged into its base), the model that export loads into.
+        Tasks that support it override this."""
         problem = ConfigProblem(str(export_dir), f"task {self.name!r} cannot load its export to evaluate it")
         raise ConfigError([problem])
 

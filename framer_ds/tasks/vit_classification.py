@@ -22,6 +22,7 @@ from framer_ds.data.image_folder import (
     scan_image_folder,
 )
 from framer_ds.engine.export import save_pretrained_gathered
+from framer_ds.engine.export_load import load_full_export
 from framer_ds.engine.pretrained import build_fresh, load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import SampleCommandOptions, Task
@@ -241,11 +242,47 @@ class VitClassificationTask(Task):
         return model(pixel_values=batch["pixel_values"], labels=batch["labels"]).loss
 
     def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
+        """Per sample: its loss, and one-hot rows of its class and of its class when predicted right.
+        Summed over the eval set (and ranks) these are per-class example and hit counts, so every
+        accuracy is a ratio of exact integer totals, the same at any number of processes."""
         logits = model(pixel_values=batch["pixel_values"]).logits.float()
+        labels = batch["labels"]
+        examples = F.one_hot(labels, logits.shape[-1]).float()
+        correct = (logits.argmax(-1) == labels).float()
         return {
-            "loss": F.cross_entropy(logits, batch["labels"], reduction="none"),
-            "accuracy": (logits.argmax(-1) == batch["labels"]).float(),
+            "loss": F.cross_entropy(logits, labels, reduction="none"),
+            "class_examples": examples,
+            "class_correct": examples * correct[:, None],
         }
+
+    def summarize_eval(self, sums, num_samples: int) -> dict[str, float]:
+        """`eval/loss`, `eval/accuracy` and `eval/mean_class_accuracy` (the mean over the classes the
+        eval set holds of each class's accuracy: what plain accuracy hides on imbalanced classes)."""
+        examples, correct = sums["class_examples"], sums["class_correct"]
+        seen = examples > 0
+        return {
+            "eval/loss": float(sums["loss"]) / max(num_samples, 1),
+            "eval/accuracy": float(correct.sum()) / max(num_samples, 1),
+            "eval/mean_class_accuracy": float((correct[seen] / examples[seen]).mean())
+            if bool(seen.any())
+            else float("nan"),
+        }
+
+    def eval_details(self, sums, num_samples: int) -> dict[str, Any]:
+        """eval.json's `per_class`: each class's name, held-out examples and accuracy (null: none held
+        out)."""
+        examples, correct = sums["class_examples"], sums["class_correct"]
+        table = {}
+        for index, name in enumerate(self._scan().classes):
+            count = int(examples[index])
+            accuracy = float(correct[index]) / count if count else None
+            table[name] = {"examples": count, "accuracy": accuracy}
+        return {"per_class": table}
+
+    def load_export(self, model, export_dir: Path) -> torch.nn.Module:
+        """final/'s `save_pretrained` weights into the model `build_model` made: `framer-ds eval RUN`."""
+        load_full_export(model, export_dir)
+        return model
 
     def export(self, accelerator, model, out_dir: Path) -> None:
         """`save_pretrained` weights (id2label holds the class names) plus the image processor that

@@ -10,7 +10,6 @@ from framer_ds.engine.precision import to_compute_dtype
 from framer_ds.tasks.base import Task
 
 
-@torch.no_grad()
 def evaluate(
     accelerator: Accelerator,
     task: Task,
@@ -18,7 +17,21 @@ def evaluate(
     eval_loader: DataLoader,
     max_batches: int | None = None,
 ) -> dict[str, float]:
-    """Run on EVERY rank (under ZeRO-3 each forward is a collective); returns `eval/*` metrics.
+    """Run on EVERY rank (under ZeRO-3 each forward is a collective); returns `eval/*` metrics."""
+    sums, num_samples = evaluate_totals(accelerator, task, model, eval_loader, max_batches)
+    return task.summarize_eval(sums, num_samples) if sums else {}
+
+
+@torch.no_grad()
+def evaluate_totals(
+    accelerator: Accelerator,
+    task: Task,
+    model: torch.nn.Module,
+    eval_loader: DataLoader,
+    max_batches: int | None = None,
+) -> tuple[dict[str, torch.Tensor], int]:
+    """(each `eval_step` value summed over the eval set and every rank, the number of samples). Every
+    rank runs it and gets the same totals.
 
     Each batch's per-sample values are gathered with `gather_for_metrics`, which drops the samples the
     distributed sampler duplicated to even out the last batch, then summed over the samples into
@@ -41,6 +54,4 @@ def evaluate(
             sums[name] = sums[name] + total if name in sums else total
         num_samples += len(next(iter(gathered.values()))) if gathered else 0
     model.train(was_training)
-    if not sums:
-        return {}
-    return task.summarize_eval(sums, num_samples)
+    return sums, num_samples

@@ -4,7 +4,8 @@ held-out data, with the config recorded in the export, so the numbers are those 
 Every rank builds the data and the model as training does, loads the export's weights before
 `prepare`, and runs the same `evaluate` (per-sample values summed over the eval set and all ranks), so
 `accelerate launch --num_processes N -m framer_ds eval RUN` gives the same metrics as one process.
-Rank 0 writes `RUN/eval.json` (or `RUN/eval_best.json`).
+Rank 0 writes `RUN/eval.json` (or `RUN/eval_best.json`): the `eval/*` metrics and the task's
+`eval_details` (e.g. `per_class`), all formed from the same totals.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.accelerator import build_accelerator, end_accelerator, frozen_model_init
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.tasks.run_config import load_exported_task
-from framer_ds.train.evaluate import evaluate
+from framer_ds.train.evaluate import evaluate_totals
 
 
 def eval_output_path(run_dir: Path, which: str) -> Path:
@@ -55,8 +56,9 @@ def evaluate_run(run_dir: Path, which: str = "final", max_batches: int | None = 
             raise ConfigError([problem], "eval")
         task.setup_frozen(accelerator)
         _, eval_set = task.precompute(accelerator, train_set, eval_set)
-        model = task.build_model()
-        task.load_export(model, export_dir)
+        # The export's form may differ from the training model's (a merged LoRA): the task says
+        # which model holds its weights.
+        model = task.load_export(task.build_model(), export_dir)
         loader = DataLoader(
             eval_set,
             shuffle=False,
@@ -66,14 +68,16 @@ def evaluate_run(run_dir: Path, which: str = "final", max_batches: int | None = 
         )
         model, loader = accelerator.prepare(model, loader)
         started = time.perf_counter()
-        metrics = evaluate(accelerator, task, model, loader, max_batches=max_batches)
+        sums, num_samples = evaluate_totals(accelerator, task, model, loader, max_batches=max_batches)
         report = {
             "export": str(export_dir),
             "task": task.name,
             "processes": accelerator.num_processes,
             "eval_examples": len(eval_set),
+            "evaluated_examples": num_samples,
             "seconds": round(time.perf_counter() - started, 3),
-            "metrics": metrics,
+            "metrics": task.summarize_eval(sums, num_samples) if sums else {},
+            **(task.eval_details(sums, num_samples) if sums else {}),
         }
         if accelerator.is_main_process:
             atomic_write_json(eval_output_path(run_dir, which), report)

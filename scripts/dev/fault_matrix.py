@@ -59,10 +59,8 @@ def run_cases(single_process_only: bool) -> tuple[list[tuple[str, str, str, str,
             shutil.rmtree(workdir, ignore_errors=True)
         seconds = time.perf_counter() - t0
         rows.append((case.name, case.fault, case.expected, observed, ok, seconds))
-        print(
-            f"{ {True: 'ok  ', False: 'FAIL', None: 'skip'}[ok] } {case.name} ({seconds:.1f} s): {observed}",
-            flush=True,
-        )
+        outcome = {True: "ok  ", False: "FAIL", None: "skip"}[ok]
+        print(f"{outcome} {case.name} ({seconds:.1f} s): {observed}", flush=True)
     return rows, time.perf_counter() - started
 
 

@@ -9,6 +9,8 @@ Everything here is shape-static (no boolean indexing, no `.item()`): the planner
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -59,6 +61,8 @@ def eval_counts(logits: torch.Tensor, masks: torch.Tensor) -> dict[str, torch.Te
     return {
         "intersection": (predicted & truth).sum(1),
         "union": (predicted | truth).sum(1),
+        "background_intersection": (~predicted & ~truth).sum(1),
+        "background_union": (~predicted | ~truth).sum(1),
         "correct": (predicted == truth).sum(1),
         "pixels": torch.full_like(masks[:, 0], masks.shape[1]),
         "road": truth.sum(1),
@@ -68,18 +72,49 @@ def eval_counts(logits: torch.Tensor, masks: torch.Tensor) -> dict[str, torch.Te
     }
 
 
+CLASSES = ("background", "road")  # class 1 (mask > 0) is the drivable road
+
+
+def class_ious(sums: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Per class: summed intersection over summed union (NaN where the class appears in neither the
+    masks nor the predictions)."""
+    pairs = {"background": ("background_intersection", "background_union"), "road": ("intersection", "union")}
+    ious = {}
+    for name, (inter, union) in pairs.items():
+        union_total = float(sums[union].sum())
+        ious[name] = float(sums[inter].sum()) / union_total if union_total > 0 else float("nan")
+    return ious
+
+
 def summarize_counts(sums: dict[str, torch.Tensor], dice_weight: float) -> dict[str, float]:
-    """Totals -> `eval/iou` (road class), `eval/pixel_accuracy`, `eval/loss` (the training objective
-    without auxiliary terms, Dice from the summed soft counts) and `eval/road_fraction` (the share of
-    road pixels: the IoU and accuracy of predicting all road, the baseline to beat)."""
+    """Totals -> `eval/iou` (road class), `eval/iou_background`, `eval/mean_iou` (over the two classes,
+    ignoring one absent from masks and predictions alike), `eval/pixel_accuracy`, `eval/loss` (the
+    training objective without auxiliary terms, Dice from the summed soft counts) and
+    `eval/road_fraction` (the share of road pixels: the IoU and accuracy of predicting all road, the
+    baseline to beat)."""
     total = {name: float(value.sum()) for name, value in sums.items()}
     pixels = max(total["pixels"], 1.0)
     bce = total["bce_sum"] / pixels
     dice = 1 - 2 * total["soft_intersection"] / max(total["soft_total"], 1.0)
+    ious = class_ious(sums)
+    present = [value for value in ious.values() if not math.isnan(value)]
     return {
         "eval/loss": bce + dice_weight * dice if dice_weight > 0 else bce,
         "eval/bce": bce,
-        "eval/iou": total["intersection"] / total["union"] if total["union"] > 0 else float("nan"),
+        "eval/iou": ious["road"],
+        "eval/iou_background": ious["background"],
+        "eval/mean_iou": sum(present) / len(present) if present else float("nan"),
         "eval/pixel_accuracy": total["correct"] / pixels,
         "eval/road_fraction": total["road"] / pixels,
+    }
+
+
+def per_class_table(sums: dict[str, torch.Tensor]) -> dict[str, dict[str, float | int | None]]:
+    """eval.json's `per_class`: each class's IoU (null where undefined) and its labelled pixels."""
+    ious = class_ious(sums)
+    road, pixels = int(sums["road"].sum()), int(sums["pixels"].sum())
+    labelled = {"background": pixels - road, "road": road}
+    return {
+        name: {"iou": None if math.isnan(ious[name]) else ious[name], "pixels": labelled[name]}
+        for name in CLASSES
     }

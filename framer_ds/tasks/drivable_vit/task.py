@@ -2,8 +2,9 @@
 spatial -> cross-view -> temporal ViT (docs/drivable_vit.md).
 
 The loss is BCE (+ optional soft Dice, + optional auxiliary heads) per micro-batch; evaluation returns
-per-sample pixel counts that the loop sums over every rank, so `eval/iou` is summed intersections over
-summed unions at any number of processes. Overlays of fixed validation samples are the task's media.
+per-sample pixel counts that the loop sums over every rank, so `eval/iou` (and each class's IoU) is
+summed intersections over summed unions at any number of processes. Overlays of fixed validation samples
+are the task's media.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch.utils.data import default_collate
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.data.multiview_manifest import EGO_MOTION_DIM, EgoStatistics
 from framer_ds.engine.export import save_module_gathered
+from framer_ds.engine.export_load import load_full_export
 from framer_ds.engine.precision import to_compute_dtype
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.drivable_vit.config import DrivableDataConfig, DrivableModelConfig
@@ -32,6 +34,7 @@ from framer_ds.tasks.drivable_vit.inference import (
 from framer_ds.tasks.drivable_vit.losses import (
     auxiliary_losses,
     eval_counts,
+    per_class_table,
     segmentation_loss,
     summarize_counts,
 )
@@ -158,6 +161,14 @@ class DrivableVitTask(Task):
 
     def summarize_eval(self, sums, num_samples: int) -> dict[str, float]:
         return summarize_counts(sums, self.config.model.dice_weight)
+
+    def eval_details(self, sums, num_samples: int) -> dict:
+        return {"per_class": per_class_table(sums)}
+
+    def load_export(self, model, export_dir: Path) -> torch.nn.Module:
+        """final/'s gathered `model.safetensors` into the model `build_model` made: `framer-ds eval`."""
+        load_full_export(model, export_dir, WEIGHTS)
+        return model
 
     # --- overlays and export -------------------------------------------------------------------------
 

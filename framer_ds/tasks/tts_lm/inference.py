@@ -47,7 +47,13 @@ def write_layout_record(out_dir: Path, assets: TtsAssets) -> None:
 
 
 def _speak(
-    model, builder: SequenceBuilder, text: str, speaker, options, synced_gpus: bool = False
+    model,
+    builder: SequenceBuilder,
+    text: str,
+    speaker,
+    options,
+    synced_gpus: bool = False,
+    show_progress: bool = True,
 ) -> list[int]:
     prompt = generation_prompt(builder.text_ids(text, speaker), builder.special)
     return generate_audio_tokens(
@@ -62,6 +68,7 @@ def _speak(
         seed=options.seed,
         constrain_slots=options.constrain_slots,
         synced_gpus=synced_gpus,
+        show_progress=show_progress,
     )
 
 
@@ -78,7 +85,7 @@ def sample_to_files(
     report line per prompt. Every rank generates: under ZeRO-3 each forward is a collective."""
     written, report = [], []
     for index, text in enumerate(options.prompts):
-        tokens = _speak(model, builder, text, None, options, synced_gpus)
+        tokens = _speak(model, builder, text, None, options, synced_gpus, show_progress=write)
         if not write:
             continue
         speech = speech_to_wav(tokens, builder.layout, codec, Path(out_dir) / f"sample_{index}.wav")

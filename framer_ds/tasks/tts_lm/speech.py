@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from framer_ds.data.audio_tokens import SLOTS_PER_FRAME, AudioTokenLayout, deinterleave
+from framer_ds.data.progress import sampling_progress
 from framer_ds.data.snac_codec import decode, write_wav
 from framer_ds.data.token_sequences import SpecialTokens
 from framer_ds.engine.rng import isolated_seed
@@ -43,6 +44,22 @@ class AudioSlotConstraint:
         return self.allowed[(input_ids.shape[-1] - self.prompt_length) % SLOTS_PER_FRAME]
 
 
+class TokenProgress:
+    """A streamer for `generate` that counts generated tokens on a progress bar (transformers calls
+    `put` with the prompt first, then with each new token, and `end` once)."""
+
+    def __init__(self, bar):
+        self.bar, self.prompt_seen = bar, False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.prompt_seen:
+            self.bar.update(value.numel())
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        self.bar.close()
+
+
 @torch.no_grad()
 def generate_audio_tokens(
     model,
@@ -57,14 +74,17 @@ def generate_audio_tokens(
     seed: int,
     constrain_slots: bool,
     synced_gpus: bool = False,
+    show_progress: bool = False,
 ) -> list[int]:
-    """The tokens generated after the prompt, up to (not including) end_of_speech."""
+    """The tokens generated after the prompt, up to (not including) end_of_speech. `show_progress`:
+    a bar of generated tokens on a terminal (`data.progress.sampling_progress`)."""
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt_ids], device=device)
     sampling = temperature > 0
     stops = [special.end_of_speech, special.end_of_ai]
     constraint = AudioSlotConstraint(len(prompt_ids), AudioTokenLayout(special.audio_start), stops)
-    with isolated_seed(seed):
+    bar = sampling_progress(max_new_tokens, "speak", show_progress)
+    with isolated_seed(seed), bar:
         output = model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
@@ -79,6 +99,7 @@ def generate_audio_tokens(
             pad_token_id=special.pad,
             prefix_allowed_tokens_fn=constraint if constrain_slots else None,
             synced_gpus=synced_gpus,
+            streamer=None if bar.disable else TokenProgress(bar),  # no per-token copy when hidden
         )
     generated = output[0, len(prompt_ids) :].tolist()
     for stop in (special.end_of_speech, special.end_of_ai, special.pad):

@@ -28,6 +28,8 @@ from framer_ds.data.token_sequences import (
 )
 from framer_ds.engine.accelerator import frozen_model_init, uses_zero3
 from framer_ds.engine.export import save_peft_adapter_gathered, save_pretrained_gathered
+from framer_ds.engine.export_load import ADAPTER_WEIGHTS, load_full_export, load_peft_adapter
+from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.tts_lm import model_setup
@@ -281,6 +283,23 @@ class TtsLmTask(Task):
         if accelerator.is_main_process:
             self.assets.tokenizer.save_pretrained(out_dir)
             write_layout_record(out_dir, self.assets)
+
+    def load_export(self, model, export_dir: Path) -> torch.nn.Module:
+        """The model `framer-ds eval` scores: an adapter export (with its trained embeddings and head)
+        into the peft model `build_model` made, a full fine-tune's weights into the model; a merged
+        export has no adapter to load, so it is itself the model (loaded as `framer-ds sample` does)."""
+        export_dir = Path(export_dir)
+        if (export_dir / ADAPTER_WEIGHTS).is_file():
+            load_peft_adapter(model, export_dir)
+            return model
+        if self.config.model.lora is None:
+            load_full_export(model, export_dir)
+            return model
+        from transformers import AutoModelForCausalLM
+
+        del model  # the peft model is not what was exported; free it before loading the merged one
+        attention = self.config.model.attn_implementation
+        return load_pretrained(AutoModelForCausalLM, export_dir, attn_implementation=attention)
 
     def sample(self, export_dir: Path, options: TtsSampleCommandOptions) -> str:
         from framer_ds.tasks.tts_lm.inference import sample_command

@@ -165,20 +165,3 @@ def export_comfyui(adapter_dir: Path, options: VideoExportCommandOptions) -> str
 register_export_format("peft", export_peft)
 register_export_format("merged", export_merged_format)
 register_export_format("comfyui", export_comfyui)
-
-
-def load_adapter_for_eval(model: torch.nn.Module, export_dir: Path) -> None:
-    """The adapter of an SVD-base export (with the widened conv_in) into the LoRA model `build_model`
-    made; a Framer base loads through `FramerSetup.load_export`."""
-    from peft import set_peft_model_state_dict
-
-    adapter = export_dir / "adapter_model.safetensors"
-    if not adapter.is_file():
-        problem = ConfigProblem(str(export_dir), f"no {adapter.name}: pass a finished run's final/ or best/")
-        raise ConfigError([problem], "eval")
-    result = set_peft_model_state_dict(model, load_file(adapter))
-    if result.unexpected_keys:
-        problem = ConfigProblem(
-            str(export_dir), f"adapter keys the model lacks: {result.unexpected_keys[:5]}"
-        )
-        raise ConfigError([problem], "eval")

@@ -22,6 +22,7 @@ from torch import Tensor
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.diffusion import edm
 from framer_ds.engine.export import check_not_empty, gathered_trainable_state_dict
+from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.config import VideoLoraModelConfig
 from framer_ds.tasks.video_lora.encoding import EncodedClip
@@ -214,7 +215,6 @@ class FramerSetup:
     def load_export(self, model: torch.nn.Module, export_dir: Path) -> None:
         """`framer-ds eval RUN`: what `export` wrote into the FramerModel `build_model` made: the UNet's
         peft adapter when the run trained one, `controlnet/` (strictly) when it trained the ControlNet."""
-        from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         export_dir = Path(export_dir)
@@ -230,11 +230,6 @@ class FramerSetup:
             )
             raise ConfigError([problem], "eval")
         if self.trains_lora:
-            result = set_peft_model_state_dict(model.unet, load_file(adapter))
-            if result.unexpected_keys:
-                problem = ConfigProblem(
-                    str(export_dir), f"adapter keys the model lacks: {result.unexpected_keys[:5]}"
-                )
-                raise ConfigError([problem], "eval")
+            load_peft_adapter(model.unet, export_dir)
         if self.trains_controlnet:
             model.controlnet.load_state_dict(load_file(weights), strict=True)

@@ -204,7 +204,8 @@ def load_frame(path: Path, height: int, width: int, device: str, resize: str = "
 
 def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str:
     """Write one video from the adapter in `adapter_dir`; returns the line to print."""
-    from framer_ds.data.video_write import to_uint8_frames, write_video
+    from framer_ds.data.progress import sampling_progress
+    from framer_ds.data.video_write import H264, to_uint8_frames, write_frame_pngs, write_video
     from framer_ds.diffusion.sampling import SamplerParts, sample_video
 
     device = options.resolved_device()
@@ -256,25 +257,33 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
     else:
         pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
         parts, framer = SamplerParts.from_pipeline(pipe), None
-    frames = sample_video(
-        parts,
-        first,
-        last,
-        num_frames,
-        fps,
-        options.motion_bucket_id if options.motion_bucket_id is not None else metadata["motion_bucket_id"],
-        noise_aug_strength=options.noise_aug,
-        num_inference_steps=options.steps,
-        min_guidance_scale=options.min_guidance,
-        max_guidance_scale=options.max_guidance,
-        generator=torch.Generator(device=device).manual_seed(options.seed),
-        decode_chunk_size=options.decode_chunk_size,
-        framer=framer,
-        guidance_schedule=options.guidance_schedule,
-    )
+    with sampling_progress(options.steps, "sample") as bar:
+        frames = sample_video(
+            parts,
+            first,
+            last,
+            num_frames,
+            fps,
+            options.motion_bucket_id
+            if options.motion_bucket_id is not None
+            else metadata["motion_bucket_id"],
+            noise_aug_strength=options.noise_aug,
+            num_inference_steps=options.steps,
+            min_guidance_scale=options.min_guidance,
+            max_guidance_scale=options.max_guidance,
+            generator=torch.Generator(device=device).manual_seed(options.seed),
+            decode_chunk_size=options.decode_chunk_size,
+            framer=framer,
+            guidance_schedule=options.guidance_schedule,
+            on_step=bar.update,
+        )
     pixels = to_uint8_frames(frames)
-    write_video(options.out, pixels, fps)
-    return f"wrote {options.out}: {len(pixels)} frames at {size[1]}x{size[0]}, conditioned on {fps:g} fps"
+    codec = write_video(options.out, pixels, fps)
+    frames_folder = write_frame_pngs(options.out, pixels)
+    return (
+        f"wrote {options.out} ({'H.264' if codec == H264 else codec}): {len(pixels)} frames at "
+        f"{size[1]}x{size[0]}, conditioned on {fps:g} fps; the frames as PNGs in {frames_folder}"
+    )
 
 
 def export_merged(adapter_dir: Path, out: Path, dtype_name: str, base: Path | None = None) -> str:

@@ -22,6 +22,7 @@ from framer_ds.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.data.video_clips import validate_svd_size
 from framer_ds.diffusion import edm
 from framer_ds.engine.export import save_peft_adapter_gathered
+from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.engine.rng import isolated_seed
@@ -41,11 +42,7 @@ from framer_ds.tasks.video_lora.encoding import (
 )
 from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
 from framer_ds.tasks.video_lora.eval_memory import VideoEvalMemory, samples_during_training
-from framer_ds.tasks.video_lora.export_formats import (
-    VideoExportCommandOptions,
-    export_format,
-    load_adapter_for_eval,
-)
+from framer_ds.tasks.video_lora.export_formats import VideoExportCommandOptions, export_format
 from framer_ds.tasks.video_lora.framer_setup import FramerSetup
 from framer_ds.tasks.video_lora.frozen_encoders import FrozenSvdEncoders
 from framer_ds.tasks.video_lora.inference import (
@@ -492,10 +489,12 @@ class VideoLoraTask(VideoEvalMemory, Task):
             metadata = export_metadata(self.config, self.svd_path(), self.trained_fps, self.motion_buckets)
             (Path(out_dir) / EXPORT_METADATA).write_text(json.dumps({**metadata, **framer}, indent=2))
 
-    def load_export(self, model, export_dir: Path) -> None:
-        """The adapter of `final/` or `best/` into the model build_model made: `framer-ds eval RUN`."""
-        load = self.framer.load_export if self.framer is not None else load_adapter_for_eval
+    def load_export(self, model, export_dir: Path) -> torch.nn.Module:
+        """The adapter of `final/` or `best/` (an SVD base: with the widened conv_in) into the model
+        build_model made: `framer-ds eval RUN`."""
+        load = self.framer.load_export if self.framer is not None else load_peft_adapter
         load(model, Path(export_dir))
+        return model
 
     def sample(self, export_dir: Path, options: VideoSampleCommandOptions) -> str:
         """An mp4 from the adapter in `export_dir` (a run's final/ or a checkpoint's adapter/)."""

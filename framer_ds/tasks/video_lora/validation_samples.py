@@ -21,8 +21,9 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from framer_ds.data.item_draws import drawn_at_epoch
+from framer_ds.data.progress import sampling_progress
 from framer_ds.data.video_index import VIDEO_EXTENSIONS
-from framer_ds.data.video_write import to_uint8_frames, write_video
+from framer_ds.data.video_write import to_uint8_frames, write_frame_pngs, write_video
 from framer_ds.diffusion.sampling import FramerSampling, SamplerParts, sample_video
 from framer_ds.tasks.video_lora.config import SampleOptions
 
@@ -97,24 +98,29 @@ def write_sample_round(
     forwards)."""
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
     produced: list[tuple[int, np.ndarray]] = []
-    for round_index in range(math.ceil(len(inputs) / world)):
-        index = round_index * world + rank
-        source = inputs[min(index, len(inputs) - 1)]  # the dummy repeats the last input
-        generator = torch.Generator(device=device).manual_seed(options.seed + index)
-        frames = sample_video(
-            parts,
-            source.first.to(device),
-            source.last.to(device) if source.last is not None else None,
-            num_frames,
-            source.fps,
-            source.motion_bucket if source.motion_bucket is not None else motion_bucket_id,
-            generator=generator,
-            **options.sampling_kwargs(),
-            tile_size=tile_size,
-            framer=_with_heatmaps(framer, source.controlnet_cond, device),
-        )
-        if index < len(inputs):
-            produced.append((index, to_uint8_frames(frames)))
+    rounds = math.ceil(len(inputs) / world)
+    with sampling_progress(
+        rounds * options.num_inference_steps, "samples", accelerator.is_main_process
+    ) as bar:
+        for round_index in range(rounds):
+            index = round_index * world + rank
+            source = inputs[min(index, len(inputs) - 1)]  # the dummy repeats the last input
+            generator = torch.Generator(device=device).manual_seed(options.seed + index)
+            frames = sample_video(
+                parts,
+                source.first.to(device),
+                source.last.to(device) if source.last is not None else None,
+                num_frames,
+                source.fps,
+                source.motion_bucket if source.motion_bucket is not None else motion_bucket_id,
+                generator=generator,
+                **options.sampling_kwargs(),
+                tile_size=tile_size,
+                framer=_with_heatmaps(framer, source.controlnet_cond, device),
+                on_step=bar.update,
+            )
+            if index < len(inputs):
+                produced.append((index, to_uint8_frames(frames)))
     gathered = gather_object(produced)  # the list itself in a single process
     if not accelerator.is_main_process:
         return []
@@ -126,5 +132,6 @@ def write_sample_round(
             pixels = np.concatenate([to_uint8_frames(source.reference), pixels], axis=2)  # side by side
         path = out_dir / _file_name(index, source.name)
         write_video(path, pixels, source.fps)
+        write_frame_pngs(path, pixels)  # <name>_frames/frame_000.png ...: to compare frame by frame
         written.append(path)
     return written
