@@ -18,6 +18,7 @@ the newcomer's second call, and runs only the quickstart.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -109,6 +110,9 @@ def test_quick_blocks_run_as_written(tmp_path, needs_make_venv):
     assert not noise, noise  # a quiet console: framer_ds/third_party_noise.py says what is filtered
     printed = done.stdout.split("framer-ds sample runs/quickstart/final", 1)[1]
     assert re.search(r"\b7\b", printed.splitlines()[1]), printed  # examples/digit_7.png: 7 on top
+    evaluated = json.loads((repo / "runs" / "quickstart" / "eval.json").read_text())
+    assert evaluated["metrics"]["eval/accuracy"] == pytest.approx(final_eval["eval/accuracy"], rel=1e-9)
+    assert (repo / "runs" / "quickstart" / "report" / "report.md").is_file()
 
 
 def launch_check_args(argv: list[str]) -> tuple[list[str] | None, list[str]]:
