@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # Importing the case modules registers their cases, in this order.
 from faults import (  # noqa: F401
+    concurrency_cases,
     divergence_cases,
     process_cases,
     startup_cases,
