@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import torch
-from faults.harness import case, cli, mlp
+from faults.harness import case, cli, ddp_train_cmd, mlp
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch_cmd, launch_env
+from conftest import REPO, launch_env
 
 # Micro-batch 8 x accumulation 2 (the test config): optimizer step k trains micro-batches 2k-1 and 2k, so
 # a NaN gradient from micro-batch 15 on poisons the weights in the update of step 8.
@@ -102,9 +102,7 @@ def divergence_never_exports_best_or_final(tmp: Path) -> str:
 )
 def divergence_under_ddp_skips_the_save_on_every_rank(tmp: Path) -> str:
     config, run = diverging(tmp)
-    cmd = accelerate_launch_cmd(
-        "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config)
-    )
+    cmd = ddp_train_cmd(config)
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode != 0
     assert f"checkpoint step_{POISONED_STEP} NOT written" in proc.stdout, proc.stdout[-2000:]

@@ -90,3 +90,19 @@ def train_steps(run_dir: Path) -> list[int]:
 def mlp(tmp: Path, name: str = "run", **sections) -> tuple[Path, Path]:
     run_dir = tmp / name
     return mlp_config(tmp / f"{name}.yaml", run_dir, **sections), run_dir
+
+
+def ddp_train_cmd(config: Path, *overrides: str) -> list[str]:
+    """`accelerate launch --multi_gpu --num_processes 2 -m framer_ds train CONFIG OVERRIDES` (DDP on CPU)."""
+    from conftest import accelerate_launch_cmd
+
+    return accelerate_launch_cmd(
+        "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config), *overrides
+    )
+
+
+def run_with_checkpoints_at_4_and_8(tmp: Path) -> tuple[Path, Path, Path, Path]:
+    """(config, run, step_4, step_8): a finished 8-step run that checkpointed at steps 4 and 8."""
+    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 4, "keep_last_checkpoints": 3})
+    assert cli("train", str(config)).rc == 0
+    return config, run, run / "checkpoints" / "step_4", run / "checkpoints" / "step_8"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
-from faults.harness import case, cli, framer_ds, mlp, train_steps
+from faults.harness import case, cli, ddp_train_cmd, framer_ds, mlp, train_steps
 
 from conftest import (
     REPO,
@@ -80,9 +80,7 @@ def a_second_launch_is_refused_on_every_rank(tmp: Path) -> str:
 )
 def a_run_dir_that_is_not_shared_is_refused(tmp: Path) -> str:
     config, run = mlp(tmp)
-    cmd = accelerate_launch_cmd(
-        "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config)
-    )
+    cmd = ddp_train_cmd(config)
     env = {**launch_env(), "FRAMER_TEST_BLIND_RANK": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
@@ -122,9 +120,7 @@ def a_signal_during_start_up_can_be_requeued(tmp: Path) -> str:
 
 def _stop_the_launcher_only(tmp: Path, sig: signal.Signals) -> str:
     config, run = mlp(tmp, data={"sleep_per_batch_s": 0.15})
-    launcher = start_process(
-        accelerate_launch_cmd("--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config))
-    )
+    launcher = start_process(ddp_train_cmd(config))
     wait_for_step(run, 2, launcher)
     ranks = rank_processes(launcher)
     assert len(ranks) == 2

@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from faults.harness import case, cli, framer_ds, mlp, train_steps
+from faults.harness import case, cli, framer_ds, mlp, run_with_checkpoints_at_4_and_8, train_steps
 
 from conftest import start_process
 from framer_ds.train.preemption import EXIT_PREEMPTED, PREEMPTED_MARKER
@@ -41,9 +41,7 @@ def non_finite_floats_are_refused(tmp: Path) -> str:
     "train.resume of step_8 is refused (it used to be taken as an unverified pre-0.2 checkpoint)",
 )
 def a_checkpoint_without_its_manifest_is_skipped(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 4, "keep_last_checkpoints": 3})
-    assert cli("train", str(config)).rc == 0
-    step_4, step_8 = run / "checkpoints" / "step_4", run / "checkpoints" / "step_8"
+    config, run, step_4, step_8 = run_with_checkpoints_at_4_and_8(tmp)
     (step_8 / "manifest.json").unlink()
     explicit = cli("train", str(config), f"train.resume={step_8}", "train.max_steps=10")
     assert explicit.rc == 1 and "manifest.json is missing" in explicit.err, explicit.err[-2000:]

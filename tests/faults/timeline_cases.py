@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import yaml
-from faults.harness import Result, case, cli, mlp, train_steps
+from faults.harness import Result, case, cli, mlp, run_with_checkpoints_at_4_and_8, train_steps
 
 from conftest import (
     read_metrics,
@@ -82,9 +82,7 @@ def replacing_final_never_leaves_neither(tmp: Path) -> str:
     "train.resume of either is refused naming the file",
 )
 def damaged_checkpoints_are_named_and_skipped(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 4, "keep_last_checkpoints": 3})
-    assert cli("train", str(config)).rc == 0
-    step_4, step_8 = run / "checkpoints" / "step_4", run / "checkpoints" / "step_8"
+    config, run, step_4, step_8 = run_with_checkpoints_at_4_and_8(tmp)
     weights = step_8 / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     (step_4 / "evil.pkl").write_bytes(b"not written by the run")
