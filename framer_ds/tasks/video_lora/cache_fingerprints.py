@@ -8,7 +8,9 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from framer_ds.data.latent_cache import LatentCache, cache_key
 from framer_ds.data.video_clips import ImagePairDataset
+from framer_ds.storage.locations import default_cache_dir
 
 
 def _stat(path: Path) -> list:
@@ -64,3 +66,13 @@ def describe_cache(
         # entries then store their clip placement; the tracks themselves are applied at load
         **({"placement": True} if data.tracks is not None else {}),
     }
+
+
+def latent_cache(
+    config: Any, dataset: Dataset, split: str, copies: int, svd_dir: Path, dtype: str, framer_base: bool
+) -> LatentCache:
+    """The split's latent cache: keyed by everything `describe_cache` lists, under `data.cache.dir`."""
+    described = describe_cache(config, dataset, split, copies, svd_dir, dtype, framer_base)
+    root = config.data.cache.dir or default_cache_dir() / "latent_cache"
+    summary = {"split": split, "copies": copies, "videos": len(dataset), "svd": str(svd_dir)}
+    return LatentCache(root, cache_key(described), len(dataset) * copies, summary)

@@ -6,7 +6,6 @@ are frozen, built outside ZeRO-3 init, and kept on the device in the compute dty
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from pathlib import Path
@@ -17,7 +16,7 @@ from torch.utils.data import Dataset, default_collate
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.item_draws import drawn_at_epoch
-from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, cache_key, fill_cache
+from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, fill_cache
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.data.video_clips import validate_svd_size
 from framer_ds.diffusion import edm
@@ -26,11 +25,12 @@ from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.engine.rng import isolated_seed
+from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers --format framer)
-from framer_ds.tasks.video_lora.cache_fingerprints import describe_cache
+from framer_ds.tasks.video_lora.cache_fingerprints import latent_cache
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
 from framer_ds.tasks.video_lora.data_setup import VideoLoraData, layout_problems
 from framer_ds.tasks.video_lora.encoding import (
@@ -243,14 +243,10 @@ class VideoLoraTask(VideoEvalMemory, Task):
         return cached_train, with_eval_pixels(cached_eval, eval_set, self.config)  # interp_eval's truth
 
     def _cache_for(self, dataset: Dataset, split: str, copies: int) -> LatentCache:
-        data = self.config.data
-        described = describe_cache(
-            self.config, dataset, split, copies, self.svd_path(), str(compute_dtype(self.accelerator)),
-            framer_base=self.framer is not None,
-        )  # fmt: skip
-        root = data.cache.dir or default_cache_dir() / "latent_cache"
-        summary = {"split": split, "copies": copies, "videos": len(dataset), "svd": str(self.svd_path())}
-        return LatentCache(root, cache_key(described), len(dataset) * copies, summary)
+        dtype = str(compute_dtype(self.accelerator))
+        return latent_cache(
+            self.config, dataset, split, copies, self.svd_path(), dtype, self.framer is not None
+        )
 
     def _cached(self, dataset: Dataset, split: str, copies: int) -> CachedEntryDataset:
         """Entry i is item i % n: training entries draw augmentation and the conditioning-noise strength
@@ -487,11 +483,10 @@ class VideoLoraTask(VideoEvalMemory, Task):
             save_peft_adapter_gathered(accelerator, model, out_dir)
         if accelerator.is_main_process:
             metadata = export_metadata(self.config, self.svd_path(), self.trained_fps, self.motion_buckets)
-            (Path(out_dir) / EXPORT_METADATA).write_text(json.dumps({**metadata, **framer}, indent=2))
+            atomic_write_json(Path(out_dir) / EXPORT_METADATA, {**metadata, **framer})
 
     def load_export(self, model, export_dir: Path) -> torch.nn.Module:
-        """The adapter of `final/` or `best/` (an SVD base: with the widened conv_in) into the model
-        build_model made: `framer-ds eval RUN`."""
+        """`framer-ds eval RUN`: the adapter of final/ or best/ into the model build_model made."""
         load = self.framer.load_export if self.framer is not None else load_peft_adapter
         load(model, Path(export_dir))
         return model
