@@ -263,14 +263,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from framer_ds.tasks.registry import get_task_class, require_task_hook
+    from framer_ds.tasks.registry import get_task_class
     from framer_ds.tasks.run_config import load_run_config
 
     config = load_run_config(args.config, args.overrides)
     task = get_task_class(config.task)(config)
-    hooks = {"encode-audio": "encode_data", "tracks": "compute_tracks"}
-    if args.data_command in hooks:
-        require_task_hook(task, hooks[args.data_command], f"data {args.data_command}")
     problems = task.check()
     if problems:
         raise ConfigError(problems, str(args.config))

@@ -104,22 +104,18 @@ class Task(ABC):
 
     def encode_data(self) -> str:
         """`framer-ds data encode-audio`: encode raw media into the cache training reads, ahead of a run
-        (e.g. on a CPU node); returns what was done. Tasks with nothing to encode keep this error."""
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "task", f"task {self.name!r} has no media to encode (tts_lm with data.format audio has)"
-                )
-            ]
-        )
+        (e.g. on a CPU node); returns what was done. Tasks with nothing to encode keep this refusal."""
+        from framer_ds.tasks.registry import task_hook_refusal  # the registry imports this module
+
+        raise task_hook_refusal(self, "encode_data", "data encode-audio")
 
     def compute_tracks(self, shard: tuple[int, int] = (0, 1)) -> str:
         """`framer-ds data tracks`: precompute point tracks of every video (resumable); returns what was
         done; `shard` (index, count) picks this process's share of the videos. Tasks without
-        trajectories keep this error."""
-        raise ConfigError(
-            [ConfigProblem("task", f"task {self.name!r} has no point tracks (video_lora has: data.tracks)")]
-        )
+        trajectories keep this refusal."""
+        from framer_ds.tasks.registry import task_hook_refusal
+
+        raise task_hook_refusal(self, "compute_tracks", "data tracks")
 
     def train_example_count(self) -> int | None:
         """Training examples, when counting them is cheap (an index, not a pass over the media): `plan`

@@ -62,17 +62,16 @@ def tasks_serving(method: str) -> list[str]:
     return sorted(name for name, cls in _TASKS.items() if getattr(cls, method) is not default)
 
 
-def require_task_hook(task: Task, method: str, command: str) -> None:
-    """A task-specific command (`framer-ds data tracks`, `data encode-audio`) on a task without it:
-    one line naming the tasks it serves, before anything is built."""
-    if getattr(type(task), method) is getattr(Task, method):
-        serving = ", ".join(tasks_serving(method)) or "none of the registered tasks"
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "task",
-                    f"`framer-ds {command}` serves the task(s) {serving}; this config's task is "
-                    f"{task.name!r}. Point it at a config of one of those tasks.",
-                )
-            ]
-        )
+def task_hook_refusal(task: Task, method: str, command: str) -> ConfigError:
+    """What a task-specific command (`framer-ds data tracks`, `data encode-audio`) says on a task that
+    keeps the base's hook: one line naming the tasks it serves (the base's default raises it)."""
+    serving = ", ".join(tasks_serving(method)) or "none of the registered tasks"
+    return ConfigError(
+        [
+            ConfigProblem(
+                "task",
+                f"`framer-ds {command}` serves the task(s) {serving}; this config's task is "
+                f"{task.name!r}. Point it at a config of one of those tasks.",
+            )
+        ]
+    )
