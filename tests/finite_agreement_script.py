@@ -1,9 +1,12 @@
-"""Run under `accelerate launch` (2 processes, ZeRO): poison a tensor that only ONE rank holds and print
-what `agreed_finiteness` returns on each rank (tests/test_finite_state.py reads the lines)."""
+"""Run under `accelerate launch` (2 processes, ZeRO): poison a tensor that only ONE rank holds and write
+what `agreed_finiteness` returns on each rank to `<out_dir>/finite_rank<N>.json` (tests/test_finite_state.py
+reads them). A file per rank, not a printed line: two ranks' lines on one shared stdout can interleave."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -38,7 +41,7 @@ def main() -> None:
         seen[what] = [found.weights, found.optimizer]
         if poisoned is not None:
             poisoned.data.copy_(saved)
-    print("FINITE " + json.dumps(seen), flush=True)
+    Path(sys.argv[1], f"finite_rank{rank}.json").write_text(json.dumps(seen))
     accelerator.end_training()
 
 
