@@ -5,6 +5,11 @@ PY := $(VENV)/bin/python
 # A CUDA machine keeps/gets PyPI's CUDA build; elsewhere pin the CPU-friendly 2.13.0.
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4,<2.15" || echo "torch==2.13.0")
 PYTEST_ARGS ?=
+# The suite runs on pytest-xdist workers, one per core up to 4 (each may start 2-process runs; more would
+# only contend); tests/scheduling.py keeps tests sharing a fixture on one worker and starts the heaviest
+# first. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= $(shell python3 -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(4, n) if n > 1 else 0)")
+XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: setup quickstart test test-fast test-readme lint format bench bench-memory clean
 
@@ -20,7 +25,7 @@ quickstart: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(VENV)/bin/framer-ds train configs/quickstart.yaml --overwrite
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Every README command block run as written in a scratch copy, the long trainings included (~10 min).
 test-readme: setup
@@ -28,7 +33,7 @@ test-readme: setup
 
 # The inner loop: everything but the multi-process launches (about a third of the suite's time).
 test-fast: setup
-	$(PY) -m pytest -m "not distributed" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not distributed" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
