@@ -179,6 +179,7 @@ def make_adapter(svd: Path, extra: dict, out: Path) -> tuple[dict, dict]:
     torch.manual_seed(0)
     get_peft_model(unet, lora).save_pretrained(out)
     config = json.loads((out / "adapter_config.json").read_text())
+    config["target_modules"] = sorted(config["target_modules"])  # peft writes a set: any order
     return load_file(out / "adapter_model.safetensors"), config
 
 
