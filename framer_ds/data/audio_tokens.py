@@ -4,8 +4,10 @@ tokens").
 SNAC (24 kHz) has three codebooks at 1x, 2x and 4x the frame rate. One frame of the LM sequence is 7
 tokens, interleaved as c0[i], c1[2i], c2[4i], c2[4i+1], c1[2i+1], c2[4i+2], c2[4i+3], and slot k is
 shifted by `audio_start + k * codebook_size` so each slot has its own id range. The round trip is
-lossless; a generation that breaks the layout (a token outside its slot's range, a partial frame) is
-reported with its position, never silently decoded into noise.
+lossless; a generation that breaks the layout (a token outside its slot's range, a partial frame, a
+non-audio token inside the speech) is reported with its position, never silently decoded into noise;
+`deinterleave` handles each case as Orpheus's own decoder does or says why not
+(tests/test_orpheus_parity.py).
 """
 
 from __future__ import annotations
@@ -90,35 +92,43 @@ class Deinterleaved:
 
 
 def deinterleave(tokens: Sequence[int], layout: AudioTokenLayout) -> Deinterleaved:
-    """LM tokens -> three SNAC code lists. Stops at the first frame that breaks the layout (a token
-    outside its slot's range, or a trailing partial frame) and says where, so a malformed generation
-    is decoded up to that point and reported, not crashed on or decoded into noise."""
+    """LM tokens -> three SNAC code lists, each fault reported with its position so a malformed
+    generation is decoded up to it, never crashed on or decoded into noise.
+
+    A token that is not audio (a text token or a marker inside the speech) is skipped and the next audio
+    token takes its slot, as Orpheus's decoder does: a stray inserted between codes costs nothing, and a
+    stray that replaced a code is still caught, since the codes after it then land in the wrong slot's
+    range. Decoding stops at the first frame holding a token of another slot's range (Orpheus refuses
+    every window holding it), and a trailing partial frame is dropped (as Orpheus does)."""
     codes: list[list[int]] = [[], [], []]
     problems: list[str] = []
-    usable = len(tokens) - len(tokens) % SLOTS_PER_FRAME
+    audio = [i for i, token in enumerate(tokens) if layout.is_audio(token)]
+    if len(audio) != len(tokens):
+        first = next(i for i, token in enumerate(tokens) if not layout.is_audio(token))
+        problems.append(
+            f"{len(tokens) - len(audio)} token(s) that are not audio skipped (the first, {tokens[first]}, at "
+            f"token {first}); the next audio token took each one's slot"
+        )
+    usable = len(audio) - len(audio) % SLOTS_PER_FRAME
     for start in range(0, usable, SLOTS_PER_FRAME):
-        frame = tokens[start : start + SLOTS_PER_FRAME]
+        frame = [tokens[i] for i in audio[start : start + SLOTS_PER_FRAME]]
         wrong = next(
             (slot for slot, token in enumerate(frame) if token not in layout.slot_range(slot)),
             None,
         )
         if wrong is not None:
-            token = frame[wrong]
-            where = (
-                "not an audio token"
-                if not layout.is_audio(token)
-                else (f"slot {(token - layout.audio_start) // layout.codebook_size}'s range")
-            )
+            token, kept = frame[wrong], start // SLOTS_PER_FRAME
+            in_slot = (token - layout.audio_start) // layout.codebook_size
             problems.append(
-                f"token {start + wrong} (frame {start // SLOTS_PER_FRAME}, slot {wrong}) is {token}: "
-                f"{where}; kept the {start // SLOTS_PER_FRAME} frames before it"
+                f"token {audio[start + wrong]} (frame {kept}, slot {wrong}) is {token}: in slot {in_slot}'s "
+                f"range; kept the {kept} frames before it"
             )
             return Deinterleaved(codes, problems)
         for slot, (book, _) in enumerate(SLOT_SOURCES):
             codes[book].append(frame[slot] - layout.audio_start - slot * layout.codebook_size)
-    if usable != len(tokens):
+    if usable != len(audio):
         problems.append(
-            f"{len(tokens) % SLOTS_PER_FRAME} trailing token(s) do not fill a frame of "
+            f"{len(audio) % SLOTS_PER_FRAME} trailing token(s) do not fill a frame of "
             f"{SLOTS_PER_FRAME}; dropped"
         )
     return Deinterleaved(codes, problems)
