@@ -141,6 +141,10 @@ def build_tiny_model(out: Path, seed: int) -> None:
         for part in ("vae", "image_encoder", "feature_extractor", "scheduler"):
             shutil.copytree(svd / part, out / part)
         shutil.copy2(svd / "model_index.json", out / "model_index.json")
+    for config in out.glob("*/config.json"):  # the temp dir's name would change on every run
+        values = json.loads(config.read_text())
+        values.pop("_name_or_path", None)
+        config.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 def load_framers_models(framer: types.SimpleNamespace, model_dir: Path):
