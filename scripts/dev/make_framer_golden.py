@@ -213,7 +213,6 @@ def unet_cfg_golden(unet, controlnet, seed: int) -> dict[str, torch.Tensor]:
 def sampler_golden(framer, unet, controlnet, model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
     """Framer's pipeline end to end on two random frames and random heatmaps: final latents (its
     output_type 'latent') and those latents decoded by its own `decode_latents`."""
-    import numpy as np
     from diffusers import AutoencoderKLTemporalDecoder, EulerDiscreteScheduler
     from PIL import Image
     from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
@@ -250,7 +249,6 @@ def sampler_golden(framer, unet, controlnet, model_dir: Path, seed: int) -> dict
         "heatmaps": heatmaps,
         "latents": latents,
         "frames": frames,
-        "image_check": torch.from_numpy(np.asarray(images[0]).copy()),
     }
 
 
