@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from framer_ds.config.lora import LoraBase
 from framer_ds.config.schema import StrictModel
 from framer_ds.diffusion.edm import COND_NOISE_MEAN, COND_NOISE_STD, P_MEAN, P_STD
+from framer_ds.diffusion.temporal_context import TemporalContextOrder, default_order
 
 ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 # The spatial blocks' `ff` and the temporal blocks' `ff_in` and `ff` (peft matches name suffixes).
@@ -192,6 +193,15 @@ class VideoLoraModelConfig(StrictModel):
         "interpolation. 'svd': stock SVD with our own conventions.",
     )
     framer: FramerOptions | None = Field(None, description="The Framer checkpoint when model.base is framer.")
+    temporal_context_order: TemporalContextOrder | None = Field(
+        None,
+        description="How the UNet's temporal cross-attention pairs pixels with CLIP contexts in a batch: "
+        "'framer' is Framer's layout (pixel row r reads the context of batch item r mod B; Framer's "
+        "checkpoints were trained and are sampled that way, and at batch 2 under guidance the "
+        "conditional and unconditional contexts mix), 'diffusers' is stock diffusers' (each pixel reads "
+        "its own item's). null = the base's own: 'framer' for model.base framer, 'diffusers' for svd. "
+        "Training and sampling both use it; the export records it (docs/video_lora.md, Framer).",
+    )
     lora: LoraOptions = Field(
         default_factory=LoraOptions, description="Which UNet layers get LoRA, and its size."
     )
@@ -242,6 +252,12 @@ class VideoLoraModelConfig(StrictModel):
                 "or from_data for a bucket per clip from its measured motion"
             )
         return data
+
+    @property
+    def context_order(self) -> TemporalContextOrder:
+        """The temporal context order this run trains and samples with (`temporal_context_order` or
+        the base's own)."""
+        return self.temporal_context_order or default_order(self.base)
 
     @property
     def fixed_motion_bucket(self) -> int:

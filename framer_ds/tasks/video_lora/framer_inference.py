@@ -23,6 +23,8 @@ def framer_sampler_parts(adapter_dir: Path, metadata: dict[str, Any], device: st
     from framer_ds.diffusion.framer_model import FramerModel, load_framer_controlnet, load_framer_unet
     from framer_ds.diffusion.sampling import FramerSampling, SamplerParts
     from framer_ds.diffusion.svd_conditioning import vae_dtype
+    from framer_ds.diffusion.temporal_context import set_temporal_context_order
+    from framer_ds.tasks.video_lora.inference import export_context_order
 
     base, svd = Path(metadata["framer_path"]), Path(metadata["base_model"])
     unet = load_framer_unet(base / "unet")
@@ -31,6 +33,7 @@ def framer_sampler_parts(adapter_dir: Path, metadata: dict[str, Any], device: st
     trained = Path(adapter_dir) / CONTROLNET_DIR
     controlnet = load_framer_controlnet(trained if metadata.get("has_controlnet") else base / "controlnet")
     model = FramerModel(unet, controlnet, unet.mask_token).to(device, dtype).eval()
+    set_temporal_context_order(model, export_context_order(metadata))  # as it trained: Framer's layout
     vae = AutoencoderKLTemporalDecoder.from_pretrained(svd, subfolder="vae").to(device)
     vae.to(dtype=vae_dtype(vae.config, dtype))
     encoder = CLIPVisionModelWithProjection.from_pretrained(svd, subfolder="image_encoder", dtype=dtype)

@@ -20,6 +20,11 @@ from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.video_clips import resize_and_crop
+from framer_ds.diffusion.temporal_context import (
+    TemporalContextOrder,
+    default_order,
+    set_temporal_context_order,
+)
 from framer_ds.engine.export import read_export_json
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
@@ -133,8 +138,15 @@ def export_metadata(
         **trained_fps_metadata(options.fps, trained_fps),
         "motion_bucket_id": options.fixed_motion_bucket,
         "motion_bucket": options.motion_bucket,
+        "temporal_context_order": options.context_order,
         **({"motion_score_quantiles": motion_buckets.summary()} if motion_buckets is not None else {}),
     }
+
+
+def export_context_order(metadata: dict[str, Any]) -> TemporalContextOrder:
+    """The temporal context order an export was trained with (its metadata; exports written before the
+    key existed trained with their base's own order)."""
+    return metadata.get("temporal_context_order") or default_order(metadata.get("base", "svd"))
 
 
 def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtype, base: Path | None = None):
@@ -165,6 +177,7 @@ def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtyp
     if metadata["conv_in_extra_channels"]:
         widen_conv_in(unet, metadata["conv_in_extra_channels"])
     unet = PeftModel.from_pretrained(unet, adapter_dir).merge_and_unload()
+    set_temporal_context_order(unet, export_context_order(metadata))
     scheduler = EulerDiscreteScheduler.from_pretrained(base, subfolder="scheduler")
     pipe = StableVideoDiffusionPipeline(
         vae=vae,

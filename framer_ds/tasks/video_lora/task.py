@@ -20,6 +20,7 @@ from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, fill_ca
 from framer_ds.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.data.video_clips import validate_svd_size
 from framer_ds.diffusion import edm
+from framer_ds.diffusion.temporal_context import set_temporal_context_order
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
@@ -199,10 +200,11 @@ class VideoLoraTask(VideoEvalMemory, Task):
     def build_model(self) -> torch.nn.Module:
         from diffusers import UNetSpatioTemporalConditionModel
 
+        order = self.config.model.context_order  # Framer's or diffusers' (diffusion/temporal_context.py)
         if self.framer is not None:
             model = self.framer.build_model(self.config.train.gradient_checkpointing)
             self.unet_config = self.framer.bare_unet  # config + added-time embedding, as for SVD
-            return model
+            return set_temporal_context_order(model, order)
         unet = load_pretrained(UNetSpatioTemporalConditionModel, self.svd_path(), subfolder="unet")
         interpolation = self.config.model.mode == "interpolation"
         if interpolation:
@@ -210,7 +212,9 @@ class VideoLoraTask(VideoEvalMemory, Task):
         if self.config.train.gradient_checkpointing:
             unet.enable_gradient_checkpointing()
         self.unet_config = unet
-        return apply_lora(unet, self.config.model.lora, train_conv_in=interpolation)
+        return set_temporal_context_order(
+            apply_lora(unet, self.config.model.lora, train_conv_in=interpolation), order
+        )
 
     def setup_frozen(self, accelerator) -> None:
         """With the latent cache on, the VAE and encoder load only if the cache must be (re)built or
