@@ -63,7 +63,9 @@ def test_a_nan_only_one_rank_holds_is_seen_by_every_rank(strategy, tmp_path):
     """Under ZeRO each rank holds a shard (ZeRO-3: of every parameter; both: of the fp32 master weights
     and Adam's moments). A NaN put into rank 1's shard only must make BOTH ranks report it: saving is a
     collective, and a rank that took the other branch would wait in it forever."""
-    cmd = accelerate_launch_cmd(*strategy_launch_args(strategy, tmp_path), "tests/finite_agreement_script.py", str(tmp_path))
+    cmd = accelerate_launch_cmd(
+        *strategy_launch_args(strategy, tmp_path), "tests/finite_agreement_script.py", str(tmp_path)
+    )
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     seen = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("finite_rank*.json"))]

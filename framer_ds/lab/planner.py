@@ -29,6 +29,7 @@ from framer_ds.engine.zero_buffers import resolve_auto
 from framer_ds.lab.activations import ActivationProbe, probe_activations
 from framer_ds.lab.census import helper_modules, meta_model, task_census
 from framer_ds.lab.memory_model import STRATEGIES, MemoryEstimate, ParameterCensus, estimate
+from framer_ds.lab.stand_ins import stand_in_overrides
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -124,6 +125,8 @@ class Plan:
     rows: list[StrategyRow]
     checkpointing_rows: list[StrategyRow]
     recommendation: Recommendation | None
+    assumptions: list[str] = field(default_factory=list)
+    """What the plan stood in for because it is not on disk (shipped architectures, data sizes)."""
 
     def as_dict(self) -> dict[str, Any]:
         census = asdict(self.census)
@@ -131,6 +134,7 @@ class Plan:
         return {
             "config": self.config,
             "overrides": self.overrides,
+            "assumptions": self.assumptions,
             "hardware": {
                 **asdict(self.hardware),
                 "world": self.hardware.world,
@@ -304,6 +308,9 @@ def make_plan(
 ) -> Plan:
     """Census, activation probes and every strategy's row; see the module docstring."""
     config = load_run_config(config_path, overrides)
+    stand_ins, assumptions = stand_in_overrides(config)
+    if stand_ins:
+        config = load_run_config(config_path, [*overrides, *stand_ins])
     task = get_task_class(config.task)(config)
     model = meta_model(task)  # one build for both: the census counts it before the probe fakes it
     helpers = helper_modules(task)
@@ -311,7 +318,7 @@ def make_plan(
     train = config.train
     probes = {"configured": probe_activations(task, model=model, helpers=helpers.in_evaluation)}
     if not train.gradient_checkpointing:
-        switched = load_run_config(config_path, [*overrides, "train.gradient_checkpointing=true"])
+        switched = load_run_config(config_path, [*overrides, *stand_ins, "train.gradient_checkpointing=true"])
         probe = probe_activations(get_task_class(switched.task)(switched), with_eval=False)
         probes["checkpointing"] = replace(probe, eval_transient=probes["configured"].eval_transient)
     micro_batch = train.micro_batch_size
@@ -368,6 +375,7 @@ def make_plan(
         rows=rows,
         checkpointing_rows=checkpointing_rows,
         recommendation=recommendation,
+        assumptions=[*assumptions, *task.plan_assumptions()],
     )
 
 
@@ -385,6 +393,7 @@ def format_plan(plan: Plan) -> str:
         f"{_gib(hw.usable)} usable after a {_gib(hw.allowance)} allowance (CUDA context and kernels "
         f"{_gib(ALLOWANCE_FIXED)} + {ALLOWANCE_SHARE:.0%} for allocator fragmentation)"
         + (f"; host {_gib(hw.cpu_bytes)} per node" if hw.cpu_bytes else ""),
+        *plan.assumptions,
         f"parameters: {census.trainable:,} trainable, {census.frozen:,} frozen"
         + (f"; frozen helpers on every GPU: {_gib(census.helper_bytes)}" if census.helper_bytes else ""),
     ]
