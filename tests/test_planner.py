@@ -4,15 +4,18 @@ shipped config offline, with no weight, tokenizer or data file anywhere (shipped
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO, TINY_VIT_OVERRIDES
 from framer_ds.cli.main import main
 from framer_ds.lab.activations import ActivationProbe, probe_activations
 from framer_ds.lab.memory_model import ParameterCensus, estimate
-from framer_ds.lab.planner import GiB, Hardware, launch_command, parse_bytes, strategy_row
+from framer_ds.lab.planner import GiB, Hardware, gib, launch_command, parse_bytes, strategy_row
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -84,11 +87,33 @@ def test_launch_commands_name_shipped_files(tmp_path):
     assert parse_bytes("40GB") == parse_bytes("40GiB") == 40 * GiB and parse_bytes("512M") == 512 * 2**20
 
 
+PEAK_LINE = re.compile(
+    r"# Peak per GPU as planned for this launch: (?P<peak>[0-9.]+ [MG]iB) "
+    r"\((?P<strategy>\w+) row of `(?P<command>framer-ds plan [^`]+)`; modelled, not measured\)"
+)
+
+
+def _launch_strategy(launch: str) -> str:
+    """The plan row a header's launch command runs: its DeepSpeed JSON (the flag, else the accelerate
+    YAML's), or ddp without one; zero3_fp16.json has zero3.json's ZeRO block."""
+    tokens = shlex.split(launch.lstrip("# "))
+    if "--deepspeed_config_file" in tokens:
+        json_file = tokens[tokens.index("--deepspeed_config_file") + 1]
+    elif "--config_file" in tokens:
+        accelerate = yaml.safe_load((REPO / tokens[tokens.index("--config_file") + 1]).read_text())
+        json_file = (accelerate.get("deepspeed_config") or {}).get("deepspeed_config_file")
+    else:
+        json_file = None
+    return Path(json_file).stem.removesuffix("_fp16") if json_file else "ddp"
+
+
 def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monkeypatch, tmp_path, capsys):
     """Every shipped config as shipped, before any download: no weight, tokenizer or data file anywhere
     it points (run from an empty directory, so a relative base like lora_sft's runs/.../final is absent
     too) and the hub offline. A base the config maps under `architectures:` is built from the config.json
-    framer_ds ships, and the plan says so; an absent image folder is stated as an assumption."""
+    framer_ds ships, and the plan says so; an absent image folder is stated as an assumption. Each is
+    planned once, with the command its header quotes, and the header's peak is that plan's figure for
+    the row its launch command runs."""
     import huggingface_hub.constants
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -96,25 +121,31 @@ def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monke
     monkeypatch.chdir(tmp_path)
     shipped = sorted((REPO / "configs/tasks").rglob("*.yaml"))
     assert len(shipped) == 11
-    stood_in = set()
+    stood_in, assumptions = set(), []
     for path in shipped:
-        name = str(path.relative_to(REPO / "configs/tasks"))
+        name = str(path.relative_to(REPO))
         config = load_run_config(path)
         assert not [d for d in config.architectures if Path(d).exists()], name
-        argv = ["plan", str(path), "--gpus", "4", "--gpu-memory", "80GB", "--json"]
-        assert main([*argv, "--deepspeed-dir", str(REPO / "configs/deepspeed")]) == 0, name
+        launch, peak_line = path.read_text().splitlines()[:2]
+        header = PEAK_LINE.fullmatch(peak_line)
+        assert header and header["strategy"] == _launch_strategy(launch), (name, peak_line)
+        argv = shlex.split(header["command"])[1:]
+        assert argv[:2] == ["plan", name], peak_line
+        argv[1] = str(path)
+        assert main([*argv, "--json", "--deepspeed-dir", str(REPO / "configs/deepspeed")]) == 0, name
         plan = json.loads(capsys.readouterr().out)
-        assert [row["strategy"] for row in plan["strategies"]] == [
-            "ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp"
-        ], name  # fmt: skip
+        rows = {row["strategy"]: row for row in plan["strategies"]}
+        assert list(rows) == ["ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp"], name
+        assert gib(rows[header["strategy"]]["device_bytes"]) == header["peak"], name
         assert plan["census"]["trainable"] > 0 and plan["activations"]["configured"]["per_sample_bytes"] > 0
         assert plan["recommendation"]["command"].startswith("accelerate launch"), name
         notes = [line for line in plan["assumptions"] if "shipped with framer_ds" in line]
         assert len(notes) == len(config.architectures), (name, plan["assumptions"])
-        if notes:
-            stood_in.add(name)
+        stood_in |= {name} if notes else set()
+        assumptions += plan["assumptions"]
     assert len(stood_in) == 6
-    assert "data not on disk" in " ".join(plan["assumptions"])  # vit_large_imagenet, sorted last
+    assert any("data not on disk" in line for line in assumptions)  # vit_large_imagenet
+    assert any("tokenizer not on disk" in line for line in assumptions)  # the two Granite recipes
 
 
 def test_the_micro_batch_search_limit_is_named():
