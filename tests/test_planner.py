@@ -148,6 +148,30 @@ def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monke
     assert any("tokenizer not on disk" in line for line in assumptions)  # the two Granite recipes
 
 
+def test_architectures_name_shipped_repos_and_a_hub_id_stands_in_directly(tmp_path):
+    """An `architectures:` value framer_ds ships no config for is a config error naming the shipped ones;
+    a hub repo id named directly stands in without a mapping; a directory on disk never does."""
+    from framer_ds.config.architectures import shipped_architecture
+    from framer_ds.config.errors import ConfigError
+    from framer_ds.lab.stand_ins import stand_in_overrides
+
+    base = REPO / "configs/tasks/vit_classification/vit_large_imagenet.yaml"
+    raw = yaml.safe_load(base.read_text())
+    raw["architectures"] = {"/data/models/vit-large-patch16-224": "google/vit-huge-patch14-224"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as error:
+        load_run_config(tmp_path / "bad.yaml")
+    assert "no shipped architecture for google/vit-huge-patch14-224" in str(error.value)
+    assert "google/vit-large-patch16-224" in str(error.value)
+    hub = load_run_config(base, ["model.pretrained_model_name_or_path=google/vit-large-patch16-224"])
+    overrides, notes = stand_in_overrides(hub)
+    folder = shipped_architecture("google/vit-large-patch16-224")
+    assert overrides == [f"model.pretrained_model_name_or_path={folder}"] and len(notes) == 1
+    assert (folder / "config.json").is_file()
+    on_disk = load_run_config(base, [f"model.pretrained_model_name_or_path={tmp_path}"])
+    assert stand_in_overrides(on_disk) == ([], [])
+
+
 def test_the_micro_batch_search_limit_is_named():
     from framer_ds.lab.planner import MAX_MICRO_BATCH, micro_batch_limit
 

@@ -4,6 +4,7 @@ adapter also trains (and saves) the embeddings and head, since the new token row
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -220,8 +221,11 @@ def build_model(config, assets: TtsAssets) -> torch.nn.Module:
         ensure_weight_tying=tied,
         task_type="CAUSAL_LM",
     )
+    # On the meta device when the base is (`framer-ds plan`): peft's copies of the embedding and head
+    # (modules_to_save) would otherwise be allocated and initialised for real, ~1 GB for a 129k vocabulary.
     try:
-        return get_peft_model(model, peft_config)
+        with torch.device("meta") if building_empty() else contextlib.nullcontext():
+            return get_peft_model(model, peft_config)
     except ValueError as exc:  # peft: target modules not found
         raise ConfigError([ConfigProblem("model.lora.target_modules", str(exc))], "model") from None
 
