@@ -1,20 +1,21 @@
 """`framer-ds plan`: the activation probe, the planner's search and recommendation, and the command on every
-shipped config with no weight file anywhere (config.json stand-ins for the checkpoints it names)."""
+shipped config offline, with no weight, tokenizer or data file anywhere (shipped architectures)."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import re
+import shlex
 from pathlib import Path
 
 import pytest
-import torch
+import yaml
 
 from conftest import REPO, TINY_VIT_OVERRIDES
 from framer_ds.cli.main import main
 from framer_ds.lab.activations import ActivationProbe, probe_activations
 from framer_ds.lab.memory_model import ParameterCensus, estimate
-from framer_ds.lab.planner import GiB, Hardware, launch_command, parse_bytes, strategy_row
+from framer_ds.lab.planner import GiB, Hardware, gib, launch_command, parse_bytes, strategy_row
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -86,75 +87,89 @@ def test_launch_commands_name_shipped_files(tmp_path):
     assert parse_bytes("40GB") == parse_bytes("40GiB") == 40 * GiB and parse_bytes("512M") == 512 * 2**20
 
 
-@pytest.fixture(scope="module")
-def checkpoints_without_weights(tmp_path_factory, data_cache) -> dict[str, list[str]]:
-    """config.json (and a tokenizer) for every checkpoint a shipped config names, and no weight file:
-    ViT-L/16, SVD (UNet, VAE, CLIP ViT-H image encoder at their published sizes), the TTS LM; per config
-    the overrides that point at them."""
-    from diffusers import AutoencoderKLTemporalDecoder, UNetSpatioTemporalConditionModel
-    from PIL import Image
-    from transformers import CLIPVisionConfig, ViTConfig
-
-    from framer_ds.diffusion.controlnet_svd import ControlNetSVDModel
-    from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts
-
-    root = tmp_path_factory.mktemp("no_weights")
-    vit = ViTConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-    vit.save_pretrained(root / "vit-large")
-    for split in ("train", "val"):
-        for name in ("cat", "dog"):
-            (root / "imagenet" / split / name).mkdir(parents=True)
-            Image.new("RGB", (8, 8)).save(root / "imagenet" / split / name / "a.png")
-    with torch.device("meta"):
-        UNetSpatioTemporalConditionModel().save_config(root / "svd" / "unet")
-        AutoencoderKLTemporalDecoder(
-            block_out_channels=(128, 256, 512, 512),
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            layers_per_block=2,
-        ).save_config(root / "svd" / "vae")
-    encoder = CLIPVisionConfig(
-        hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16, patch_size=14,
-        projection_dim=1024,
-    )  # fmt: skip
-    encoder.save_pretrained(root / "svd" / "image_encoder")
-    with torch.device("meta"):  # Framer's release: SVD's UNet with a 9-channel conv_in, and its ControlNet
-        framer_unet = UNetSpatioTemporalConditionModel(in_channels=9)
-        framer_unet.save_config(root / "framer" / "unet")
-        ControlNetSVDModel.from_unet(framer_unet).save_config(root / "framer" / "controlnet")
-    tts = root / "tts"
-    tts.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(ensure_tiny_tts() / "model" / name, tts / name)
-    assert not [p for p in root.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt")]
-    svd = [f"model.pretrained_model_name_or_path={root / 'svd'}"]
-    return {
-        "vit_classification/vit_large_imagenet.yaml": [
-            f"model.pretrained_model_name_or_path={root / 'vit-large'}",
-            f"data.root={root / 'imagenet'}",
-        ],
-        "video_lora/svd_img2vid_320x512_14f.yaml": svd,
-        "video_lora/svd_interp_576x576_10f.yaml": svd,
-        "video_lora/framer_lora_576x576_10f.yaml": [*svd, f"model.framer.path={root / 'framer'}"],
-        "tts_lm/granite_1b_pretrain.yaml": [f"model.pretrained_model_name_or_path={tts}"],
-        "tts_lm/lora_sft.yaml": [f"model.pretrained_model_name_or_path={tts}"],
-    }
+PEAK_LINE = re.compile(
+    r"# Peak per GPU as planned for this launch: (?P<peak>[0-9.]+ [MG]iB) "
+    r"\((?P<strategy>\w+) row of `(?P<command>framer-ds plan [^`]+)`; modelled, not measured\)"
+)
 
 
-def test_plan_runs_on_every_shipped_config_without_weights(checkpoints_without_weights, capsys):
-    shipped = sorted(
-        str(p.relative_to(REPO / "configs/tasks")) for p in (REPO / "configs/tasks").rglob("*.yaml")
-    )
-    assert set(checkpoints_without_weights) <= set(shipped)
-    for name in shipped:
-        overrides = checkpoints_without_weights.get(name, [])
-        argv = ["plan", str(REPO / "configs/tasks" / name), *overrides, "--gpus", "4", "--gpu-memory", "80GB"]
-        assert main([*argv, "--json"]) == 0, name
+def _launch_strategy(launch: str) -> str:
+    """The plan row a header's launch command runs: its DeepSpeed JSON (the flag, else the accelerate
+    YAML's), or ddp without one; zero3_fp16.json has zero3.json's ZeRO block."""
+    tokens = shlex.split(launch.lstrip("# "))
+    if "--deepspeed_config_file" in tokens:
+        json_file = tokens[tokens.index("--deepspeed_config_file") + 1]
+    elif "--config_file" in tokens:
+        accelerate = yaml.safe_load((REPO / tokens[tokens.index("--config_file") + 1]).read_text())
+        json_file = (accelerate.get("deepspeed_config") or {}).get("deepspeed_config_file")
+    else:
+        json_file = None
+    return Path(json_file).stem.removesuffix("_fp16") if json_file else "ddp"
+
+
+def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monkeypatch, tmp_path, capsys):
+    """Every shipped config as shipped, before any download: no weight, tokenizer or data file anywhere
+    it points (run from an empty directory, so a relative base like lora_sft's runs/.../final is absent
+    too) and the hub offline. A base the config maps under `architectures:` is built from the config.json
+    framer_ds ships, and the plan says so; an absent image folder is stated as an assumption. Each is
+    planned once, with the command its header quotes, and the header's peak is that plan's figure for
+    the row its launch command runs."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    shipped = sorted((REPO / "configs/tasks").rglob("*.yaml"))
+    assert len(shipped) == 11
+    stood_in, assumptions = set(), []
+    for path in shipped:
+        name = str(path.relative_to(REPO))
+        config = load_run_config(path)
+        assert not [d for d in config.architectures if Path(d).exists()], name
+        launch, peak_line = path.read_text().splitlines()[:2]
+        header = PEAK_LINE.fullmatch(peak_line)
+        assert header and header["strategy"] == _launch_strategy(launch), (name, peak_line)
+        argv = shlex.split(header["command"])[1:]
+        assert argv[:2] == ["plan", name], peak_line
+        argv[1] = str(path)
+        assert main([*argv, "--json", "--deepspeed-dir", str(REPO / "configs/deepspeed")]) == 0, name
         plan = json.loads(capsys.readouterr().out)
-        assert [row["strategy"] for row in plan["strategies"]] == [
-            "ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp"
-        ], name  # fmt: skip
+        rows = {row["strategy"]: row for row in plan["strategies"]}
+        assert list(rows) == ["ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp"], name
+        assert gib(rows[header["strategy"]]["device_bytes"]) == header["peak"], name
         assert plan["census"]["trainable"] > 0 and plan["activations"]["configured"]["per_sample_bytes"] > 0
         assert plan["recommendation"]["command"].startswith("accelerate launch"), name
+        notes = [line for line in plan["assumptions"] if "shipped with framer_ds" in line]
+        assert len(notes) == len(config.architectures), (name, plan["assumptions"])
+        stood_in |= {name} if notes else set()
+        assumptions += plan["assumptions"]
+    assert len(stood_in) == 6
+    assert any("data not on disk" in line for line in assumptions)  # vit_large_imagenet
+    assert any("tokenizer not on disk" in line for line in assumptions)  # the two Granite recipes
+
+
+def test_architectures_name_shipped_repos_and_a_hub_id_stands_in_directly(tmp_path):
+    """An `architectures:` value framer_ds ships no config for is a config error naming the shipped ones;
+    a hub repo id named directly stands in without a mapping; a directory on disk never does."""
+    from framer_ds.config.architectures import shipped_architecture
+    from framer_ds.config.errors import ConfigError
+    from framer_ds.lab.stand_ins import stand_in_overrides
+
+    base = REPO / "configs/tasks/vit_classification/vit_large_imagenet.yaml"
+    raw = yaml.safe_load(base.read_text())
+    raw["architectures"] = {"/data/models/vit-large-patch16-224": "google/vit-huge-patch14-224"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as error:
+        load_run_config(tmp_path / "bad.yaml")
+    assert "no shipped architecture for google/vit-huge-patch14-224" in str(error.value)
+    assert "google/vit-large-patch16-224" in str(error.value)
+    hub = load_run_config(base, ["model.pretrained_model_name_or_path=google/vit-large-patch16-224"])
+    overrides, notes = stand_in_overrides(hub)
+    folder = shipped_architecture("google/vit-large-patch16-224")
+    assert overrides == [f"model.pretrained_model_name_or_path={folder}"] and len(notes) == 1
+    assert (folder / "config.json").is_file()
+    on_disk = load_run_config(base, [f"model.pretrained_model_name_or_path={tmp_path}"])
+    assert stand_in_overrides(on_disk) == ([], [])
 
 
 def test_the_micro_batch_search_limit_is_named():

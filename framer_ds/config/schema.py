@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from framer_ds.config.architectures import shipped_architecture, shipped_repo_ids
+
 _UNSET_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
 
 
@@ -263,6 +265,22 @@ class RunConfigBase(StrictModel):
     log: LogConfig = Field(
         default_factory=LogConfig, description="Experiment trackers besides metrics.jsonl."
     )
+    architectures: dict[str, str] = Field(
+        default_factory=dict,
+        description="Which published model each local model directory of this config is (or has the "
+        "architecture of), as {directory: hub repo id}. `framer-ds plan` builds a directory that is not on "
+        "disk from the config.json framer_ds ships for that repo id, so a job is sized before its "
+        "download; training never reads these. Shipped ids: framer_ds/config/architectures/README.md.",
+    )
+
+    @field_validator("architectures", mode="after")
+    @classmethod
+    def _shipped_architectures(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted({repo for repo in value.values() if shipped_architecture(repo) is None})
+        if unknown:
+            shipped = ", ".join(shipped_repo_ids())
+            raise ValueError(f"no shipped architecture for {', '.join(unknown)}; use one of {shipped}")
+        return value
 
     @model_validator(mode="after")
     def _resume_and_overwrite_exclusive(self) -> RunConfigBase:

@@ -29,6 +29,7 @@ from framer_ds.engine.zero_buffers import resolve_auto
 from framer_ds.lab.activations import ActivationProbe, probe_activations
 from framer_ds.lab.census import helper_modules, meta_model, task_census
 from framer_ds.lab.memory_model import STRATEGIES, MemoryEstimate, ParameterCensus, estimate
+from framer_ds.lab.stand_ins import stand_in_overrides
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -124,6 +125,8 @@ class Plan:
     rows: list[StrategyRow]
     checkpointing_rows: list[StrategyRow]
     recommendation: Recommendation | None
+    assumptions: list[str] = field(default_factory=list)
+    """What the plan stood in for because it is not on disk (shipped architectures, data sizes)."""
 
     def as_dict(self) -> dict[str, Any]:
         census = asdict(self.census)
@@ -131,6 +134,7 @@ class Plan:
         return {
             "config": self.config,
             "overrides": self.overrides,
+            "assumptions": self.assumptions,
             "hardware": {
                 **asdict(self.hardware),
                 "world": self.hardware.world,
@@ -304,6 +308,9 @@ def make_plan(
 ) -> Plan:
     """Census, activation probes and every strategy's row; see the module docstring."""
     config = load_run_config(config_path, overrides)
+    stand_ins, assumptions = stand_in_overrides(config)
+    if stand_ins:
+        config = load_run_config(config_path, [*overrides, *stand_ins])
     task = get_task_class(config.task)(config)
     model = meta_model(task)  # one build for both: the census counts it before the probe fakes it
     helpers = helper_modules(task)
@@ -311,7 +318,7 @@ def make_plan(
     train = config.train
     probes = {"configured": probe_activations(task, model=model, helpers=helpers.in_evaluation)}
     if not train.gradient_checkpointing:
-        switched = load_run_config(config_path, [*overrides, "train.gradient_checkpointing=true"])
+        switched = load_run_config(config_path, [*overrides, *stand_ins, "train.gradient_checkpointing=true"])
         probe = probe_activations(get_task_class(switched.task)(switched), with_eval=False)
         probes["checkpointing"] = replace(probe, eval_transient=probes["configured"].eval_transient)
     micro_batch = train.micro_batch_size
@@ -368,10 +375,11 @@ def make_plan(
         rows=rows,
         checkpointing_rows=checkpointing_rows,
         recommendation=recommendation,
+        assumptions=[*assumptions, *task.plan_assumptions()],
     )
 
 
-def _gib(value: int) -> str:
+def gib(value: int) -> str:
     """GiB from 1 GiB up, MiB below (a LoRA's terms are a few MiB)."""
     return f"{value / GiB:.2f} GiB" if abs(value) >= GiB else f"{value / 2**20:.1f} MiB"
 
@@ -381,18 +389,19 @@ def format_plan(plan: Plan) -> str:
     hw, census = plan.hardware, plan.census
     lines = [
         f"plan for {plan.config}{' ' + ' '.join(plan.overrides) if plan.overrides else ''}",
-        f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s), {_gib(hw.gpu_bytes)} each; "
-        f"{_gib(hw.usable)} usable after a {_gib(hw.allowance)} allowance (CUDA context and kernels "
-        f"{_gib(ALLOWANCE_FIXED)} + {ALLOWANCE_SHARE:.0%} for allocator fragmentation)"
-        + (f"; host {_gib(hw.cpu_bytes)} per node" if hw.cpu_bytes else ""),
+        f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s), {gib(hw.gpu_bytes)} each; "
+        f"{gib(hw.usable)} usable after a {gib(hw.allowance)} allowance (CUDA context and kernels "
+        f"{gib(ALLOWANCE_FIXED)} + {ALLOWANCE_SHARE:.0%} for allocator fragmentation)"
+        + (f"; host {gib(hw.cpu_bytes)} per node" if hw.cpu_bytes else ""),
+        *plan.assumptions,
         f"parameters: {census.trainable:,} trainable, {census.frozen:,} frozen"
-        + (f"; frozen helpers on every GPU: {_gib(census.helper_bytes)}" if census.helper_bytes else ""),
+        + (f"; frozen helpers on every GPU: {gib(census.helper_bytes)}" if census.helper_bytes else ""),
     ]
     for name, probe in plan.activations.items():
         state = "on" if probe.gradient_checkpointing else "off"
         lines.append(
             f"activations ({name}, gradient checkpointing {state}; measured on {probe.device} with fake "
-            f"tensors): {_gib(probe.fixed)} + {_gib(probe.per_sample)} per sample"
+            f"tensors): {gib(probe.fixed)} + {gib(probe.per_sample)} per sample"
         )
     lines.append(f"micro-batch {plan.micro_batch}, global batch {plan.global_batch} (x{hw.world} ranks)")
     for title, rows in (("", plan.rows), (" (gradient checkpointing on)", plan.checkpointing_rows)):
@@ -404,13 +413,13 @@ def format_plan(plan: Plan) -> str:
             f"{'':<14} fits  peak/GPU     host/node    largest mb          accumulation",
         ]
         for row in rows:
-            host = _gib(row.host_bytes_per_node) if row.host_bytes_per_node else "-"
+            host = gib(row.host_bytes_per_node) if row.host_bytes_per_node else "-"
             accumulation = f"{row.accumulation} (mb {row.micro_batch})" if row.largest_micro_batch else "-"
             largest = str(row.largest_micro_batch)
             if row.largest_micro_batch and row.largest_limited_by != "memory":
                 largest += f" ({row.largest_limited_by})"
             lines.append(
-                f"{row.strategy:<14} {'yes' if row.fits else 'no':<5} {_gib(row.device_bytes):<12} "
+                f"{row.strategy:<14} {'yes' if row.fits else 'no':<5} {gib(row.device_bytes):<12} "
                 f"{host:<12} {largest:<19} {accumulation}" + (f"  - {row.note}" if row.note else "")
             )
     lines.append("")

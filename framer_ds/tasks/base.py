@@ -122,6 +122,12 @@ class Task(ABC):
         caps the largest micro-batch at each rank's share. None: unknown without reading the data."""
         return None
 
+    def plan_assumptions(self) -> list[str]:
+        """Lines `framer-ds plan` prints for what it assumed because files are not on disk yet (the data
+        it would size the classifier head from, a tokenizer's length): called after the plan's census
+        and probe, on the task they built."""
+        return []
+
     def data_report(self) -> str:
         """What `framer-ds data check` prints: counts and anything rejected. Raises ConfigError when
         the data is unusable. Tasks override it with a richer report."""

@@ -23,7 +23,7 @@ from framer_ds.data.image_folder import (
 )
 from framer_ds.engine.export import save_pretrained_gathered
 from framer_ds.engine.export_load import load_full_export
-from framer_ds.engine.pretrained import build_fresh, load_pretrained
+from framer_ds.engine.pretrained import build_fresh, building_empty, load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import SampleCommandOptions, Task
 from framer_ds.tasks.registry import register_task
@@ -206,17 +206,32 @@ class VitClassificationTask(Task):
             ImageFolderDataset(index.val, self.image_transform(arch, train=False)),
         )
 
+    def _data_absent(self) -> bool:
+        """No image folder yet: `framer-ds plan` sizes the job from the checkpoint's own head instead."""
+        return self.config.data.builtin is None and not self.data_root().exists()
+
     def train_example_count(self) -> int | None:
-        return len(self._scan().train)
+        return None if self._data_absent() else len(self._scan().train)
+
+    def plan_assumptions(self) -> list[str]:
+        if not self._data_absent():
+            return []
+        classes = self.vit_config().num_labels
+        return [
+            f"data not on disk ({self.data_root()}): assuming the checkpoint's {classes} classes, and no "
+            "cap on the micro-batch from the training set's size"
+        ]
 
     def build_model(self) -> torch.nn.Module:
-        index = self._scan()
-        labels = {
-            "num_labels": index.num_classes,
-            "id2label": dict(enumerate(index.classes)),
-            "label2id": {name: i for i, name in enumerate(index.classes)},
-        }
         pretrained = self.config.model.pretrained_model_name_or_path
+        labels = {}
+        if not (pretrained is not None and building_empty() and self._data_absent()):
+            index = self._scan()
+            labels = {
+                "num_labels": index.num_classes,
+                "id2label": dict(enumerate(index.classes)),
+                "label2id": {name: i for i, name in enumerate(index.classes)},
+            }
         if pretrained is not None:
             # A new classifier head when the label count differs (ImageNet-1k -> Food-101).
             model = load_pretrained(

@@ -4,6 +4,7 @@ adapter also trains (and saves) the embeddings and head, since the new token row
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -99,8 +100,46 @@ class TtsAssets:
 
     @property
     def special(self) -> SpecialTokens:
+        if self.tokenizer_absent:
+            return self.vocabulary_stand_in[1]
         _ = self.tokenizer
         return self._special
+
+    @property
+    def vocabulary_size(self) -> int:
+        """Tokens of the extended tokenizer: the embedding rows the model needs."""
+        return self.vocabulary_stand_in[0] if self.tokenizer_absent else len(self.tokenizer)
+
+    @property
+    def tokenizer_absent(self) -> bool:
+        """No tokenizer files (`framer-ds plan` before the download: a shipped architecture holds none)."""
+        names = ("tokenizer.json", "tokenizer_config.json")
+        return self.model_dir is not None and not any((self.tokenizer_dir / n).is_file() for n in names)
+
+    @cached_property
+    def vocabulary_stand_in(self) -> tuple[int, SpecialTokens]:
+        """(length, special tokens) of the extended tokenizer from the model's config.json alone: its
+        vocab_size as the base vocabulary, its BOS and EOS (or the preset's values)."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.model_dir)
+        preset = vocabulary.stand_in_layout(
+            self.options.special_tokens, config.vocab_size, config.bos_token_id, config.eos_token_id
+        )
+        special = SpecialTokens.relative_to(preset.tokenizer_length, preset.start_of_text, preset.end_of_text)
+        return preset.tokenizer_length + vocabulary.ADDED_TOKENS, special
+
+    def plan_assumptions(self) -> list[str]:
+        if not self.tokenizer_absent:
+            return []
+        length, special = self.vocabulary_stand_in
+        added = vocabulary.ADDED_TOKENS
+        return [
+            f"tokenizer not on disk: assuming a base vocabulary of {length - added:,} "
+            f"(preset {self.options.special_tokens.preset!r}; 'auto': the config's vocab_size) with BOS "
+            f"{special.start_of_text} and EOS {special.end_of_text}, the recipe's {added:,} tokens after "
+            f"it: {length:,} tokens"
+        ]
 
     @property
     def layout(self) -> AudioTokenLayout:
@@ -130,7 +169,7 @@ def _load_base(config, assets: TtsAssets) -> torch.nn.Module:
     if assets.model_dir is not None:
         return load_pretrained(AutoModelForCausalLM, assets.model_dir, **attention)
     fresh = dict(assets.model_config)
-    model_config = AutoConfig.for_model(fresh.pop("model_type"), **fresh, vocab_size=len(assets.tokenizer))
+    model_config = AutoConfig.for_model(fresh.pop("model_type"), **fresh, vocab_size=assets.vocabulary_size)
     torch.manual_seed(config.train.seed)
     return build_fresh(lambda: AutoModelForCausalLM.from_config(model_config, **attention))
 
@@ -138,10 +177,10 @@ def _load_base(config, assets: TtsAssets) -> torch.nn.Module:
 def resized_base(config, assets: TtsAssets) -> torch.nn.Module:
     """The base model with embedding rows for every token of the extended tokenizer."""
     model = _load_base(config, assets)
-    if model.get_input_embeddings().num_embeddings < len(assets.tokenizer):
+    if model.get_input_embeddings().num_embeddings < assets.vocabulary_size:
         # Mean-initialised new rows (transformers' default); a meta model has no values to average.
         model.resize_token_embeddings(
-            len(assets.tokenizer), pad_to_multiple_of=EMBEDDING_MULTIPLE, mean_resizing=not building_empty()
+            assets.vocabulary_size, pad_to_multiple_of=EMBEDDING_MULTIPLE, mean_resizing=not building_empty()
         )
     model.config.pad_token_id = assets.special.pad
     return model
@@ -182,8 +221,11 @@ def build_model(config, assets: TtsAssets) -> torch.nn.Module:
         ensure_weight_tying=tied,
         task_type="CAUSAL_LM",
     )
+    # On the meta device when the base is (`framer-ds plan`): peft's copies of the embedding and head
+    # (modules_to_save) would otherwise be allocated and initialised for real, ~1 GB for a 129k vocabulary.
     try:
-        return get_peft_model(model, peft_config)
+        with torch.device("meta") if building_empty() else contextlib.nullcontext():
+            return get_peft_model(model, peft_config)
     except ValueError as exc:  # peft: target modules not found
         raise ConfigError([ConfigProblem("model.lora.target_modules", str(exc))], "model") from None
 

@@ -99,6 +99,9 @@ class TtsLmTask(Task):
         self.assets.ensure_builtin()
         return self.data.encode_audio_if_needed(show_progress=True, required=True)
 
+    def plan_assumptions(self) -> list[str]:
+        return self.assets.plan_assumptions()
+
     def data_report(self) -> str:
         train, evaluation = self.build_datasets()
         lines = [f"{key}: {value}" for key, value in self._notes.items() if not isinstance(value, dict)]
@@ -170,7 +173,12 @@ class TtsLmTask(Task):
         length, pad = self.config.data.max_seq_length, self.assets.special.pad
         full = TokenSequence([pad] * length, [pad] * length)
         if self.config.data.length_policy != "pack":
-            return self.collate_fn()([full] * micro_batch_size)
+            batch = self.collate_fn()([full] * micro_batch_size)
+            # Full rows have no padding: transformers drops an all-ones mask before attention (no mask is
+            # materialised), so leaving it out is the same graph, without the data-dependent "all ones?"
+            # check a fake tensor cannot answer (Granite 4's recurrent-layer mask asks it unguarded).
+            del batch["attention_mask"]
+            return batch
         block = PackedBlock()
         block.add(full)
         return self.collate_fn()([block] * micro_batch_size)

@@ -58,6 +58,18 @@ def wanted_layout(options: SpecialTokenOptions, tokenizer) -> Preset:
     return PRESETS[options.preset]
 
 
+def stand_in_layout(
+    options: SpecialTokenOptions, vocab_size: int, bos: int | None, eos: int | None
+) -> Preset:
+    """`wanted_layout` without a tokenizer (`framer-ds plan` before the download): 'auto' takes the
+    model config's vocab_size, BOS and EOS for the tokenizer's."""
+    if options.preset == "auto":
+        return Preset(vocab_size, bos, eos if eos is not None else 0)
+    if options.preset == "custom":
+        return Preset(options.tokenizer_length, options.start_of_text, options.end_of_text)
+    return PRESETS[options.preset]
+
+
 def layout_problems(options: SpecialTokenOptions, tokenizer) -> list[ConfigProblem]:
     """Why the preset does not fit this tokenizer (empty when it does)."""
     preset = wanted_layout(options, tokenizer)
