@@ -77,6 +77,11 @@ def shell_env() -> dict[str, str]:
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
     env.pop("VIRTUAL_ENV", None)
     env.pop("OMP_NUM_THREADS", None)  # the README's commands set it where they need it
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        # ...except that under `make test` another xdist worker shares the 2 cores: the quickstart's 2
+        # OpenMP threads then spin against it (measured: 9 min instead of 1). Its `${OMP_NUM_THREADS:-2}`
+        # takes this value; the accuracy promise holds at 1 thread too (0.983 measured, >= 0.97 asserted).
+        env["OMP_NUM_THREADS"] = "1"
     return env
 
 
