@@ -6,10 +6,10 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4,<2.15" || echo "torch==2.13.0")
 PYTEST_ARGS ?=
 # The suite runs on pytest-xdist workers, one per core up to 4 (each may start 2-process runs; more would
-# only contend); tests/scheduling.py keeps tests sharing a fixture on one worker and starts the heaviest
-# first. TEST_WORKERS=0 runs it in this process.
+# only contend); each test file goes to one worker (its module fixtures are built once) and
+# tests/scheduling.py starts the heaviest files first. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= $(shell python3 -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(4, n) if n > 1 else 0)")
-XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup quickstart test test-fast test-readme lint format bench bench-memory clean
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scheduling import group_and_order
+from scheduling import order_heaviest_first
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,9 +32,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the `xdist_group` marks scheduling adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    group_and_order(items)
+    order_heaviest_first(items)
     if "readme_full" not in (config.getoption("markexpr") or ""):
         skip_full = pytest.mark.skip(reason="runs every README training for real: `make test-readme`")
         for item in items:

@@ -107,6 +107,7 @@ def _launch_strategy(launch: str) -> str:
     return Path(json_file).stem.removesuffix("_fp16") if json_file else "ddp"
 
 
+@pytest.mark.slow  # ~5 min on 2 cores: every full-size model probed on fake tensors
 def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monkeypatch, tmp_path, capsys):
     """Every shipped config as shipped, before any download: no weight, tokenizer or data file anywhere
     it points (run from an empty directory, so a relative base like lora_sft's runs/.../final is absent
@@ -203,6 +204,7 @@ def _tiny_video_task(tmp_path, *overrides: str):
     return task
 
 
+@pytest.mark.slow
 def test_a_cached_video_runs_evaluation_phase_is_measured_and_planned(tmp_path):
     """With the latent cache on, validation samples bring the VAE and encoder back and decode frames:
     the census counts those helpers for the evaluation phase only, the probe measures what sampling
