@@ -50,19 +50,15 @@ def base_length(tokenizer) -> int:
 
 
 def wanted_layout(options: SpecialTokenOptions, tokenizer) -> Preset:
-    if options.preset == "auto":
-        bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-        return Preset(base_length(tokenizer), bos, eos if eos is not None else 0)
-    if options.preset == "custom":
-        return Preset(options.tokenizer_length, options.start_of_text, options.end_of_text)
-    return PRESETS[options.preset]
+    return stand_in_layout(options, base_length(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
 
 
 def stand_in_layout(
     options: SpecialTokenOptions, vocab_size: int, bos: int | None, eos: int | None
 ) -> Preset:
-    """`wanted_layout` without a tokenizer (`framer-ds plan` before the download): 'auto' takes the
-    model config's vocab_size, BOS and EOS for the tokenizer's."""
+    """The layout `options` ask for, given the base vocabulary's size, BOS and EOS ('auto' takes them):
+    from the tokenizer (`wanted_layout`), or from the model's config.json alone (`framer-ds plan` before
+    the download, when no tokenizer is on disk)."""
     if options.preset == "auto":
         return Preset(vocab_size, bos, eos if eos is not None else 0)
     if options.preset == "custom":
