@@ -24,7 +24,6 @@ from framer_ds.diffusion.temporal_context import set_temporal_context_order
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
-from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.engine.rng import isolated_seed
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.storage.locations import default_cache_dir
@@ -54,7 +53,7 @@ from framer_ds.tasks.video_lora.inference import (
 )
 from framer_ds.tasks.video_lora.interp_eval import interp_eval_problems, lpips_note, with_eval_pixels
 from framer_ds.tasks.video_lora.tracks_setup import build_tracks, track_problems, with_controlnet_cond
-from framer_ds.tasks.video_lora.unet_lora import apply_lora, widen_conv_in
+from framer_ds.tasks.video_lora.unet_lora import build_svd_lora_unet
 
 SVD_SUBFOLDERS = ("unet", "vae", "image_encoder")
 
@@ -198,23 +197,14 @@ class VideoLoraTask(VideoEvalMemory, Task):
     # --- models --------------------------------------------------------------------------------------
 
     def build_model(self) -> torch.nn.Module:
-        from diffusers import UNetSpatioTemporalConditionModel
-
-        order = self.config.model.context_order  # Framer's or diffusers' (diffusion/temporal_context.py)
+        checkpointing = self.config.train.gradient_checkpointing
         if self.framer is not None:
-            model = self.framer.build_model(self.config.train.gradient_checkpointing)
+            model = self.framer.build_model(checkpointing)
             self.unet_config = self.framer.bare_unet  # config + added-time embedding, as for SVD
-            return set_temporal_context_order(model, order)
-        unet = load_pretrained(UNetSpatioTemporalConditionModel, self.svd_path(), subfolder="unet")
-        interpolation = self.config.model.mode == "interpolation"
-        if interpolation:
-            widen_conv_in(unet)
-        if self.config.train.gradient_checkpointing:
-            unet.enable_gradient_checkpointing()
-        self.unet_config = unet
-        return set_temporal_context_order(
-            apply_lora(unet, self.config.model.lora, train_conv_in=interpolation), order
-        )
+        else:
+            self.unet_config, model = build_svd_lora_unet(self.svd_path(), self.config.model, checkpointing)
+        # Framer's or diffusers' (diffusion/temporal_context.py), for both bases
+        return set_temporal_context_order(model, self.config.model.context_order)
 
     def setup_frozen(self, accelerator) -> None:
         """With the latent cache on, the VAE and encoder load only if the cache must be (re)built or

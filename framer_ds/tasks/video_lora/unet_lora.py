@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from framer_ds.tasks.video_lora.config import LoraOptions
+from framer_ds.engine.pretrained import load_pretrained
+from framer_ds.tasks.video_lora.config import LoraOptions, VideoLoraModelConfig
 
 MASK_CHANNELS = 1
 
@@ -49,3 +50,20 @@ def apply_lora(unet: torch.nn.Module, options: LoraOptions, train_conv_in: bool)
         modules_to_save=["conv_in"] if train_conv_in else None,
     )
     return get_peft_model(unet, config)
+
+
+def build_svd_lora_unet(
+    svd_path, model: VideoLoraModelConfig, gradient_checkpointing: bool
+) -> tuple[torch.nn.Module, PeftModel]:
+    """(the bare SVD UNet, the peft model training it): loaded from `svd_path`, conv_in widened for
+    interpolation before the LoRA goes on, gradient checkpointing as configured. The Framer base has
+    its own builder (framer_setup.py)."""
+    from diffusers import UNetSpatioTemporalConditionModel
+
+    unet = load_pretrained(UNetSpatioTemporalConditionModel, svd_path, subfolder="unet")
+    interpolation = model.mode == "interpolation"
+    if interpolation:
+        widen_conv_in(unet)
+    if gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+    return unet, apply_lora(unet, model.lora, train_conv_in=interpolation)
