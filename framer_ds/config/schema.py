@@ -105,7 +105,8 @@ class TrainConfig(StrictModel):
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW second-moment decay.")
     adam_epsilon: float = Field(1e-8, gt=0, description="AdamW denominator epsilon.")
     lr_scheduler: Literal["cosine", "linear", "constant"] = Field(
-        "cosine", description="Decay after warmup (transformers' schedulers)."
+        "cosine",
+        description="Decay after the linear warmup: cosine or linear to 0, or none (constant); transformers' formulas.",
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup in optimizer steps.")
     warmup_ratio: float | None = Field(

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
-from transformers import get_scheduler
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
 from framer_ds.tasks.base import Task
+from framer_ds.train.lr_schedule import build_lr_scheduler
 from framer_ds.train.schedule import StepPlan, plan_steps
 
 
@@ -107,12 +107,7 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     )
     eval_loader = DataLoader(eval_set, shuffle=False, **loader_kwargs) if eval_set is not None else None
     plan = plan_steps(len(train_set), train_cfg, accelerator.num_processes)
-    scheduler = get_scheduler(
-        train_cfg.lr_scheduler,
-        optimizer,
-        num_warmup_steps=plan.warmup_steps,
-        num_training_steps=plan.total_steps,
-    )
+    scheduler = build_lr_scheduler(train_cfg.lr_scheduler, optimizer, plan.warmup_steps, plan.total_steps)
     if eval_loader is not None:
         model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
             model, optimizer, train_loader, eval_loader, scheduler
