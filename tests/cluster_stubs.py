@@ -60,7 +60,8 @@ IFS=, read -ra names <<< "$hosts"
 pids=()
 for n in "${!names[@]}"; do
     cmd=$*
-    bash -c "${cmd//%n/$n}" 2>&1 | sed -u "s/^/${names[$n]}: /" &
+    # pipefail: the host's exit status, not sed's (a failed host used to look like a success)
+    (set -o pipefail; bash -c "${cmd//%n/$n}" 2>&1 | sed -u "s/^/${names[$n]}: /") &
     pids+=($!)
 done
 worst=0

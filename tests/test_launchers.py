@@ -180,9 +180,12 @@ def test_accelerate_hostfile_yaml_trains_like_one_machine(cluster, reference_los
         "2",
     )
     try:
-        run([*cmd, "-m", "framer_ds", "train", QUICKSTART, f"output_dir={run_dir}", *FEW_STEPS], cluster)
+        proc = run(
+            [*cmd, "-m", "framer_ds", "train", QUICKSTART, f"output_dir={run_dir}", *FEW_STEPS], cluster
+        )
     finally:
         (REPO / ".deepspeed_env").unlink(missing_ok=True)  # accelerate writes it for the runner
+    assert (run_dir / "metrics.jsonl").is_file(), proc.stdout[-4000:] + proc.stderr[-4000:]
     assert losses(run_dir) == reference_losses
     assert "-w localhost,127.0.0.1" in calls(cluster, "pdsh")[0]
 

@@ -30,7 +30,9 @@ def _optimizer() -> torch.optim.Optimizer:
 @pytest.mark.parametrize(("warmup", "total"), [(0, 7), (3, 10), (10, 10), (5, 1000)])
 def test_the_multipliers_equal_transformers_exactly(kind, warmup, total):
     ours = _lrs(build_lr_scheduler(kind, _optimizer(), warmup, total), total + 2)
-    theirs = _lrs(get_scheduler(kind, _optimizer(), num_warmup_steps=warmup, num_training_steps=total), total + 2)
+    theirs = _lrs(
+        get_scheduler(kind, _optimizer(), num_warmup_steps=warmup, num_training_steps=total), total + 2
+    )
     assert ours == theirs  # the same float operations in the same order: equal, not close
 
 
@@ -51,7 +53,7 @@ def test_the_training_loop_does_not_import_transformers():
 
 
 def test_the_scheduler_state_round_trips_through_a_checkpoint(tmp_path):
-    """accelerate's save_state pickles the scheduler: partial lambdas survive, and the loaded one continues."""
+    """accelerate's save_state pickles the scheduler: its partials survive; it continues."""
     first = build_lr_scheduler("cosine", _optimizer(), 2, 20)
     _lrs(first, 5)
     torch.save(first.state_dict(), tmp_path / "s.pt")

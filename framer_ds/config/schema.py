@@ -106,7 +106,7 @@ class TrainConfig(StrictModel):
     adam_epsilon: float = Field(1e-8, gt=0, description="AdamW denominator epsilon.")
     lr_scheduler: Literal["cosine", "linear", "constant"] = Field(
         "cosine",
-        description="Decay after the linear warmup: cosine or linear to 0, or none (constant); transformers' formulas.",
+        description="Decay after the linear warmup: cosine or linear to 0, or none (constant).",
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup in optimizer steps.")
     warmup_ratio: float | None = Field(

@@ -45,7 +45,9 @@ def _constant(step: int, *, warmup_steps: int, total_steps: int) -> float:
 _MULTIPLIERS = {"cosine": _cosine, "linear": _linear, "constant": _constant}
 
 
-def build_lr_scheduler(kind: ScheduleKind, optimizer: Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:
+def build_lr_scheduler(
+    kind: ScheduleKind, optimizer: Optimizer, warmup_steps: int, total_steps: int
+) -> LambdaLR:
     """A LambdaLR over `optimizer` (resume re-applies the config's learning rate through its lambdas).
 
     The lambdas are `functools.partial` objects of module-level functions, so `save_state` pickles the
