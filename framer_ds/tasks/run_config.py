@@ -26,7 +26,7 @@ from framer_ds.config.loader import (
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.export import EXPORT_RECORD, read_export_record
 from framer_ds.tasks.base import Task
-from framer_ds.tasks.registry import available_tasks, get_task_class, unknown_task_problem
+from framer_ds.tasks.registry import available_tasks, get_task_class, is_registered, unknown_task_problem
 
 
 def import_task_modules(modules: Sequence[str]) -> list[ConfigProblem]:
@@ -57,7 +57,7 @@ def validate_run_config(raw: dict[str, Any], source: str = "config") -> RunConfi
                 "task", f"required key is missing; set it to one of: {', '.join(available_tasks())}."
             )
         )
-    elif not isinstance(task_name, str) or task_name not in available_tasks():
+    elif not isinstance(task_name, str) or not is_registered(task_name):
         problems.append(unknown_task_problem(str(task_name)))
     else:
         schema = get_task_class(task_name).config_class()
