@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from conftest import read_metrics
 from framer_ds.config.errors import ConfigError
 from framer_ds.engine.checkpoint import STATE_FILE, TrainerState, read_trainer_state
-from framer_ds.engine.resume_changes import resume_changes
+from framer_ds.engine.resume.changes import resume_changes
 from framer_ds.tasks.run_config import load_exported_task, load_run_config
 from framer_ds.train import loop
 from framer_ds.train.actions import KeepBest

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from framer_ds.config.errors import RunSetupError
-from framer_ds.engine.universal import DS_TAG, check_same_zero_layout, checkpoint_zero_stage
+from framer_ds.engine.resume.strategy import check_same_zero_layout, checkpoint_zero_stage
+from framer_ds.engine.resume.universal import DS_TAG
 
 
 def zero_checkpoint(path: Path, model_states: list[str], stage_in_json: int | None = None) -> Path:

@@ -29,7 +29,8 @@ from safetensors.torch import load_file
 from conftest import REPO, accelerate_launch_cmd, launch_env, mlp_config, read_metrics, strategy_launch_args
 from framer_ds.cli.main import main as cli_main
 from framer_ds.engine.checkpoint import TrainerState
-from framer_ds.engine.universal import UNIVERSAL_DIR, is_universal, rescale_data_position
+from framer_ds.engine.resume.universal import UNIVERSAL_DIR, is_universal
+from framer_ds.engine.resume.world_size import rescale_data_position
 
 # A case launches up to three runs (the shared uninterrupted ones on first use): above the default 300 s.
 pytestmark = pytest.mark.timeout(900)

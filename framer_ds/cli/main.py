@@ -388,7 +388,12 @@ def cmd_hosts(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    from framer_ds.engine.universal import UNIVERSAL_DIR, convert_to_universal, is_universal, zero_shard_count
+    from framer_ds.engine.resume.universal import (
+        UNIVERSAL_DIR,
+        convert_to_universal,
+        is_universal,
+        zero_shard_count,
+    )
 
     checkpoint = args.checkpoint
     if not zero_shard_count(checkpoint):

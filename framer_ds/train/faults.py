@@ -89,6 +89,10 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def starting_from(self, step: int, checkpoint: Path) -> None:
+        """The checkpoint this run resumes: a stop during the rest of start-up names it in preempted.json."""
+        self.startup_position = (step, checkpoint)
+
     def training_started(self) -> None:
         self.starting = False
 

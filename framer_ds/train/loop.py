@@ -20,9 +20,9 @@ from framer_ds.config.errors import ConfigError
 from framer_ds.config.launch_check import check_runtime_environment
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.accelerator import build_accelerator, end_accelerator, frozen_model_init
-from framer_ds.engine.checkpoint import TrainerState, decide_resume, load_checkpoint, read_trainer_state
+from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.metrics import MetricsLogger
-from framer_ds.engine.resume_changes import resume_changes
+from framer_ds.engine.resume import ResumePlan
 from framer_ds.engine.run_dir import (
     check_run_dir,
     check_shared_run_dir,
@@ -30,7 +30,6 @@ from framer_ds.engine.run_dir import (
     prepare_run_dir,
     write_run_config,
 )
-from framer_ds.engine.universal import adapt_to_world_size, prepare_resume
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.train.actions import StepContext, Throughput, default_actions, run_due_actions, write_export
@@ -43,7 +42,7 @@ from framer_ds.train.faults import (
     divergence_advice,
 )
 from framer_ds.train.preemption import clear_preempted_marker, write_preempted_marker
-from framer_ds.train.run import TrainingRun, apply_config_after_resume, build_training_run
+from framer_ds.train.run import TrainingRun, build_training_run
 from framer_ds.train.step import OptimizerStep, windows
 from framer_ds.train.summary import format_summary, run_summary
 
@@ -104,15 +103,8 @@ def _start(config: RunConfigBase, stop: StopRequest) -> TrainResult:
 
 def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: StopRequest) -> TrainResult:
     check_shared_run_dir(accelerator, config.output_dir)
-    resume_path = decide_resume(accelerator, config.output_dir, config.train.resume)
-    resumed = read_trainer_state(resume_path) if resume_path is not None else None
-    load_path = resume_path  # a ZeRO checkpoint resumed at another world size loads from its conversion
-    if resume_path is not None:
-        stop.startup_position = (resumed.global_step, resume_path)
-        for line in resume_changes(resume_path, config, resumed, accelerator.num_processes):
-            say(accelerator, f"changed on resume: {line}")
-        load_path = prepare_resume(accelerator, resume_path)  # before prepare: may set load_universal
-    prepare_run_dir(accelerator, config, resumed.global_step if resumed is not None else None)
+    plan = ResumePlan.decide(accelerator, config, on_chosen=stop.starting_from)  # before prepare
+    prepare_run_dir(accelerator, config, plan.step)
 
     # Runs on the local main process while the others wait: building a model here under ZeRO-3 init
     # would start collectives the waiting ranks never join (a deadlock), hence frozen_model_init.
@@ -122,15 +114,11 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
     # the first time) draws random numbers, and a run must not depend on whether its data existed.
     set_seed(config.train.seed)
     run = build_training_run(accelerator, task, config)
-    state = load_checkpoint(accelerator, load_path) if load_path is not None else TrainerState()
-    if load_path is not None:
-        apply_config_after_resume(run)
-        state = adapt_to_world_size(accelerator, state, load_path, config.train, run.plan.batches_per_epoch)
-        say(accelerator, f"resumed from {resume_path} at step {state.global_step}")
+    state = plan.restore(accelerator, run.optimizer, run.scheduler, config.train, run.plan.batches_per_epoch)
     if accelerator.is_main_process:  # the run really starts: a config error found earlier leaves no run
         write_run_config(config)
         clear_preempted_marker(config.output_dir)  # this run is no longer the preempted one
-    summary = run_summary(run, state, resume_path)
+    summary = run_summary(run, state, plan.checkpoint)
     say(accelerator, format_summary(summary))
     for warning in run.zero_buffers.warnings if run.zero_buffers is not None else ():
         say(accelerator, f"warning: {warning}")

@@ -36,7 +36,8 @@ def rollback_resume_keeps_the_new_timeline(tmp: Path) -> str:
     (abandoned,) = (run / "checkpoints" / "abandoned").iterdir()
     assert sorted(p.name for p in abandoned.iterdir()) == ["final", "step_7", "step_8"]
     assert "holds the abandoned timeline" in resumed.out
-    from framer_ds.engine.checkpoint import choose_resume, read_trainer_state
+    from framer_ds.engine.checkpoint import read_trainer_state
+    from framer_ds.engine.resume.choice import choose_resume
 
     latest = choose_resume(run, "latest").path
     assert latest == run / "checkpoints" / "step_7" and read_trainer_state(latest).global_step == 7

@@ -1,0 +1,55 @@
+"""After `load_state`: the optimizer and LR schedule follow the config that runs now, not the checkpoint's.
+
+`load_state` restores the param groups (lr, weight decay, betas, eps) and the scheduler's base learning
+rates of the run that wrote the checkpoint, so a learning rate changed on resume used to be ignored while
+config.yaml claimed it. Only the optimizer, the scheduler and `train` are needed: this is engine work.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from framer_ds.config.schema import TrainConfig
+
+
+def apply_running_config(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, train: TrainConfig
+) -> None:
+    """Make the restored optimizer and schedule follow `train` (the config that runs now).
+
+    The schedule's shape (warmup, total steps, kind) is already the new one: LambdaLR keeps the lambdas
+    it was built with. With an unchanged config this recomputes the same values bit for bit."""
+    rebind_scheduler_to_live_optimizer(optimizer, scheduler)
+    inner = getattr(scheduler, "scheduler", scheduler)
+    live = getattr(optimizer, "optimizer", optimizer)
+    for group in live.param_groups:
+        group.update(
+            weight_decay=train.weight_decay,
+            betas=(train.adam_beta1, train.adam_beta2),
+            eps=train.adam_epsilon,
+        )
+    lambdas = getattr(inner, "lr_lambdas", None)
+    if lambdas is None:  # not a LambdaLR: keep what was restored
+        return
+    inner.base_lrs = [train.learning_rate] * len(live.param_groups)
+    lrs = [base * fn(inner.last_epoch) for base, fn in zip(inner.base_lrs, lambdas, strict=True)]
+    for group, lr in zip(live.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    inner._last_lr = lrs
+
+
+def rebind_scheduler_to_live_optimizer(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> None:
+    """Point the LR scheduler at the optimizer that really steps, after `load_state`.
+
+    With DeepSpeed optimizer offload accelerate replaces our torch AdamW by DeepSpeedCPUAdam; the
+    scheduler keeps the discarded AdamW, which shares its param-group dicts with the new optimizer
+    only until `load_state_dict` swaps them for new ones. Without this, a resumed offload run logs a
+    decaying LR while really training at the LR of the checkpoint step forever.
+    """
+    inner = getattr(scheduler, "scheduler", scheduler)
+    live = getattr(optimizer, "optimizer", optimizer)
+    inner.optimizer = live
+    for group, lr in zip(live.param_groups, inner.get_last_lr(), strict=True):
+        group["lr"] = lr
