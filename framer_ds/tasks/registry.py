@@ -11,7 +11,7 @@ _TASKS: dict[str, type[Task]] = {}
 
 # Modules that register the built-in tasks; imported lazily so `framer_ds.config` stays light.
 BUILTIN_TASK_MODULES = (
-    "framer_ds.tasks.vit_classification",
+    "framer_ds.tasks.vit_classification.task",
     "framer_ds.tasks.video_lora.task",
     "framer_ds.tasks.tts_lm.task",
     "framer_ds.tasks.drivable_vit.task",
