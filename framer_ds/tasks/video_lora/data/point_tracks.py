@@ -32,10 +32,10 @@ from typing import Protocol
 import numpy as np
 
 from framer_ds.config.errors import ConfigError, InputDataError
-from framer_ds.data.synthetic_video import MovingShape, clip_seed
-from framer_ds.data.video_clips import ClipPlacement, clip_indices
-from framer_ds.data.video_index import VideoRecord
 from framer_ds.storage.atomic import atomic_file
+from framer_ds.tasks.video_lora.data.synthetic_video import MovingShape, clip_seed
+from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, clip_indices
+from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 
 TRACKS_FORMAT_VERSION = 2
 
@@ -239,7 +239,7 @@ def make_tracker(
     if kind == "analytic":
         return AnalyticTracker()
     if kind == "cotracker":
-        from framer_ds.data.cotracker_tracker import CoTrackerTracker, cotracker_problems
+        from framer_ds.tasks.video_lora.data.cotracker_tracker import CoTrackerTracker, cotracker_problems
 
         problems = cotracker_problems(checkpoint)
         if problems:
