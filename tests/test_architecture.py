@@ -17,7 +17,8 @@ from framer_ds.tasks.registry import get_task_class
 
 def test_imports_point_down_the_layers():
     """`lint-imports` with the contract in pyproject.toml (cli -> lab -> launch -> train -> tasks -> engine |
-    data -> config -> storage); a violation prints the offending import chain."""
+    data -> config -> storage; the four built-in tasks independent of one another); a violation prints
+    the offending import chain."""
     lint_imports = Path(sys.executable).parent / "lint-imports"
     proc = subprocess.run([str(lint_imports)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
