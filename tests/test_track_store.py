@@ -16,10 +16,10 @@ from framer_ds.tasks.video_lora.data.point_tracks import (
     VideoTracks,
     analytic_tracks,
     clip_tracks,
-    make_tracker,
     window_starts,
 )
 from framer_ds.tasks.video_lora.data.synthetic_video import MovingShape, ensure_synthetic_clips
+from framer_ds.tasks.video_lora.data.trackers import make_tracker
 from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, CropBox, read_clip
 from framer_ds.tasks.video_lora.data.video_index import build_video_index
 
