@@ -44,6 +44,19 @@ def test_former_cycles_import_one_way(first, second):
     assert forward is None or backward is None, f"import cycle: {forward} and {backward}"
 
 
+def test_engine_binds_no_allocation_counter():
+    """The engine's metrics once bound the lab's LD_PRELOAD counter through `ctypes.CDLL(None)`, an
+    engine -> lab dependency no contract could see (issue 32); the lab now hands its figures to
+    `engine.metrics.add_memory_probe`, and no engine module imports ctypes."""
+    import grimp
+
+    graph = grimp.build_graph("framer_ds", include_external_packages=True, cache_dir=None)
+    binders = sorted(
+        m for m in graph.find_modules_that_directly_import("ctypes") if m.startswith("framer_ds.engine")
+    )
+    assert binders == []
+
+
 @pytest.mark.parametrize("task", ["vit_classification", "video_lora"])
 def test_every_config_key_has_a_description(task):
     missing = [row.key for row in task_reference(task) if not row.description]
