@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 from transformers import ViTConfig, ViTForImageClassification, get_scheduler
 
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.tasks.vit_classification import VitClassificationTask
+from framer_ds.tasks.vit_classification.task import VitClassificationTask
 from framer_ds.train.loop import run_training
 from framer_ds.train.schedule import plan_steps
 

@@ -3,7 +3,7 @@ distribution: pad-to-longest (random batches, the old script), truncate + pad to
 
 Why: speech sequences are long-tailed (a few long utterances among many short ones), so padding a batch
 to its longest sample, or every sample to max_seq_length, spends most of the compute on pad tokens.
-Packing (framer_ds/data/token_sequences.py) should waste < 5% and train >= 1.5x the useful tokens/s of
+Packing (framer_ds/tasks/tts_lm/token_sequences.py) should waste < 5% and train >= 1.5x the useful tokens/s of
 padding. Same tiny Llama (SDPA), same samples, same rows per batch, modes alternate so machine noise
 hits all of them; a token is useful when it is a real (non-pad) token of a sample.
 """
@@ -24,8 +24,8 @@ import torch
 from report import write_section
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from framer_ds.data.token_batches import collate_packed, collate_padded
-from framer_ds.data.token_sequences import TokenSequence, apply_length_policy
+from framer_ds.tasks.tts_lm.token_batches import collate_packed, collate_padded
+from framer_ds.tasks.tts_lm.token_sequences import TokenSequence, apply_length_policy
 
 SECTION = "## tts_packing"
 AUDIO_TOKENS_PER_S = 82  # SNAC 24 kHz, 7 tokens per ~12 Hz frame

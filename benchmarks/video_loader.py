@@ -28,10 +28,10 @@ import torch
 from report import write_section
 from torch.utils.data import DataLoader
 
-from framer_ds.data.video_clips import VideoClipDataset, read_clip, resize_and_crop
-from framer_ds.data.video_index import build_video_index
 from framer_ds.storage.atomic import atomic_file
 from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.video_lora.data.video_clips import VideoClipDataset, read_clip, resize_and_crop
+from framer_ds.tasks.video_lora.data.video_index import build_video_index
 
 SECTION = "## video_loader"
 TARGET_SPEEDUP = 5.0

@@ -14,7 +14,8 @@ from PIL import Image
 
 from conftest import REPO, mlp_config
 from framer_ds.cli.main import main
-from framer_ds.lab.bench import BenchRow, failure_reason, scaling_efficiency, write_bench_files
+from framer_ds.lab.bench import failure_reason, scaling_efficiency, write_bench_files
+from framer_ds.lab.bench_rows import BenchRow
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

@@ -101,7 +101,7 @@ def test_no_command_is_a_usage_error(capsys):
 
 
 def test_tasks_lists_vit_classification_with_its_summary(capsys):
-    from framer_ds.tasks.vit_classification import VitClassificationTask
+    from framer_ds.tasks.vit_classification.task import VitClassificationTask
 
     rc, out, _ = cli(capsys, "tasks")
     assert rc == 0
@@ -390,7 +390,7 @@ def test_wandb_offline_and_tensorboard_through_accelerate(
 def test_gradient_checkpointing_really_checkpoints(quickstart_overrides, capsys, monkeypatch, enabled):
     """Count calls of the checkpoint function transformers installs on every ViT layer during the
     2 training steps; the control run (flag off) must make none, so the spy itself is sound."""
-    from framer_ds.tasks.vit_classification import VitClassificationTask
+    from framer_ds.tasks.vit_classification.task import VitClassificationTask
 
     calls = {"checkpoint": 0, "layers": 0}
     flags = {}

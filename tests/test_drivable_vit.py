@@ -22,12 +22,12 @@ from pydantic import ValidationError
 
 from conftest import REPO, read_metrics
 from framer_ds.config.errors import ConfigError
-from framer_ds.data.multiview_manifest import EgoStatistics, MultiViewSample
-from framer_ds.data.synthetic_roads import RoadSetOptions, ensure_road_set, write_road_set
 from framer_ds.tasks.drivable_vit.config import DrivableDataConfig, DrivableModelConfig
 from framer_ds.tasks.drivable_vit.losses import auxiliary_losses, eval_counts, summarize_counts
 from framer_ds.tasks.drivable_vit.model import Block, DrivableViT
+from framer_ds.tasks.drivable_vit.multiview_manifest import EgoStatistics, MultiViewSample
 from framer_ds.tasks.drivable_vit.overlays import write_overlays
+from framer_ds.tasks.drivable_vit.synthetic_roads import RoadSetOptions, ensure_road_set, write_road_set
 
 TINY = REPO / "configs" / "tasks" / "drivable_vit" / "tiny.yaml"
 ORIGINAL = REPO / "configs" / "tasks" / "drivable_vit" / "zero3_16gpu.yaml"

@@ -89,7 +89,7 @@ def test_vit_eval_reproduces_the_final_evaluation_with_per_class_accuracy(vit_ru
 
 
 def test_eval_of_a_fresh_model_differs_so_the_export_is_what_was_scored(vit_run, monkeypatch):
-    from framer_ds.tasks.vit_classification import VitClassificationTask
+    from framer_ds.tasks.vit_classification.task import VitClassificationTask
 
     trained = eval_report(vit_run)["metrics"]["eval/loss"]
     monkeypatch.setattr(VitClassificationTask, "load_export", lambda self, model, export_dir: model)

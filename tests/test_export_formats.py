@@ -17,7 +17,6 @@ from safetensors.torch import load_file
 
 from conftest import REPO
 from framer_ds.cli.main import main
-from framer_ds.diffusion.tiny_svd import create_tiny_svd
 from framer_ds.engine.export import write_export_record
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.run_config import load_run_config
@@ -25,6 +24,7 @@ from framer_ds.tasks.video_lora.comfyui_keys import original_svd_module
 from framer_ds.tasks.video_lora.config import ATTENTION_TARGETS, FEED_FORWARD_TARGETS, PROJECTION_TARGETS
 from framer_ds.tasks.video_lora.export_formats import COMFYUI_FILE
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA
+from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
 
 TINY = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"

@@ -19,21 +19,21 @@ from safetensors.torch import load_file, save_file
 
 from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, strategy_launch_args
 from framer_ds.config.errors import ConfigError
-from framer_ds.diffusion.controlnet_svd import ControlNetSVDModel
-from framer_ds.diffusion.framer_conditioning import (
+from framer_ds.tasks.run_config import load_run_config
+from framer_ds.tasks.video_lora.diffusion.framer_conditioning import (
     framer_conditioning,
     framer_dropout,
     framer_image_embeddings,
 )
-from framer_ds.diffusion.framer_model import (
+from framer_ds.tasks.video_lora.models.controlnet_svd import ControlNetSVDModel
+from framer_ds.tasks.video_lora.models.framer_model import (
     FramerModel,
     add_mask_token,
     load_framer_controlnet,
     load_framer_unet,
 )
-from framer_ds.diffusion.tiny_framer import create_tiny_framer
-from framer_ds.diffusion.tiny_svd import create_tiny_svd
-from framer_ds.tasks.run_config import load_run_config
+from framer_ds.tasks.video_lora.models.tiny_framer import create_tiny_framer
+from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
 from framer_ds.tasks.video_lora.task import VideoLoraTask
 
 FRAMER_TINY = REPO / "configs" / "tasks" / "video_lora" / "framer_tiny.yaml"
@@ -377,7 +377,7 @@ def test_sampler_feeds_framers_conditioning_and_controlnet(tmp_path):
     from diffusers import AutoencoderKLTemporalDecoder, EulerDiscreteScheduler
     from transformers import CLIPVisionModelWithProjection
 
-    from framer_ds.diffusion.sampling import FramerSampling, SamplerParts, sample_video
+    from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts, sample_video
 
     task = framer_task(tmp_path)
     model = task.build_model().eval()

@@ -25,9 +25,12 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO
-from framer_ds.diffusion.sampling import FramerSampling, sample_video
-from framer_ds.diffusion.temporal_context import set_temporal_context_order, temporal_context_order
 from framer_ds.tasks.run_config import load_run_config
+from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, sample_video
+from framer_ds.tasks.video_lora.diffusion.temporal_context import (
+    set_temporal_context_order,
+    temporal_context_order,
+)
 from framer_ds.tasks.video_lora.framer_inference import framer_sampler_parts
 from framer_ds.tasks.video_lora.task import VideoLoraTask
 
@@ -175,7 +178,7 @@ def test_framer_time_context_is_framers_broadcast():
     """On a tiny tensor: Framer's lines 313-322 (verbatim but for names) give row r the context of item
     r mod B; diffusers' gives rows b*h*w .. (b+1)*h*w - 1 item b's; `framer_time_context` turns the
     latter into the former. At batch 1 there is nothing to mix."""
-    from framer_ds.diffusion.temporal_context import framer_time_context
+    from framer_ds.tasks.video_lora.diffusion.temporal_context import framer_time_context
 
     for batch in (1, 2, 3):
         frames, pixels, seq, dim = 3, 4, 2, 5
@@ -192,7 +195,6 @@ def test_framer_time_context_is_framers_broadcast():
 def test_stock_svd_runs_diffusers_order_unless_the_key_says_framer(tmp_path):
     """`base: svd` trains with diffusers' order; `model.temporal_context_order: framer` trains with
     Framer's, records it, and `framer-ds sample`'s SVD pipeline loads the export with it."""
-    from framer_ds.diffusion.tiny_svd import create_tiny_svd
     from framer_ds.storage.atomic import atomic_write_json
     from framer_ds.tasks.video_lora.inference import (
         EXPORT_METADATA,
@@ -200,6 +202,7 @@ def test_stock_svd_runs_diffusers_order_unless_the_key_says_framer(tmp_path):
         load_pipeline_with_adapter,
     )
     from framer_ds.tasks.video_lora.inference import export_metadata as metadata_of
+    from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
 
     tiny = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
     stock = VideoLoraTask(load_run_config(tiny, [f"output_dir={tmp_path / 'a'}"]))

@@ -18,8 +18,8 @@ from PIL import Image
 
 from conftest import REPO
 from framer_ds.config.errors import ConfigError
-from framer_ds.data.track_heatmaps import heatmap_conditioning, rasterise_tracks
-from framer_ds.diffusion.sampling import guidance_scales
+from framer_ds.tasks.video_lora.data.track_heatmaps import heatmap_conditioning, rasterise_tracks
+from framer_ds.tasks.video_lora.diffusion.sampling import guidance_scales
 from framer_ds.tasks.video_lora.inference import VideoSampleCommandOptions, load_frame, sample_to_file
 from framer_ds.tasks.video_lora.sample_tracks import (
     framer_interpolate,
@@ -165,8 +165,8 @@ def framer_final(tmp_path_factory) -> Path:
 
 
 def test_tracks_drive_the_controlnet_and_scale_0_is_no_tracks(framer_final, tmp_path, monkeypatch, capsys):
-    import framer_ds.data.video_write as video_write
-    import framer_ds.diffusion.sampling as sampling
+    import framer_ds.tasks.video_lora.data.video_write as video_write
+    import framer_ds.tasks.video_lora.diffusion.sampling as sampling
     from framer_ds.cli.main import main
 
     written, framers = [], []

@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 
 from framer_ds.config.errors import ConfigError
-from framer_ds.data import digits as digits_mod
-from framer_ds.data.digits import ensure_digits_imagefolder
-from framer_ds.data.image_folder import (
+from framer_ds.tasks.vit_classification import digits as digits_mod
+from framer_ds.tasks.vit_classification.digits import ensure_digits_imagefolder
+from framer_ds.tasks.vit_classification.image_folder import (
     IMAGE_EXTENSIONS,
     ImageFolderDataset,
     ImageFolderIndex,

@@ -251,9 +251,9 @@ def test_framer_validation_samples_drive_the_controlnet_with_each_clips_heatmaps
 
     import torch
 
-    from framer_ds.diffusion.sampling import FramerSampling
     from framer_ds.tasks.video_lora import validation_samples
     from framer_ds.tasks.video_lora.config import SampleOptions
+    from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling
 
     clip = torch.zeros(3, 3, 8, 8)
     heat = [torch.full((3, 3, 8, 8), float(v)) for v in (1, 2)]
@@ -282,7 +282,7 @@ def write_lpips_files(folder, net="alex", seed=0):
     loader ignores) and the lpips wheel's `lin{k}.model.1.weight` (non-negative, as the real ones)."""
     import torch
 
-    from framer_ds.diffusion.lpips import NETS, Lpips
+    from framer_ds.tasks.video_lora.metrics.lpips import NETS, Lpips
 
     torch.manual_seed(seed)
     features = {f"features.{k}": v for k, v in Lpips(net).features.state_dict().items()}
@@ -324,7 +324,7 @@ def reference_alex_lpips(backbone: dict, lins: dict, x, y):
 def test_lpips_from_local_files_in_the_published_layouts(tmp_path):
     import torch
 
-    from framer_ds.diffusion.lpips import load_lpips
+    from framer_ds.tasks.video_lora.metrics.lpips import load_lpips
 
     files = write_lpips_files(tmp_path)
     model = load_lpips(files["lpips_weights"], files["lpips_backbone"])

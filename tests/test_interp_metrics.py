@@ -1,4 +1,4 @@
-"""Units of the held-out interpolation metrics (framer_ds/diffusion/interp_metrics.py)."""
+"""Units of the held-out interpolation metrics (framer_ds/tasks/video_lora/metrics/interp_metrics.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.ndimage import gaussian_filter
 
-from framer_ds.diffusion.interp_metrics import (
+from framer_ds.tasks.video_lora.metrics.interp_metrics import (
     centre_indices,
     frame_ssim,
     interpolation_metrics,

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from framer_ds.config.errors import InputDataError
-from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, cache_key, fill_cache
+from framer_ds.tasks.video_lora.data.latent_cache import (
+    CachedEntryDataset,
+    LatentCache,
+    cache_key,
+    fill_cache,
+)
 
 
 def _encode(calls: list[int]):

@@ -46,7 +46,9 @@ import ctypes, sys, threading
 import torch
 from safetensors.torch import save_file, load_file
 from framer_ds.engine.metrics import memory_stats
+from framer_ds.lab.alloc_counter import log_counter_peaks
 
+assert log_counter_peaks()
 lib = ctypes.CDLL(None)
 for name in ("tensor_live_bytes", "live_bytes", "tensor_peak_bytes"):
     getattr(lib, "framer_alloc_" + name).restype = ctypes.c_int64

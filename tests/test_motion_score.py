@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from framer_ds.data.motion_score import MotionBuckets, motion_score, score_frame_indices
+from framer_ds.tasks.video_lora.data.motion_score import MotionBuckets, motion_score, score_frame_indices
 
 
 def moving_square(speed: float, frames: int = 9, size: int = 96, noise_seed: int | None = None) -> np.ndarray:
@@ -63,9 +63,9 @@ def test_frames_read_for_a_score():
 
 def test_indexed_videos_are_scored_once_and_cached(tmp_path, monkeypatch):
     """Real mp4s (the synthetic moving-shape clips): a score per video, the same from the cache."""
-    from framer_ds.data import motion_score as module
-    from framer_ds.data.synthetic_video import ensure_synthetic_clips
-    from framer_ds.data.video_index import build_video_index
+    from framer_ds.tasks.video_lora.data import motion_score as module
+    from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
+    from framer_ds.tasks.video_lora.data.video_index import build_video_index
 
     root = ensure_synthetic_clips(tmp_path / "clips")
     records = build_video_index(root, None, 4, cache_dir=tmp_path / "index").records
@@ -92,8 +92,8 @@ def test_motion_bucket_from_data_conditions_each_clip_on_its_own_bucket(tmp_path
     import json
 
     from conftest import REPO
-    from framer_ds.diffusion import svd_conditioning
     from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.tasks.video_lora.diffusion import svd_conditioning
     from framer_ds.tasks.video_lora.task import EXPORT_METADATA, VideoLoraTask
     from framer_ds.train.loop import run_training
 
@@ -149,8 +149,8 @@ def test_a_clips_bucket_follows_its_stride(tmp_path):
     """A clip at stride 3 moves three times as far per frame as its video at stride 1, so it gets a
     higher bucket; the quantiles rank the training clips at every stride they can be drawn at."""
     from conftest import REPO
-    from framer_ds.data.motion_score import MotionBuckets, WithMotionBucket
     from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.tasks.video_lora.data.motion_score import MotionBuckets, WithMotionBucket
     from framer_ds.tasks.video_lora.task import VideoLoraTask
 
     items = [{"video_id": "a", "fps": 30.0}, {"video_id": "a", "fps": 10.0}, {"video_id": "b", "fps": 15.0}]

@@ -18,7 +18,7 @@ import json
 import pytest
 
 from conftest import REPO
-from framer_ds.data.audio_tokens import AudioTokenLayout, deinterleave
+from framer_ds.tasks.tts_lm.audio_tokens import AudioTokenLayout, deinterleave
 
 GOLDEN = json.loads((REPO / "tests" / "golden" / "orpheus" / "sequences.json").read_text())
 LAYOUT = AudioTokenLayout(GOLDEN["audio_start"], GOLDEN["codebook_size"])

@@ -13,15 +13,15 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache
-from framer_ds.data.point_tracks import (
+from framer_ds.tasks.video_lora.data.latent_cache import CachedEntryDataset, LatentCache
+from framer_ds.tasks.video_lora.data.point_tracks import (
     Tracks,
     VideoTracks,
     analytic_tracks,
     clip_tracks,
 )
-from framer_ds.data.synthetic_video import MovingShape
-from framer_ds.data.track_heatmaps import (
+from framer_ds.tasks.video_lora.data.synthetic_video import MovingShape
+from framer_ds.tasks.video_lora.data.track_heatmaps import (
     PointSelection,
     TrackConditionedDataset,
     gaussian_template,
@@ -30,7 +30,13 @@ from framer_ds.data.track_heatmaps import (
     resize_template,
     select_points,
 )
-from framer_ds.data.video_clips import ClipPlacement, CropBox, apply_crop_box, crop_box, read_clip
+from framer_ds.tasks.video_lora.data.video_clips import (
+    ClipPlacement,
+    CropBox,
+    apply_crop_box,
+    crop_box,
+    read_clip,
+)
 
 FRAMER_TINY = Path(__file__).resolve().parents[1] / "configs" / "tasks" / "video_lora" / "framer_tiny.yaml"
 
@@ -382,7 +388,7 @@ def test_items_carry_controlnet_cond_and_the_cache_gives_the_same(tmp_path):
 def test_a_cached_run_and_an_uncached_run_give_the_same_controlnet_cond(tmp_path):
     from accelerate import Accelerator
 
-    from framer_ds.data.item_draws import drawn_at_epoch
+    from framer_ds.tasks.video_lora.data.item_draws import drawn_at_epoch
 
     task = _tiny_task(tmp_path, "data.cache.enabled=true", f"data.cache.dir={tmp_path / 'latents'}")
     task.prepare_data()

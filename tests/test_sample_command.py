@@ -13,10 +13,10 @@ from transformers import AutoModelForImageClassification
 
 from conftest import REPO
 from framer_ds.cli.main import main
-from framer_ds.data.image_folder import ImageFolderDataset
 from framer_ds.engine.export import EXPORT_RECORD
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.tasks.vit_classification import VitClassificationTask
+from framer_ds.tasks.vit_classification.image_folder import ImageFolderDataset
+from framer_ds.tasks.vit_classification.task import VitClassificationTask
 from framer_ds.train.loop import run_training
 
 

@@ -34,10 +34,10 @@ def test_the_bar_shows_on_a_terminal_only_and_never_when_told_not_to():
 def test_speech_generation_counts_its_tokens_on_the_bar(tmp_path, monkeypatch, tty):
     """On a terminal every generated token (the stop token too) moves the bar; elsewhere generation
     runs without a streamer (no per-token copy to the CPU)."""
-    from framer_ds.data.token_sequences import generation_prompt
     from framer_ds.tasks.registry import get_task_class
     from framer_ds.tasks.run_config import load_run_config
     from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts
+    from framer_ds.tasks.tts_lm.token_sequences import generation_prompt
 
     ensure_tiny_tts()
     config = load_run_config(REPO / "configs/tasks/tts_lm/tiny.yaml", [f"output_dir={tmp_path}"])

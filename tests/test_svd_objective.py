@@ -16,7 +16,7 @@ import pytest
 import torch
 from diffusers import EulerDiscreteScheduler, StableVideoDiffusionPipeline
 
-from framer_ds.diffusion.edm import (
+from framer_ds.tasks.video_lora.diffusion.edm import (
     add_noise,
     denoise,
     edm_loss,
@@ -26,7 +26,7 @@ from framer_ds.diffusion.edm import (
     sample_cond_noise_sigma,
     sample_sigmas,
 )
-from framer_ds.diffusion.svd_conditioning import (
+from framer_ds.tasks.video_lora.diffusion.svd_conditioning import (
     added_time_ids,
     clip_image_embeddings,
     conditioning_dropout,
@@ -35,7 +35,12 @@ from framer_ds.diffusion.svd_conditioning import (
     target_latents,
     unet_denoise,
 )
-from framer_ds.diffusion.tiny_svd import MARKER, SVD_SCHEDULER_CONFIG, create_tiny_svd, load_svd_components
+from framer_ds.tasks.video_lora.models.tiny_svd import (
+    MARKER,
+    SVD_SCHEDULER_CONFIG,
+    create_tiny_svd,
+    load_svd_components,
+)
 
 SIZE = 64  # pixels; the tiny VAE downsamples 8x like the real one -> 8x8 latents
 

@@ -9,19 +9,19 @@ import pytest
 import torch
 
 from framer_ds.config.errors import ConfigError, InputDataError
-from framer_ds.data.point_tracks import (
+from framer_ds.tasks.video_lora.data.point_tracks import (
     AnalyticTracker,
     Tracks,
     TrackStore,
     VideoTracks,
     analytic_tracks,
     clip_tracks,
-    make_tracker,
     window_starts,
 )
-from framer_ds.data.synthetic_video import MovingShape, ensure_synthetic_clips
-from framer_ds.data.video_clips import ClipPlacement, CropBox, read_clip
-from framer_ds.data.video_index import build_video_index
+from framer_ds.tasks.video_lora.data.synthetic_video import MovingShape, ensure_synthetic_clips
+from framer_ds.tasks.video_lora.data.trackers import make_tracker
+from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, CropBox, read_clip
+from framer_ds.tasks.video_lora.data.video_index import build_video_index
 
 
 def _placement(box: CropBox, start: int, stride: int, frames: int, flipped: bool) -> ClipPlacement:
@@ -59,7 +59,7 @@ def _fake_cotracker(monkeypatch, shape: MovingShape, first_frames: list[int]) ->
     import sys
     import types
 
-    from framer_ds.data import cotracker_tracker
+    from framer_ds.tasks.video_lora.data import cotracker_tracker
 
     calls: dict = {"videos": []}
 

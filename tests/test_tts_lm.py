@@ -137,7 +137,7 @@ def test_jsonl_parquet_save_to_disk_and_pretokenized_rows_give_the_same_sequence
 
 
 def test_codes_to_tokens_to_codes_is_lossless_through_the_task(tmp_path, tiny_tts):
-    from framer_ds.data.audio_tokens import deinterleave
+    from framer_ds.tasks.tts_lm.audio_tokens import deinterleave
 
     rows = tiny_rows(tiny_tts, 4)
     path = write_jsonl(tmp_path / "rows.jsonl", rows)
@@ -269,7 +269,7 @@ def test_text_speech_mix_follows_the_ramp_and_is_split_once_between_ranks():
     from accelerate.data_loader import BatchSamplerShard
     from torch.utils.data import BatchSampler
 
-    from framer_ds.data.samplers import RatioMixSampler
+    from framer_ds.tasks.tts_lm.samplers import RatioMixSampler
 
     sampler = RatioMixSampler(60, 30, ratio_start=2.0, ratio_end=1.0, ramp_epochs=2.0, seed=3)
     order = list(sampler)
@@ -286,7 +286,7 @@ def test_text_speech_mix_follows_the_ramp_and_is_split_once_between_ranks():
 
 
 def test_loss_is_a_token_sum_whose_parts_add_up(tmp_path, tiny_tts):
-    from framer_ds.data.token_sequences import IGNORE_INDEX
+    from framer_ds.tasks.tts_lm.token_sequences import IGNORE_INDEX
 
     task = load_task(write_config(tmp_path / "c.yaml", tmp_path / "run", builtin="tiny_speech"))
     train, _ = task.build_datasets()
@@ -390,7 +390,7 @@ def test_a_resumed_epoch_replays_the_mix_order_after_the_skipped_batches():
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
-    from framer_ds.data.samplers import RatioMixSampler
+    from framer_ds.tasks.tts_lm.samplers import RatioMixSampler
 
     def loader():
         sampler = RatioMixSampler(20, 10, 2.0, 1.0, 1.0, seed=5)
@@ -406,7 +406,7 @@ def test_a_resumed_epoch_replays_the_mix_order_after_the_skipped_batches():
 
 
 def test_fresh_model_from_config_with_text_mix_and_checkpointing(tmp_path, tiny_tts):
-    from framer_ds.data.samplers import RatioMixSampler
+    from framer_ds.tasks.tts_lm.samplers import RatioMixSampler
 
     text = write_jsonl(tmp_path / "text.jsonl", [{"text": f"plain text number {i}"} for i in range(40)])
     model = {

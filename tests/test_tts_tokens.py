@@ -8,15 +8,15 @@ import random
 import pytest
 import torch
 
-from framer_ds.data.audio_tokens import (
+from framer_ds.tasks.tts_lm.audio_tokens import (
     AudioCodeError,
     AudioTokenLayout,
     deinterleave,
     interleave,
     remove_duplicate_frames,
 )
-from framer_ds.data.token_batches import collate_packed, collate_padded
-from framer_ds.data.token_sequences import (
+from framer_ds.tasks.tts_lm.token_batches import collate_packed, collate_padded
+from framer_ds.tasks.tts_lm.token_sequences import (
     IGNORE_INDEX,
     AllSamplesTooLong,
     SpecialTokens,

@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 from framer_ds.config.errors import ConfigError, InputDataError
-from framer_ds.data import video_clips
-from framer_ds.data.video_clips import (
+from framer_ds.tasks.video_lora.data import video_clips
+from framer_ds.tasks.video_lora.data.video_clips import (
     ClipSampler,
     ImagePairDataset,
     VideoClipDataset,
@@ -27,7 +27,7 @@ from framer_ds.data.video_clips import (
     resize_and_crop,
     validate_svd_size,
 )
-from framer_ds.data.video_index import (
+from framer_ds.tasks.video_lora.data.video_index import (
     build_video_index,
     format_report,
     require_usable,
@@ -283,7 +283,7 @@ def test_a_missing_pyav_raises_and_never_caches_good_videos_as_rejected(
     """CI saw this: a run without PyAV (a fake `av` on PYTHONPATH) shared the index cache with later runs,
     which then rejected every good clip with "No module named av" until the cache was deleted."""
     from framer_ds.compat import MissingDependencyError
-    from framer_ds.data import video_index
+    from framer_ds.tasks.video_lora.data import video_index
 
     root = copy_tree(videos, tmp_path / "ds", ["mp4"])
     cache = tmp_path / "cache"
@@ -341,7 +341,7 @@ def test_validate_svd_size() -> None:
 
 
 def build_index_stub():
-    from framer_ds.data.video_index import VideoIndex, VideoRecord
+    from framer_ds.tasks.video_lora.data.video_index import VideoIndex, VideoRecord
 
     rec = VideoRecord(Path("x.mp4"), "x.mp4", 48, 24.0, W, H, 2.0)
     return VideoIndex(root=Path("."), min_frames=1, records=[rec])
@@ -441,7 +441,7 @@ def test_deleted_file_does_not_crash_getitem(index, caplog: pytest.LogCaptureFix
     ds = VideoClipDataset(index, num_frames=4, height=64, width=64, stride=1, max_failed_fraction=0.25)
     clone = pickle.loads(pickle.dumps(ds))  # DataLoader workers get a pickled copy
     index.records[2].path.unlink()
-    with caplog.at_level(logging.WARNING, logger="framer_ds.data.video_clips"):
+    with caplog.at_level(logging.WARNING, logger="framer_ds.tasks.video_lora.data.video_clips"):
         item = ds[2]
         again = ds[2]
     assert item["video_id"] != "v2.mp4" and item["pixel_values"].shape == (4, 3, 64, 64)

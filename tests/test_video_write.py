@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import framer_ds.data.video_write as video_write
-from framer_ds.data.video_write import frames_dir, write_frame_pngs, write_video
+import framer_ds.tasks.video_lora.data.video_write as video_write
+from framer_ds.tasks.video_lora.data.video_write import frames_dir, write_frame_pngs, write_video
 
 av = pytest.importorskip("av")
 

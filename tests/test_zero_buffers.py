@@ -189,10 +189,12 @@ def stdout_with_counter(alloc_counter: Path, script: str) -> str:
 
 def test_alloc_counter_counts_memory_that_rss_does_not_see(alloc_counter):
     """A 512 MiB tensor that is never touched: RSS barely moves, allocated bytes show all of it; the
-    metrics line reads the same counter (memory/max_allocated_gb)."""
+    metrics line reads the same counter (memory/max_allocated_gb) once the lab hands it to the engine."""
     script = (
         "import torch, psutil\n"
         "from framer_ds.engine.metrics import memory_stats\n"
+        "from framer_ds.lab.alloc_counter import log_counter_peaks\n"
+        "assert log_counter_peaks()\n"
         "before = memory_stats()\n"
         "x = torch.empty(512 * 2**20, dtype=torch.uint8)\n"
         "after = memory_stats()\n"
@@ -238,9 +240,11 @@ def test_alloc_counter_keeps_shared_memory_apart(alloc_counter):
 
 def test_without_the_counter_no_allocated_figure_is_made_up():
     from framer_ds.engine.metrics import memory_stats
+    from framer_ds.lab.alloc_counter import log_counter_peaks
 
     with pytest.raises(AttributeError):
         ctypes.CDLL(None).framer_alloc_peak_bytes  # noqa: B018
+    assert not log_counter_peaks()
     if not torch.cuda.is_available():
         assert set(memory_stats()) == {"memory/rss_gb"}
 

@@ -25,7 +25,7 @@ def main(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
     from torch.utils.data import DataLoader
 
     from framer_ds.tasks.run_config import load_run_config
-    from framer_ds.tasks.vit_classification import VitClassificationTask
+    from framer_ds.tasks.vit_classification.task import VitClassificationTask
 
     config = load_run_config(config_path, overrides)
     train = config.train

@@ -5,7 +5,6 @@ Only the main process writes; every line is flushed so a killed job keeps what i
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import math
@@ -92,11 +91,22 @@ class MetricsLogger:
             self._file = None
 
 
+MemoryProbe = Callable[[], dict[str, float]]
+_MEMORY_PROBES: list[MemoryProbe] = []
+
+
+def add_memory_probe(probe: MemoryProbe) -> None:
+    """Add figures to every CPU metrics line's memory stats. Why a hook: on a CPU nothing in torch
+    counts every allocation, so a measuring tool (the lab's preloaded allocation counter,
+    `lab/alloc_counter.py`) brings its own figures; the engine knows no counter and binds no library."""
+    _MEMORY_PROBES.append(probe)
+
+
 def memory_stats() -> dict[str, float]:
-    """GPU allocated/reserved, now and peak (GiB) on GPU; process RSS (GiB) on CPU, plus, when the allocation
-    counter is preloaded (framer_ds/lab/alloc_counter.c), the peak of every heap allocation and mapping
-    (RSS hides memory allocated but not yet touched, which a GPU's allocator would have to provide) and
-    the peak of tensor bytes alone (`max_tensor_allocated_gb`: what a GPU's max_allocated means)."""
+    """GPU allocated/reserved, now and peak (GiB) on GPU; process RSS (GiB) on CPU, plus what each probe
+    added with `add_memory_probe` reports (the lab's counter: `memory/max_allocated_gb`, every heap
+    allocation and mapping, which RSS hides until touched, and `memory/max_tensor_allocated_gb`, tensor
+    bytes alone, what a GPU's max_allocated means)."""
     if torch.cuda.is_available():
         return {
             "memory/allocated_gb": torch.cuda.memory_allocated() / 2**30,
@@ -105,25 +115,9 @@ def memory_stats() -> dict[str, float]:
             "memory/max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30,
         }
     stats = {"memory/rss_gb": _this_process().memory_info().rss / 2**30}
-    peaks = _host_allocation_peaks()
-    if peaks is not None:
-        stats["memory/max_allocated_gb"] = peaks[0]() / 2**30
-        stats["memory/max_tensor_allocated_gb"] = peaks[1]() / 2**30
+    for probe in _MEMORY_PROBES:
+        stats.update(probe())
     return stats
-
-
-@functools.cache
-def _host_allocation_peaks() -> tuple[Callable[[], int], Callable[[], int]] | None:
-    """The preloaded allocation counter's peak-bytes functions (every allocation, tensors only), or None
-    when it is not loaded."""
-    try:
-        counter = ctypes.CDLL(None)
-        peaks = (counter.framer_alloc_peak_bytes, counter.framer_alloc_tensor_peak_bytes)
-    except (AttributeError, OSError):
-        return None
-    for peak in peaks:
-        peak.restype = ctypes.c_int64
-    return peaks
 
 
 @functools.cache

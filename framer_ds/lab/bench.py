@@ -14,11 +14,13 @@ import csv
 import json
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.lab.bench_plots import plot_bench
+from framer_ds.lab.bench_rows import BenchRow
 from framer_ds.lab.measure import PROFILE_ENV, describe_machine, measure_launch, measurement_env
 from framer_ds.lab.memory_model import STRATEGIES
 from framer_ds.lab.profile_summary import format_breakdown, hta_breakdown
@@ -91,35 +93,6 @@ def parse_bench_request(
     if problems:
         raise ConfigError(problems, "bench")
     return strategies, counts
-
-
-@dataclass
-class BenchRow:
-    strategy: str
-    processes: int
-    ok: bool
-    error: str = ""
-    peak_mib_per_rank: list[float] = field(default_factory=list)
-    """Tensors only: what a GPU's max_memory_allocated reports and what `framer-ds plan` models."""
-    process_mib_per_rank: list[float] = field(default_factory=list)
-    """Every allocation of the process (on a GPU the same figure; on a CPU also Python objects, gloo and
-    DeepSpeed host structures, video decoding)."""
-    s_per_step: float | None = None
-    samples_per_s: float | None = None
-    final_loss: float | None = None
-    eval: dict[str, float] = field(default_factory=dict)
-    wall_s: float | None = None
-    profile: dict[str, float] | None = None
-    hta: dict[str, float] | None = None
-    traces: list[str] = field(default_factory=list)
-
-    @property
-    def peak_mib(self) -> float | None:
-        return max(self.peak_mib_per_rank) if self.peak_mib_per_rank else None
-
-    @property
-    def process_mib(self) -> float | None:
-        return max(self.process_mib_per_rank) if self.process_mib_per_rank else None
 
 
 EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<text>[\w.]*(?:Error|Exception): .+)$")
@@ -232,8 +205,6 @@ def markdown(rows: list[BenchRow]) -> str:
 
 def write_bench_files(rows: list[BenchRow], out_dir: Path, header: dict[str, Any]) -> list[Path]:
     """bench.json (everything), bench.csv (one line per cell), bench.md (the table) and the plots."""
-    from framer_ds.lab.bench_plots import plot_bench
-
     efficiency = scaling_efficiency(rows)
     records = [
         {

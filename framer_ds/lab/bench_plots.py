@@ -4,10 +4,8 @@ scaling efficiency across process counts. Failed cells are left out of the bars,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from framer_ds.lab.bench import BenchRow
+from framer_ds.lab.bench_rows import BenchRow
 
 
 def _bars(rows: list[BenchRow], value, ylabel: str, title: str, path: Path) -> Path | None:

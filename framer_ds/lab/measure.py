@@ -52,8 +52,6 @@ class _Readers:
 def _readers() -> _Readers:
     """On a GPU the CUDA allocator's figures (tensors only, so both pairs are the same); on a CPU the
     preloaded allocation counter's two pairs (alloc_counter.c)."""
-    import ctypes
-
     import torch
 
     if torch.cuda.is_available():
@@ -67,24 +65,21 @@ def _readers() -> _Readers:
             lambda: None,  # reset_peak_memory_stats above resets the one peak both pairs read
             lambda: 0,
         )
-    counter = ctypes.CDLL(None)
+    from framer_ds.lab.alloc_counter import counter_function, log_counter_peaks
+
+    names = (
+        "peak_bytes",
+        "live_bytes",
+        "reset_peak",
+        "tensor_peak_bytes",
+        "tensor_live_bytes",
+        "tensor_reset_peak",
+    )
     try:
-        functions = [
-            getattr(counter, f"framer_alloc_{name}")
-            for name in (
-                "peak_bytes",
-                "live_bytes",
-                "reset_peak",
-                "tensor_peak_bytes",
-                "tensor_live_bytes",
-                "tensor_reset_peak",
-                "shared_bytes",
-            )
-        ]
+        functions = [counter_function(name) for name in (*names, "shared_bytes")]
     except AttributeError:
         sys.exit("measure worker: the allocation counter is not preloaded (launch it with measurement_env)")
-    for function in functions:
-        function.restype = ctypes.c_int64
+    log_counter_peaks()  # the run's metrics lines carry the same peaks
     return _Readers(*functions)
 
 

@@ -13,7 +13,7 @@ _TASKS: dict[str, type[Task]] = {}
 # four pull in transformers, diffusers, peft and their models (~5-10 s of CPU per process), which every
 # rank of every launch paid before, whatever it trained. Listing the tasks imports them all.
 BUILTIN_TASKS: dict[str, str] = {
-    "vit_classification": "framer_ds.tasks.vit_classification",
+    "vit_classification": "framer_ds.tasks.vit_classification.task",
     "video_lora": "framer_ds.tasks.video_lora.task",
     "tts_lm": "framer_ds.tasks.tts_lm.task",
     "drivable_vit": "framer_ds.tasks.drivable_vit.task",

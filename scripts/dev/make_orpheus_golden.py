@@ -1,5 +1,5 @@
 """Writes `tests/golden/orpheus/sequences.json`: the SNAC codes Orpheus's own decoder takes from generated
-token sequences, for the comparison with `framer_ds.data.audio_tokens.deinterleave` (what `framer-ds
+token sequences, for the comparison with `framer_ds.tasks.tts_lm.audio_tokens.deinterleave` (what `framer-ds
 sample` decodes) in tests/test_orpheus_parity.py.
 
 Upstream: canopyai/Orpheus-TTS at 835ac7cd1870fa1fa5e342e14260c2d68cabb2e7, file
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from framer_ds.data.audio_tokens import AudioTokenLayout, interleave
+from framer_ds.tasks.tts_lm.audio_tokens import AudioTokenLayout, interleave
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "golden" / "orpheus" / "sequences.json"
 UPSTREAM = {"repo": "canopyai/Orpheus-TTS", "commit": "835ac7cd1870fa1fa5e342e14260c2d68cabb2e7"}

@@ -132,7 +132,7 @@ def an_unwritable_output_dir_is_one_line(tmp: Path) -> str:
     "run summary says 'usable: 4, rejected: 2' and names both (as `data check` does)",
 )
 def broken_videos_are_named_at_start(tmp: Path) -> str:
-    from framer_ds.data.synthetic_video import ensure_synthetic_clips
+    from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
 
     root = tmp / "videos"
     shutil.copytree(ensure_synthetic_clips(tmp / "clips", count=4), root)

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.data.multiview_manifest import (
+from framer_ds.data.table_rows import TableReadError, read_rows, table_format
+from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.drivable_vit.multiview_manifest import (
     EgoStatistics,
     ManifestLayout,
     MultiViewDataset,
@@ -19,9 +21,7 @@ from framer_ds.data.multiview_manifest import (
     file_problems,
     parse_rows,
 )
-from framer_ds.data.synthetic_roads import RoadSetOptions, ensure_road_set, road_set_dir
-from framer_ds.data.table_rows import TableReadError, read_rows, table_format
-from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.drivable_vit.synthetic_roads import RoadSetOptions, ensure_road_set, road_set_dir
 
 SHOWN_PROBLEMS = 10
 

@@ -19,12 +19,12 @@ from pydantic import Field
 from safetensors.torch import load_file
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
-from framer_ds.data.multiview_manifest import EGO_MOTION_DIM, EgoStatistics, PixelTransform
 from framer_ds.engine.export import read_export_json
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.drivable_vit.config import DrivableModelConfig
 from framer_ds.tasks.drivable_vit.model import DrivableViT
+from framer_ds.tasks.drivable_vit.multiview_manifest import EGO_MOTION_DIM, EgoStatistics, PixelTransform
 from framer_ds.tasks.drivable_vit.overlays import overlay_panel, to_uint8_image
 
 WEIGHTS, RECORD = "model.safetensors", "drivable_vit.json"

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from framer_ds.data.multiview_manifest import EGO_MOTION_DIM
 from framer_ds.tasks.drivable_vit.config import DrivableModelConfig
+from framer_ds.tasks.drivable_vit.multiview_manifest import EGO_MOTION_DIM
 
 
 def _embedding(*shape: int) -> nn.Parameter:

@@ -18,7 +18,6 @@ from PIL import Image
 from torch.utils.data import default_collate
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.data.multiview_manifest import EGO_MOTION_DIM, EgoStatistics
 from framer_ds.engine.export import save_module_gathered
 from framer_ds.engine.export_load import load_full_export
 from framer_ds.engine.precision import to_compute_dtype
@@ -39,6 +38,7 @@ from framer_ds.tasks.drivable_vit.losses import (
     summarize_counts,
 )
 from framer_ds.tasks.drivable_vit.model import DrivableViT
+from framer_ds.tasks.drivable_vit.multiview_manifest import EGO_MOTION_DIM, EgoStatistics
 from framer_ds.tasks.drivable_vit.overlays import write_overlays
 from framer_ds.tasks.registry import register_task
 

@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.data.audio_encoding import encode_rows, encoded_dir_for, is_encoded, read_encoded
-from framer_ds.data.snac_codec import load_codec
 from framer_ds.data.table_rows import TableReadError, columns_problems, read_rows, table_format
-from framer_ds.data.token_sequences import TokenSequence
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import resolve_device
+from framer_ds.tasks.tts_lm.audio_encoding import encode_rows, encoded_dir_for, is_encoded, read_encoded
 from framer_ds.tasks.tts_lm.model_setup import TtsAssets
 from framer_ds.tasks.tts_lm.sequences import BuiltSequences, SequenceBuilder, build_all
+from framer_ds.tasks.tts_lm.snac_codec import load_codec
 from framer_ds.tasks.tts_lm.tiny import tiny_root
+from framer_ds.tasks.tts_lm.token_sequences import TokenSequence
 
 SHOWN_PROBLEMS = 10
 

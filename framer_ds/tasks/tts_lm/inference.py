@@ -11,13 +11,13 @@ from pathlib import Path
 from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.data.token_sequences import SpecialTokens, generation_prompt
 from framer_ds.engine.export import read_export_json
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.tts_lm.config import GenerationOptions, TtsSampleOptions
 from framer_ds.tasks.tts_lm.model_setup import TtsAssets
 from framer_ds.tasks.tts_lm.sequences import SequenceBuilder
 from framer_ds.tasks.tts_lm.speech import Speech, generate_audio_tokens, speech_to_wav
+from framer_ds.tasks.tts_lm.token_sequences import SpecialTokens, generation_prompt
 from framer_ds.tasks.tts_lm.vocabulary import audio_layout
 
 LAYOUT_RECORD = "tts_lm.json"
@@ -120,7 +120,7 @@ def sample_command(config, export_dir: Path, options: TtsSampleCommandOptions) -
     """One .wav per --text from the export in `export_dir`; a line per file (and any layout problem)."""
     from transformers import AutoTokenizer
 
-    from framer_ds.data.snac_codec import load_codec
+    from framer_ds.tasks.tts_lm.snac_codec import load_codec
 
     record = read_layout_record(export_dir)
     special = SpecialTokens(**record["special_tokens"])

@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.data.audio_tokens import AudioTokenLayout
-from framer_ds.data.token_sequences import SpecialTokens
 from framer_ds.engine.pretrained import build_fresh, building_empty, load_pretrained
 from framer_ds.tasks.tts_lm import vocabulary
+from framer_ds.tasks.tts_lm.audio_tokens import AudioTokenLayout
 from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts, tiny_root
+from framer_ds.tasks.tts_lm.token_sequences import SpecialTokens
 
 EMBEDDING_MULTIPLE = 64  # rows padded to a multiple of 64: faster matmuls, same tokens
 
@@ -147,7 +147,7 @@ class TtsAssets:
 
     def codec(self, device: str):
         """The SNAC codec on `device`, loaded once per device."""
-        from framer_ds.data.snac_codec import load_codec
+        from framer_ds.tasks.tts_lm.snac_codec import load_codec
 
         cache = self.__dict__.setdefault("_codecs", {})
         if device not in cache:

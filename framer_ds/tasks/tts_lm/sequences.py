@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from framer_ds.data.audio_tokens import (
+from framer_ds.tasks.tts_lm.audio_tokens import (
     AudioCodeError,
     AudioTokenLayout,
     check_codes,
     interleave,
     remove_duplicate_frames,
 )
-from framer_ds.data.token_sequences import IGNORE_INDEX, SpecialTokens, TokenSequence, build_sequence
 from framer_ds.tasks.tts_lm.config import TtsDataConfig
+from framer_ds.tasks.tts_lm.token_sequences import IGNORE_INDEX, SpecialTokens, TokenSequence, build_sequence
 
 
 class BadSample(ValueError):

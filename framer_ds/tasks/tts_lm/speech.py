@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from framer_ds.data.audio_tokens import SLOTS_PER_FRAME, AudioTokenLayout, deinterleave
 from framer_ds.data.progress import sampling_progress
-from framer_ds.data.snac_codec import decode, write_wav
-from framer_ds.data.token_sequences import SpecialTokens
 from framer_ds.engine.rng import isolated_seed
+from framer_ds.tasks.tts_lm.audio_tokens import SLOTS_PER_FRAME, AudioTokenLayout, deinterleave
+from framer_ds.tasks.tts_lm.snac_codec import decode, write_wav
+from framer_ds.tasks.tts_lm.token_sequences import SpecialTokens
 
 
 @dataclass

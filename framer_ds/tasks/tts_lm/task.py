@@ -16,16 +16,6 @@ import torch.nn.functional as F
 from torch.utils.data import ConcatDataset, Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.data.samplers import LengthGroupedSampler, RatioMixSampler
-from framer_ds.data.token_batches import collate_packed, collate_padded
-from framer_ds.data.token_sequences import (
-    IGNORE_INDEX,
-    AllSamplesTooLong,
-    LengthStats,
-    PackedBlock,
-    TokenSequence,
-    apply_length_policy,
-)
 from framer_ds.engine.accelerator import frozen_model_init, uses_zero3
 from framer_ds.engine.export import save_peft_adapter_gathered, save_pretrained_gathered
 from framer_ds.engine.export_load import ADAPTER_WEIGHTS, load_full_export, load_peft_adapter
@@ -36,6 +26,16 @@ from framer_ds.tasks.tts_lm import model_setup
 from framer_ds.tasks.tts_lm.config import TtsDataConfig, TtsModelConfig
 from framer_ds.tasks.tts_lm.data_setup import TtsData
 from framer_ds.tasks.tts_lm.inference import TtsSampleCommandOptions, sample_to_files, write_layout_record
+from framer_ds.tasks.tts_lm.samplers import LengthGroupedSampler, RatioMixSampler
+from framer_ds.tasks.tts_lm.token_batches import collate_packed, collate_padded
+from framer_ds.tasks.tts_lm.token_sequences import (
+    IGNORE_INDEX,
+    AllSamplesTooLong,
+    LengthStats,
+    PackedBlock,
+    TokenSequence,
+    apply_length_policy,
+)
 from framer_ds.tasks.tts_lm.vocabulary import audio_layout
 
 

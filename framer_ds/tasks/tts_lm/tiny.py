@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from framer_ds.data.snac_codec import create_tiny_codec, encode_batch, load_codec
 from framer_ds.storage.atomic import build_once
 from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.tts_lm.snac_codec import create_tiny_codec, encode_batch, load_codec
 
 MARKER = ".framer_tiny_tts_complete"
 WORDS = [

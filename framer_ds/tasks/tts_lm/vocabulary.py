@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.data.audio_tokens import SLOTS_PER_FRAME, AudioTokenLayout
-from framer_ds.data.token_sequences import SpecialTokens
+from framer_ds.tasks.tts_lm.audio_tokens import SLOTS_PER_FRAME, AudioTokenLayout
 from framer_ds.tasks.tts_lm.config import SpecialTokenOptions
+from framer_ds.tasks.tts_lm.token_sequences import SpecialTokens
 
 CODEBOOK_SIZE = 4096  # SNAC 24 kHz
 ADDED_TOKENS = SLOTS_PER_FRAME * CODEBOOK_SIZE + 10

@@ -8,9 +8,9 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from framer_ds.data.latent_cache import LatentCache, cache_key
-from framer_ds.data.video_clips import ImagePairDataset
 from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.video_lora.data.latent_cache import LatentCache, cache_key
+from framer_ds.tasks.video_lora.data.video_clips import ImagePairDataset
 
 
 def _stat(path: Path) -> list:

@@ -9,8 +9,8 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from framer_ds.config.lora import LoraBase
 from framer_ds.config.schema import StrictModel
-from framer_ds.diffusion.edm import COND_NOISE_MEAN, COND_NOISE_STD, P_MEAN, P_STD
-from framer_ds.diffusion.temporal_context import TemporalContextOrder, default_order
+from framer_ds.tasks.video_lora.diffusion.edm import COND_NOISE_MEAN, COND_NOISE_STD, P_MEAN, P_STD
+from framer_ds.tasks.video_lora.diffusion.temporal_context import TemporalContextOrder, default_order
 
 ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 # The spatial blocks' `ff` and the temporal blocks' `ff_in` and `ff` (peft matches name suffixes).
@@ -100,7 +100,7 @@ class InterpEvalOptions(SamplingSettings):
     (and, for interpolation, last) frame with a seed fixed per clip, and compared with the real frames
     (`eval/psnr`, `eval/psnr_mid`, `eval/ssim`, `eval/psnr_ends`, `eval/flicker_ratio`,
     `eval/clip_distance`, and `eval/lpips` from local weight files; definitions in
-    framer_ds/diffusion/interp_metrics.py). Costs a full sampling run per held-out clip."""
+    framer_ds/tasks/video_lora/metrics/interp_metrics.py). Costs a full sampling run per held-out clip."""
 
     enabled: bool = Field(
         False, description="Sample every held-out clip at each evaluation and report metrics."
@@ -291,7 +291,7 @@ class LatentCacheOptions(StrictModel):
 class TrackOptions(StrictModel):
     """Point trajectories for Framer's ControlNet branch: each video is tracked once at its source frame
     rate (`framer-ds data tracks CONFIG`), and each training item gets `controlnet_cond`, Framer's
-    Gaussian heatmaps of K of its tracks (framer_ds/data/track_heatmaps.py, docs/video_lora.md)."""
+    Gaussian heatmaps of K of its tracks (data/track_heatmaps.py, docs/video_lora.md)."""
 
     dir: Path | None = Field(
         None, description="Where the per-video track files live; default <cache>/point_tracks."

@@ -9,9 +9,11 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.data.motion_score import MotionBuckets, WithMotionBucket, motion_rates
-from framer_ds.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.data.video_clips import (
+from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.video_lora.config import VideoLoraDataConfig
+from framer_ds.tasks.video_lora.data.motion_score import MotionBuckets, WithMotionBucket, motion_rates
+from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
+from framer_ds.tasks.video_lora.data.video_clips import (
     ClipSampler,
     ImagePairDataset,
     VideoClipDataset,
@@ -19,7 +21,7 @@ from framer_ds.data.video_clips import (
     conditioning_fps,
     drawable_strides,
 )
-from framer_ds.data.video_index import (
+from framer_ds.tasks.video_lora.data.video_index import (
     VideoIndex,
     VideoRecord,
     build_video_index,
@@ -29,8 +31,6 @@ from framer_ds.data.video_index import (
     require_usable,
     scan_image_pairs,
 )
-from framer_ds.storage.locations import default_cache_dir
-from framer_ds.tasks.video_lora.config import VideoLoraDataConfig
 
 REJECTED_SHOWN = 20  # rejected files named in the run summary; `data check` lists them all
 

@@ -17,7 +17,7 @@ from torch import Tensor
 def svd_conditioning():
     """diffusers' SVD pipeline module is imported only when a video run starts: registering the task
     (for `framer-ds tasks` / `validate`) stays light and prints no transformers warnings."""
-    from framer_ds.diffusion import svd_conditioning as module
+    from framer_ds.tasks.video_lora.diffusion import svd_conditioning as module
 
     return module
 

@@ -46,7 +46,7 @@ class VideoEvalMemory:
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The VAE in the dtype SVD's VAE tolerates (fp32 under fp16 with force_upcast), as
         `FrozenSvdEncoders.on_device` puts it; the image encoder in the compute dtype."""
-        from framer_ds.diffusion.svd_conditioning import vae_dtype
+        from framer_ds.tasks.video_lora.diffusion.svd_conditioning import vae_dtype
 
         return [vae_dtype(helpers[0].config, compute), compute] if helpers else []
 
@@ -55,7 +55,7 @@ class VideoEvalMemory:
         halves of one sample) and the VAE decoding one chunk of frames at full size."""
         if not samples_during_training(self.config) or not helpers:
             return
-        from framer_ds.diffusion.sampling import decode_latents
+        from framer_ds.tasks.video_lora.diffusion.sampling import decode_latents
 
         with torch.no_grad():
             self.training_loss(model, batch)

@@ -52,7 +52,7 @@ def _merged_framer_unet(adapter_dir: Path, metadata: dict, base: Path, dtype: to
     """Framer's UNet (9 input channels + mask_token) with the run's LoRA merged in, in `dtype`."""
     from peft import PeftModel
 
-    from framer_ds.diffusion.framer_model import load_framer_unet
+    from framer_ds.tasks.video_lora.models.framer_model import load_framer_unet
 
     unet = load_framer_unet(base / "unet")
     if metadata.get("has_adapter"):
@@ -67,7 +67,7 @@ def _in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def export_framer(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
-    from framer_ds.diffusion.framer_model import load_framer_controlnet
+    from framer_ds.tasks.video_lora.models.framer_model import load_framer_controlnet
 
     metadata, base, out = _framer_run(adapter_dir, options, "framer")
     dtype = getattr(torch, options.dtype)

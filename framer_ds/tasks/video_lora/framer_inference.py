@@ -20,11 +20,15 @@ def framer_sampler_parts(adapter_dir: Path, metadata: dict[str, Any], device: st
     from peft import PeftModel
     from transformers import CLIPVisionModelWithProjection
 
-    from framer_ds.diffusion.framer_model import FramerModel, load_framer_controlnet, load_framer_unet
-    from framer_ds.diffusion.sampling import FramerSampling, SamplerParts
-    from framer_ds.diffusion.svd_conditioning import vae_dtype
-    from framer_ds.diffusion.temporal_context import set_temporal_context_order
+    from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts
+    from framer_ds.tasks.video_lora.diffusion.svd_conditioning import vae_dtype
+    from framer_ds.tasks.video_lora.diffusion.temporal_context import set_temporal_context_order
     from framer_ds.tasks.video_lora.inference import export_context_order
+    from framer_ds.tasks.video_lora.models.framer_model import (
+        FramerModel,
+        load_framer_controlnet,
+        load_framer_unet,
+    )
 
     base, svd = Path(metadata["framer_path"]), Path(metadata["base_model"])
     unet = load_framer_unet(base / "unet")

@@ -1,7 +1,7 @@
 """`model.base: framer`: a Framer checkpoint as the base of a video_lora run (docs/video_lora.md, "Framer").
 
 Framer's `unet/` and `controlnet/` load strictly into diffusers' stock UNet (+ `mask_token`) and our
-ControlNet-SVD (`diffusion/framer_model.py`, `controlnet_svd.py`); the VAE and CLIP encoder come from
+ControlNet-SVD (`models/framer_model.py`, `controlnet_svd.py`); the VAE and CLIP encoder come from
 the SVD directory as in any video_lora run. The trained module is a `FramerModel` (UNet, its LoRA,
 the ControlNet); what trains follows `model.framer.train_modules`. Conditioning follows Framer's
 pipeline (`diffusion/framer_conditioning.py`), the objective is SVD's EDM unchanged.
@@ -20,11 +20,11 @@ import torch
 from torch import Tensor
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.diffusion import edm
 from framer_ds.engine.export import check_not_empty, gathered_trainable_state_dict
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.config import VideoLoraModelConfig
+from framer_ds.tasks.video_lora.diffusion import edm
 from framer_ds.tasks.video_lora.encoding import EncodedClip
 
 FRAMER_SUBFOLDERS = ("unet", "controlnet")
@@ -56,7 +56,7 @@ class FramerSetup:
 
     def prepare(self) -> None:
         if self.framer.builtin == "tiny_framer":
-            from framer_ds.diffusion.tiny_framer import create_tiny_framer
+            from framer_ds.tasks.video_lora.models.tiny_framer import create_tiny_framer
 
             create_tiny_framer(self.framer_path(), self.svd_path)
 
@@ -86,12 +86,12 @@ class FramerSetup:
     # --- model ---------------------------------------------------------------------------------------
 
     def build_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
-        from framer_ds.diffusion.framer_model import (
+        from framer_ds.engine.pretrained import building_empty
+        from framer_ds.tasks.video_lora.models.framer_model import (
             FramerModel,
             load_framer_controlnet,
             load_framer_unet,
         )
-        from framer_ds.engine.pretrained import building_empty
         from framer_ds.tasks.video_lora.unet_lora import apply_lora
 
         empty = building_empty()
@@ -114,7 +114,7 @@ class FramerSetup:
         """Sampling in training (validation samples, interp_eval): Framer's conditioning with the model's
         mask token, and the ControlNet on a clip's heatmaps [1,F,3,H,W] when it has them (eval items
         with `data.tracks`); without them the ControlNet is skipped (Framer's pipeline without points)."""
-        from framer_ds.diffusion.sampling import FramerSampling
+        from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling
 
         framer = self.framer
         return FramerSampling(
@@ -128,7 +128,7 @@ class FramerSetup:
 
     def conditioning(self, encoded: EncodedClip, num_frames: int, dropout: bool) -> tuple[Tensor, Tensor]:
         """(cond [B,F,5,h,w] = latents + Framer's mask channel, CLIP embeddings [B,2,D])."""
-        from framer_ds.diffusion.framer_conditioning import (
+        from framer_ds.tasks.video_lora.diffusion.framer_conditioning import (
             framer_conditioning,
             framer_dropout,
             framer_image_embeddings,

@@ -19,16 +19,16 @@ from PIL import Image
 from pydantic import Field
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
-from framer_ds.data.video_clips import resize_and_crop
-from framer_ds.diffusion.temporal_context import (
-    TemporalContextOrder,
-    default_order,
-    set_temporal_context_order,
-)
 from framer_ds.engine.export import read_export_json
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.video_lora.config import GuidanceScheduleName, StepRange
+from framer_ds.tasks.video_lora.data.video_clips import resize_and_crop
+from framer_ds.tasks.video_lora.diffusion.temporal_context import (
+    TemporalContextOrder,
+    default_order,
+    set_temporal_context_order,
+)
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
 
 EXPORT_METADATA = "framer_ds_video_lora.json"
@@ -156,8 +156,8 @@ def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtyp
     from diffusers import EulerDiscreteScheduler, StableVideoDiffusionPipeline
     from peft import PeftModel
 
-    from framer_ds.diffusion.svd_conditioning import vae_dtype
-    from framer_ds.diffusion.tiny_svd import load_svd_components
+    from framer_ds.tasks.video_lora.diffusion.svd_conditioning import vae_dtype
+    from framer_ds.tasks.video_lora.models.tiny_svd import load_svd_components
 
     metadata = read_adapter_metadata(adapter_dir)
     if metadata.get("base") == "framer":  # its UNet is Framer's (9 channels, mask_token), not SVD's
@@ -218,8 +218,13 @@ def load_frame(path: Path, height: int, width: int, device: str, resize: str = "
 def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str:
     """Write one video from the adapter in `adapter_dir`; returns the line to print."""
     from framer_ds.data.progress import sampling_progress
-    from framer_ds.data.video_write import H264, to_uint8_frames, write_frame_pngs, write_video
-    from framer_ds.diffusion.sampling import SamplerParts, sample_video
+    from framer_ds.tasks.video_lora.data.video_write import (
+        H264,
+        to_uint8_frames,
+        write_frame_pngs,
+        write_video,
+    )
+    from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts, sample_video
 
     device = options.resolved_device()
     dtype = torch.float16 if device.startswith("cuda") else torch.float32

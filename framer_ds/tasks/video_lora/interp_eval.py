@@ -30,11 +30,11 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.diffusion.interp_metrics import interpolation_metrics
 from framer_ds.tasks.video_lora.config import InterpEvalOptions
+from framer_ds.tasks.video_lora.metrics.interp_metrics import interpolation_metrics
 
 if TYPE_CHECKING:  # diffusers and transformers load when sampling starts, not when a config validates
-    from framer_ds.diffusion.sampling import FramerSampling, SamplerParts
+    from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts
 
     FramerSamplingFor = Callable[[Tensor | None], FramerSampling]  # a clip's heatmaps -> its conventions
 
@@ -76,7 +76,7 @@ def lpips_note(options: InterpEvalOptions) -> str:
 
 @functools.lru_cache(maxsize=2)
 def _lpips_on_cpu(weights: str, backbone: str) -> torch.nn.Module:
-    from framer_ds.diffusion.lpips import load_lpips
+    from framer_ds.tasks.video_lora.metrics.lpips import load_lpips
 
     return load_lpips(Path(weights), Path(backbone))
 
@@ -150,7 +150,7 @@ def sample_clips(
 ) -> Tensor:
     """[B,T,3,H,W] real clips in [-1,1] -> [B,T,3,H,W] samples from their first (and last) frames.
     `framer`: a Framer base's sampling conventions for a clip's heatmaps (`controlnet_cond[i]`)."""
-    from framer_ds.diffusion.sampling import sample_video
+    from framer_ds.tasks.video_lora.diffusion.sampling import sample_video
 
     device, num_frames, heatmaps = pixels.device, pixels.shape[1], controlnet_cond
     samples = []
@@ -183,7 +183,7 @@ def interp_eval_batch(
     sampled from its own first (and last) frame and compared with the real clip, with its fps and motion
     bucket as training conditioned on them (`model.fps`, `model.motion_bucket`; a cached entry stores the
     bucket as `motion_bucket`). `framer`: a Framer base (`FramerSetup.sampling`)."""
-    from framer_ds.diffusion.svd_conditioning import clip_image_embeddings
+    from framer_ds.tasks.video_lora.diffusion.svd_conditioning import clip_image_embeddings
 
     pixels, evaluation = batch["pixel_values"], options.interp_eval
     count = pixels.shape[0]

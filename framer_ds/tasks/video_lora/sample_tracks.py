@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.data.track_heatmaps import heatmap_conditioning
-from framer_ds.data.video_clips import crop_box
+from framer_ds.tasks.video_lora.data.track_heatmaps import heatmap_conditioning
+from framer_ds.tasks.video_lora.data.video_clips import crop_box
 
 FRAMER_DEMO_SIZE = (512, 320)  # app.py: the (width, height) the demo shows and takes clicks on
 TRACKS_KEYS = ("points", "size", "visible")

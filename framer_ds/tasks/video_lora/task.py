@@ -15,12 +15,6 @@ from accelerate.utils import send_to_device
 from torch.utils.data import Dataset, default_collate
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.data.item_draws import drawn_at_epoch
-from framer_ds.data.latent_cache import CachedEntryDataset, LatentCache, fill_cache
-from framer_ds.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.data.video_clips import validate_svd_size
-from framer_ds.diffusion import edm
-from framer_ds.diffusion.temporal_context import set_temporal_context_order
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
@@ -32,7 +26,13 @@ from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers --format framer)
 from framer_ds.tasks.video_lora.cache_fingerprints import latent_cache
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
+from framer_ds.tasks.video_lora.data.item_draws import drawn_at_epoch
+from framer_ds.tasks.video_lora.data.latent_cache import CachedEntryDataset, LatentCache, fill_cache
+from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
+from framer_ds.tasks.video_lora.data.video_clips import validate_svd_size
 from framer_ds.tasks.video_lora.data_setup import VideoLoraData, layout_problems
+from framer_ds.tasks.video_lora.diffusion import edm
+from framer_ds.tasks.video_lora.diffusion.temporal_context import set_temporal_context_order
 from framer_ds.tasks.video_lora.encoding import (
     EncodedClip,
     FrozenEncoders,
@@ -135,7 +135,7 @@ class VideoLoraTask(VideoEvalMemory, Task):
 
     def prepare_data(self) -> None:
         if self.config.model.builtin == "tiny_svd":
-            from framer_ds.diffusion.tiny_svd import create_tiny_svd
+            from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
 
             create_tiny_svd(self.svd_path())
         if self.framer is not None:
@@ -407,7 +407,7 @@ class VideoLoraTask(VideoEvalMemory, Task):
         """The model being trained with the frozen VAE and encoder on the device and SVD's scheduler."""
         from diffusers import EulerDiscreteScheduler
 
-        from framer_ds.diffusion.sampling import SamplerParts
+        from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts
 
         vae, encoder = self.frozen.on_device(self.accelerator)
         scheduler = EulerDiscreteScheduler.from_pretrained(self.svd_path(), subfolder="scheduler")
@@ -415,7 +415,10 @@ class VideoLoraTask(VideoEvalMemory, Task):
 
     def summarize_eval(self, sums: dict[str, torch.Tensor], num_samples: int) -> dict[str, float]:
         """Per-clip means, and `eval/flicker_ratio` as a ratio of two totals (interp_metrics.py)."""
-        from framer_ds.diffusion.interp_metrics import INTERP_METRIC_KEYS, summarize_interp_metrics
+        from framer_ds.tasks.video_lora.metrics.interp_metrics import (
+            INTERP_METRIC_KEYS,
+            summarize_interp_metrics,
+        )
 
         rest = {k: v for k, v in sums.items() if k not in INTERP_METRIC_KEYS}
         return {**super().summarize_eval(rest, num_samples), **summarize_interp_metrics(sums, num_samples)}

@@ -1,17 +1,18 @@
 """`data.tracks` for video_lora: checks, the track store, `framer-ds data tracks`, and the datasets
-whose items carry `controlnet_cond` (the contract is in framer_ds/data/track_heatmaps.py)."""
+whose items carry `controlnet_cond` (the contract is in framer_ds/tasks/video_lora/data/track_heatmaps.py)."""
 
 from __future__ import annotations
 
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.data.cotracker_tracker import cotracker_problems
-from framer_ds.data.point_tracks import TrackStore, longest_clip_span, make_tracker, max_clip_span
-from framer_ds.data.track_heatmaps import PointSelection, TrackConditionedDataset
-from framer_ds.data.video_index import VideoRecord
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.config import TrackOptions, VideoLoraDataConfig
+from framer_ds.tasks.video_lora.data.cotracker_tracker import cotracker_problems
+from framer_ds.tasks.video_lora.data.point_tracks import TrackStore, longest_clip_span, max_clip_span
+from framer_ds.tasks.video_lora.data.track_heatmaps import PointSelection, TrackConditionedDataset
+from framer_ds.tasks.video_lora.data.trackers import make_tracker
+from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 from framer_ds.tasks.video_lora.data_setup import VideoLoraData
 
 

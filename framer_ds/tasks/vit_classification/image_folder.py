@@ -371,7 +371,7 @@ class ImageFolderDataset(Dataset):
             raise InputDataError(
                 f"cannot decode image {path} ({type(exc).__name__}: {exc}). Delete or replace the file; "
                 "to list every unreadable file before training, run the data check, i.e. "
-                "framer_ds.data.image_folder.scan_image_folder(root, verify_images=True)."
+                "framer_ds.tasks.vit_classification.image_folder.scan_image_folder(root, verify_images=True)."
             ) from exc
         try:  # outside the decode try: a transform bug must not be blamed on the file
             pixel_values = self.transform(image)

@@ -17,8 +17,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from framer_ds.data.snac_codec import AudioReadError, encode_batch, read_audio
 from framer_ds.storage.atomic import atomic_write_json, atomic_write_text
+from framer_ds.tasks.tts_lm.snac_codec import AudioReadError, encode_batch, read_audio
 
 SHARD_ROWS = 256
 DONE = "encoded.json"

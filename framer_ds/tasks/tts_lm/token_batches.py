@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from framer_ds.data.token_sequences import IGNORE_INDEX, PackedBlock, TokenSequence
+from framer_ds.tasks.tts_lm.token_sequences import IGNORE_INDEX, PackedBlock, TokenSequence
 
 
 def collate_padded(sequences: Sequence[TokenSequence], pad_id: int) -> dict[str, torch.Tensor]:

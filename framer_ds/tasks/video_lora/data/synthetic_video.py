@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from framer_ds.data.video_write import write_video
 from framer_ds.storage.atomic import building_dir, publish_dir
+from framer_ds.tasks.video_lora.data.video_write import write_video
 
 MARKER = ".complete"
 
@@ -20,7 +20,7 @@ MARKER = ".complete"
 @dataclass(frozen=True)
 class MovingShape:
     """The square of one synthetic clip: where it is in every frame is known exactly, which gives the
-    analytic point tracks (`framer_ds.data.point_tracks.AnalyticTracker`)."""
+    analytic point tracks (`framer_ds.tasks.video_lora.data.point_tracks.AnalyticTracker`)."""
 
     color: np.ndarray
     size: int

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from framer_ds.diffusion.controlnet_svd import ControlNetSVDModel
+from framer_ds.tasks.video_lora.models.controlnet_svd import ControlNetSVDModel
 
 MASK_TOKEN = "mask_token"
 FRAMER_IN_CHANNELS = 9

@@ -22,7 +22,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from torch import Tensor
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-from framer_ds.diffusion.edm import edm_preconditioning
+from framer_ds.tasks.video_lora.diffusion.edm import edm_preconditioning
 
 CLIP_SIZE = (224, 224)  # hard-coded in the pipeline's `_encode_image`
 

@@ -22,7 +22,7 @@ Definitions (pixels mapped to [0, 1], data range 1):
   divide by zero): 1 = as much frame-to-frame change as the truth, > 1 flicker, < 1 frozen.
 - `clip_distance`: 1 - cosine similarity of CLIP image embeddings (the run's own image encoder)
   between each sampled middle frame and the real one, averaged over the middle frames.
-- `lpips`: LPIPS v0.1 (`diffusion/lpips.py`, from local weight files) between each sampled middle
+- `lpips`: LPIPS v0.1 (`metrics/lpips.py`, from local weight files) between each sampled middle
   frame and the real one, averaged over the middle frames.
 """
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from framer_ds.data.token_sequences import length_grouped_order
+from framer_ds.tasks.tts_lm.token_sequences import length_grouped_order
 
 
 class EpochSampler(Sampler[int]):

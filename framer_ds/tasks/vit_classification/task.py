@@ -14,19 +14,19 @@ from transformers import ViTConfig, ViTForImageClassification
 from framer_ds.compat import image_processor_class
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.schema import StrictModel
-from framer_ds.data.digits import DIGITS_DIRNAME, ensure_digits_imagefolder
-from framer_ds.data.image_folder import (
-    ImageFolderDataset,
-    ImageFolderIndex,
-    ImageTransform,
-    scan_image_folder,
-)
 from framer_ds.engine.export import save_pretrained_gathered
 from framer_ds.engine.export_load import load_full_export
 from framer_ds.engine.pretrained import build_fresh, building_empty, load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import SampleCommandOptions, Task
 from framer_ds.tasks.registry import register_task
+from framer_ds.tasks.vit_classification.digits import DIGITS_DIRNAME, ensure_digits_imagefolder
+from framer_ds.tasks.vit_classification.image_folder import (
+    ImageFolderDataset,
+    ImageFolderIndex,
+    ImageTransform,
+    scan_image_folder,
+)
 
 
 class VitModelConfig(StrictModel):

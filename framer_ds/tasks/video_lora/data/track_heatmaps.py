@@ -45,10 +45,10 @@ import torch
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import InputDataError
-from framer_ds.data.point_tracks import TrackStore, VideoTracks, clip_tracks
-from framer_ds.data.video_clips import ClipPlacement
-from framer_ds.data.video_index import VideoRecord
-from framer_ds.data.wrapped_dataset import ForwardsToWrapped
+from framer_ds.tasks.video_lora.data.point_tracks import TrackStore, VideoTracks, clip_tracks
+from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement
+from framer_ds.tasks.video_lora.data.video_index import VideoRecord
+from framer_ds.tasks.video_lora.data.wrapped_dataset import ForwardsToWrapped
 
 TEMPLATE_SIZE = 200  # Framer's gen_gaussian_heatmap(imgSize=200)
 TEMPLATE_SIGMA = 40.0  # the `40 ** 2` in its formula

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from framer_ds.data.video_clips import read_clip
-from framer_ds.data.video_index import VideoRecord
-from framer_ds.data.wrapped_dataset import ForwardsToWrapped
 from framer_ds.storage.atomic import atomic_write_json
+from framer_ds.tasks.video_lora.data.video_clips import read_clip
+from framer_ds.tasks.video_lora.data.video_index import VideoRecord
+from framer_ds.tasks.video_lora.data.wrapped_dataset import ForwardsToWrapped
 
 SCORE_WIDTH = 64
 MAX_PAIRS = 16

@@ -31,11 +31,11 @@ from typing import Protocol
 
 import numpy as np
 
-from framer_ds.config.errors import ConfigError, InputDataError
-from framer_ds.data.synthetic_video import MovingShape, clip_seed
-from framer_ds.data.video_clips import ClipPlacement, clip_indices
-from framer_ds.data.video_index import VideoRecord
+from framer_ds.config.errors import InputDataError
 from framer_ds.storage.atomic import atomic_file
+from framer_ds.tasks.video_lora.data.synthetic_video import MovingShape, clip_seed
+from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, clip_indices
+from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 
 TRACKS_FORMAT_VERSION = 2
 
@@ -231,21 +231,6 @@ def analytic_tracks(shape: MovingShape, num_frames: int) -> Tracks:
         covered = np.all((grid >= corner) & (grid < corner + s), axis=1)
         visible[t, len(on_square) :] = ~covered
     return Tracks(xy, visible, shape.height, shape.width)
-
-
-def make_tracker(
-    kind: str, checkpoint: Path | None = None, grid_size: int = 10, segment_frames: int = 96
-) -> Tracker:
-    if kind == "analytic":
-        return AnalyticTracker()
-    if kind == "cotracker":
-        from framer_ds.data.cotracker_tracker import CoTrackerTracker, cotracker_problems
-
-        problems = cotracker_problems(checkpoint)
-        if problems:
-            raise ConfigError(problems, source="data.tracks")
-        return CoTrackerTracker(Path(checkpoint).expanduser(), grid_size, segment_frames)
-    raise ValueError(f"unknown tracker {kind!r}; use 'analytic' or 'cotracker'")
 
 
 def _safe_stem(path: Path) -> str:

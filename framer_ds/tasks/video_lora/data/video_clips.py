@@ -30,8 +30,8 @@ from torch.utils.data import Dataset
 
 from framer_ds.compat import LazyModule
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
-from framer_ds.data.item_draws import DrawsPerItem, ItemDraws
-from framer_ds.data.video_index import VideoIndex, VideoRecord
+from framer_ds.tasks.video_lora.data.item_draws import DrawsPerItem, ItemDraws
+from framer_ds.tasks.video_lora.data.video_index import VideoIndex, VideoRecord
 
 av = LazyModule("av", "decoding video clips (video_lora data)")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from diffusers import UNetSpatioTemporalConditionModel
 
-from framer_ds.diffusion.controlnet_svd import ControlNetSVDModel
-from framer_ds.diffusion.framer_model import add_mask_token
 from framer_ds.storage.atomic import build_once
+from framer_ds.tasks.video_lora.models.controlnet_svd import ControlNetSVDModel
+from framer_ds.tasks.video_lora.models.framer_model import add_mask_token
 
 MARKER = ".framer_tiny_framer_complete"
 TINY_CONDITIONING_CHANNELS = (8, 8, 8, 16)  # 3 stride-2 convs: heatmaps at pixel size -> latent size

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from framer_ds.diffusion.framer_conditioning import framer_conditioning
-from framer_ds.diffusion.svd_conditioning import (
+from framer_ds.tasks.video_lora.diffusion.framer_conditioning import framer_conditioning
+from framer_ds.tasks.video_lora.diffusion.svd_conditioning import (
     added_time_ids,
     clip_image_embeddings,
     conditioning_latents,

@@ -1,1 +1,0 @@
-"""Stable Video Diffusion training pieces: EDM objective, pipeline-exact conditioning, tiny test model."""

@@ -1,0 +1,1 @@
+"""video_lora's interpolation metrics (PSNR/SSIM/LPIPS and the rest of the interp eval)."""
