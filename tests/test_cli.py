@@ -443,3 +443,29 @@ def test_config_show_lists_every_key_with_default_and_description(capsys):
     assert "train.eval_every_epochs: float | null = null" in out and "data.validation_split" in out
     assert main(["config", "show", "vit_clasification"]) == 1
     assert "Did you mean 'vit_classification'" in capsys.readouterr().err
+
+
+class _WriteRecorder:
+    """stderr as an unbuffered launcher gives it to a rank: every `write` reaches the pipe on its own."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_an_error_line_is_one_write(tmp_path, monkeypatch):
+    """Two ranks failing together wrote 'error: ...' and its newline separately, so their lines ran
+    together on the launch's stderr ('... start a new runerror: ...'); each line is now one write."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(QUICKSTART).read_text() + "\nnot_a_key: 1\n")
+    recorder = _WriteRecorder()
+    monkeypatch.setattr(sys, "stderr", recorder)
+    assert main(["validate", str(bad)]) == 1
+    errors = [w for w in recorder.writes if w.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].endswith("\n") and "not_a_key" in errors[0]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from framer_ds.cli.console import tell, tell_error
 from framer_ds.cli.lab_commands import LAB_COMMANDS, add_lab_commands
 from framer_ds.cli.options import add_config_args
 from framer_ds.compat import MissingDependencyError, check_torchvision
@@ -214,10 +214,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         result = run_training(config)
     except Preempted as stop:
-        print(f"{stop}; resume with train.resume=latest (exit {EXIT_PREEMPTED})", file=sys.stderr)
+        tell(f"{stop}; resume with train.resume=latest (exit {EXIT_PREEMPTED})")
         return EXIT_PREEMPTED
     except NonFiniteLossError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        tell_error(str(exc))
         return 1
     finally:
         EARLY_STOP.disarm()  # the run has ended: a late signal must not write a marker for it
@@ -255,7 +255,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError(problems, str(args.config))
     for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        tell(f"warning: {warning}")
     launch_files = (args.config, args.accelerate_config, args.deepspeed_config, args.hostfile)
     checked = [str(p) for p in launch_files if p is not None]
     print(f"OK: {', '.join(checked)} valid (task {config.task}, output_dir {config.output_dir})")
@@ -361,7 +361,7 @@ def cmd_env(args: argparse.Namespace) -> int:
         try:
             report["distributed"] = run_smoke_test(args.timeout)
         except SmokeTestFailed as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            tell_error(str(exc))
             return 1
     if rank == 0:
         if args.json:
@@ -458,10 +458,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_torchvision()
         return COMMANDS[args.command](args)
     except ConfigError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr)
+        tell_error(exc.render())
         return 1
     except (InputDataError, RunSetupError, MissingDependencyError, DiskFullError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        tell_error(str(exc))
         return 1
 
 
