@@ -8,7 +8,7 @@ manifest) and, per file, by (size, mtime_ns): adding one video re-probes one vid
 
 Frame numbers are positions in time, `round((pts - first_pts) * time_base * fps)` with `first_pts`
 the first decoded frame's; for a constant-frame-rate video that is the n-th frame a full decode
-returns, which is what `video_clips.read_clip` reads.
+returns, which is what `clip_reader.read_clip` reads.
 """
 
 from __future__ import annotations
