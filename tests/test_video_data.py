@@ -19,6 +19,7 @@ from PIL import Image
 from framer_ds.config.errors import ConfigError, InputDataError
 from framer_ds.tasks.video_lora.data import clip_reader
 from framer_ds.tasks.video_lora.data.clip_reader import VideoReadError, read_clip
+from framer_ds.tasks.video_lora.data.image_pairs import scan_image_pairs
 from framer_ds.tasks.video_lora.data.video_clips import (
     ClipSampler,
     ImagePairDataset,
@@ -30,7 +31,6 @@ from framer_ds.tasks.video_lora.data.video_index import (
     build_video_index,
     format_report,
     require_usable,
-    scan_image_pairs,
 )
 
 W, H, CELL = 64, 48, 8  # an 8x6 grid of 8-pixel cells: frame i lights cell i, so 48 frames are unique
