@@ -19,9 +19,9 @@ from framer_ds.tasks.vit_classification.image_folder import (
     IMAGE_EXTENSIONS,
     ImageFolderDataset,
     ImageFolderIndex,
-    ImageTransform,
     scan_image_folder,
 )
+from framer_ds.tasks.vit_classification.image_transform import ImageTransform
 
 
 def write_png(path: Path, size: int = 6, value: int | None = None, mode: str = "RGB") -> Path:

@@ -10,14 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from framer_ds.config.launch_check import (
-    ACCELERATE_YAML_KEYS,
-    IGNORED_WITH_CONFIG_FILE,
-    check_launch_configs,
-    check_runtime_environment,
-    load_json_config,
-    load_yaml_file,
-)
+from framer_ds.config.accelerate_yaml_rules import ACCELERATE_YAML_KEYS, IGNORED_WITH_CONFIG_FILE
+from framer_ds.config.launch_check import check_launch_configs, check_runtime_environment
+from framer_ds.config.launch_files import load_json_config, load_yaml_file
 from framer_ds.config.schema import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,8 +14,9 @@ import yaml
 from conftest import REPO, TINY_VIT_OVERRIDES
 from framer_ds.cli.main import main
 from framer_ds.lab.activations import ActivationProbe, probe_activations
+from framer_ds.lab.hardware import GiB, Hardware
 from framer_ds.lab.memory_model import ParameterCensus, estimate
-from framer_ds.lab.planner import GiB, Hardware, gib, launch_command, parse_bytes, strategy_row
+from framer_ds.lab.planner import gib, launch_command, parse_bytes, strategy_row
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -174,7 +175,7 @@ def test_architectures_name_shipped_repos_and_a_hub_id_stands_in_directly(tmp_pa
 
 
 def test_the_micro_batch_search_limit_is_named():
-    from framer_ds.lab.planner import MAX_MICRO_BATCH, micro_batch_limit
+    from framer_ds.lab.micro_batch import MAX_MICRO_BATCH, micro_batch_limit
 
     assert micro_batch_limit(1437, 1) == (1437, "data") and micro_batch_limit(1437, 4) == (360, "data")
     assert micro_batch_limit(None, 2) == (MAX_MICRO_BATCH, "search limit")

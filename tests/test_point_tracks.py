@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+from framer_ds.tasks.video_lora.data.clip_reader import read_clip
 from framer_ds.tasks.video_lora.data.latent_cache import CachedEntryDataset, LatentCache
 from framer_ds.tasks.video_lora.data.point_tracks import (
     Tracks,
@@ -30,13 +31,7 @@ from framer_ds.tasks.video_lora.data.track_heatmaps import (
     resize_template,
     select_points,
 )
-from framer_ds.tasks.video_lora.data.video_clips import (
-    ClipPlacement,
-    CropBox,
-    apply_crop_box,
-    crop_box,
-    read_clip,
-)
+from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, CropBox, apply_crop_box, crop_box
 
 FRAMER_TINY = Path(__file__).resolve().parents[1] / "configs" / "tasks" / "video_lora" / "framer_tiny.yaml"
 

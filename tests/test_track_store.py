@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from framer_ds.config.errors import ConfigError, InputDataError
+from framer_ds.tasks.video_lora.data.clip_reader import read_clip
 from framer_ds.tasks.video_lora.data.point_tracks import (
     AnalyticTracker,
     Tracks,
@@ -20,7 +21,7 @@ from framer_ds.tasks.video_lora.data.point_tracks import (
 )
 from framer_ds.tasks.video_lora.data.synthetic_video import MovingShape, ensure_synthetic_clips
 from framer_ds.tasks.video_lora.data.trackers import make_tracker
-from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, CropBox, read_clip
+from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, CropBox
 from framer_ds.tasks.video_lora.data.video_index import build_video_index
 
 

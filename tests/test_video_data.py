@@ -17,13 +17,13 @@ import torch
 from PIL import Image
 
 from framer_ds.config.errors import ConfigError, InputDataError
-from framer_ds.tasks.video_lora.data import video_clips
+from framer_ds.tasks.video_lora.data import clip_reader
+from framer_ds.tasks.video_lora.data.clip_reader import VideoReadError, read_clip
+from framer_ds.tasks.video_lora.data.image_pairs import scan_image_pairs
 from framer_ds.tasks.video_lora.data.video_clips import (
     ClipSampler,
     ImagePairDataset,
     VideoClipDataset,
-    VideoReadError,
-    read_clip,
     resize_and_crop,
     validate_svd_size,
 )
@@ -31,7 +31,6 @@ from framer_ds.tasks.video_lora.data.video_index import (
     build_video_index,
     format_report,
     require_usable,
-    scan_image_pairs,
 )
 
 W, H, CELL = 64, 48, 8  # an 8x6 grid of 8-pixel cells: frame i lights cell i, so 48 frames are unique
@@ -130,7 +129,7 @@ def test_read_clip_decodes_only_from_the_keyframe_before(
 ) -> None:
     """The seed decoded all 48 frames; a clip of frames 30..33 (keyframes every 12) needs 24..33."""
     decoded = []
-    real_collect = video_clips._collect
+    real_collect = clip_reader._collect
 
     def counting_collect(frames, wanted, index_of):
         def count():
@@ -140,7 +139,7 @@ def test_read_clip_decodes_only_from_the_keyframe_before(
 
         return real_collect(count(), wanted, index_of)
 
-    monkeypatch.setattr(video_clips, "_collect", counting_collect)
+    monkeypatch.setattr(clip_reader, "_collect", counting_collect)
     with av.open(str(videos["mp4"])) as container:
         first_pts = next(container.decode(video=0)).pts
     clip = read_clip(videos["mp4"], 30, 4, 1, first_pts=first_pts)

@@ -47,7 +47,8 @@ def largest_micro_batch(strategy: str, overrides: list[str]) -> int:
     """The plan's largest micro-batch for `strategy` on this one GPU."""
     import torch
 
-    from framer_ds.lab.planner import Hardware, make_plan
+    from framer_ds.lab.hardware import Hardware
+    from framer_ds.lab.planner import make_plan
 
     total = torch.cuda.get_device_properties(0).total_memory
     plan = make_plan(

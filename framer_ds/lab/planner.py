@@ -5,8 +5,8 @@ Inputs, all without weights: the parameter census (lab/census.py), the measured 
 (lab/activations.py, with gradient checkpointing as configured and switched on) and the DeepSpeed JSON
 of each strategy with its "auto" buffers resolved as the engine would (engine.zero_buffers). The memory
 model (lab/memory_model.py) adds them up per strategy. A GPU's memory is not all the tensors': the plan
-keeps an allowance for the CUDA context, kernels' workspaces and the caching allocator's fragmentation,
-and says how much.
+keeps an allowance for the CUDA context, kernels' workspaces and the caching allocator's fragmentation
+(lab/hardware.py), and says how much.
 
 The recommendation is the fastest strategy that fits, in the order a step usually costs: DDP, ZeRO-2,
 ZeRO++ (only across nodes, where its quantized, node-local gathers pay), ZeRO-3, then the offloads. At
@@ -17,7 +17,6 @@ for the same global batch; else the same with gradient checkpointing switched on
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 from collections.abc import Sequence
@@ -28,19 +27,15 @@ from typing import Any
 from framer_ds.engine.zero_buffers import resolve_auto
 from framer_ds.lab.activations import ActivationProbe, probe_activations
 from framer_ds.lab.census import helper_modules, meta_model, task_census
+from framer_ds.lab.hardware import ALLOWANCE_FIXED, ALLOWANCE_SHARE, GiB, Hardware
 from framer_ds.lab.memory_model import STRATEGIES, MemoryEstimate, ParameterCensus, estimate
+from framer_ds.lab.micro_batch import MAX_MICRO_BATCH, largest_fitting, micro_batch_limit, split_batch
 from framer_ds.lab.stand_ins import stand_in_overrides
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
-GiB = 2**30
-ALLOWANCE_FIXED = GiB
-"""CUDA context and kernel workspaces (cuBLAS, NCCL): ~0.5-1 GiB on an H100 with torch 2.x."""
-ALLOWANCE_SHARE = 0.05
-"""The caching allocator's rounding and fragmentation, as a share of the GPU."""
 SPEED_ORDER = ("ddp", "zero2", "zeropp", "zero3", "zero2_offload", "zero3_offload")
 SINGLE_NODE_SIZES = (1, 2, 4, 8)
-MAX_MICRO_BATCH = 4096
 
 
 def parse_bytes(text: str) -> int:
@@ -50,35 +45,6 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"{text!r} is not a size; write e.g. 40GB, 80GiB or 512G")
     power = " KMGT".index(match.group(2).upper() or " ")
     return int(float(match.group(1)) * 1024**power)
-
-
-@dataclass(frozen=True)
-class Hardware:
-    gpus_per_node: int
-    nodes: int
-    gpu_bytes: int
-    cpu_bytes: int | None = None
-    """Host memory per node, for the offload strategies; None: not checked."""
-
-    @property
-    def world(self) -> int:
-        return self.gpus_per_node * self.nodes
-
-    @property
-    def allowance(self) -> int:
-        return ALLOWANCE_FIXED + int(ALLOWANCE_SHARE * self.gpu_bytes)
-
-    @property
-    def usable(self) -> int:
-        return self.gpu_bytes - self.allowance
-
-    def problems(self) -> list[str]:
-        if self.usable <= 0:
-            return [
-                f"{self.gpu_bytes / GiB:.2f} GiB per GPU leaves nothing after the {self.allowance / GiB:.2f} "
-                "GiB allowance for the CUDA context and fragmentation; give the GPU's memory, e.g. 40GB"
-            ]
-        return []
 
 
 @dataclass
@@ -166,39 +132,6 @@ def resolved_zero(strategy: str, census: ParameterCensus, deepspeed_dir: Path, h
     return zero
 
 
-def _largest_fitting(fits, limit: int = MAX_MICRO_BATCH) -> int:
-    """The largest k in [1, limit] with fits(k), for a monotone fits; 0 when none."""
-    if not fits(1):
-        return 0
-    low, high = 1, 2
-    while high <= limit and fits(high):
-        low, high = high, high * 2
-    high = min(high, limit + 1)
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
-
-
-def micro_batch_limit(train_examples: int | None, world: int) -> tuple[int, str]:
-    """The largest micro-batch worth searching and what sets it: a rank never sees a micro-batch larger
-    than its share of the training set (1,437 examples on 1 rank: 1,437, not 4,096)."""
-    if train_examples is not None and math.ceil(train_examples / world) < MAX_MICRO_BATCH:
-        return max(1, math.ceil(train_examples / world)), "data"
-    return MAX_MICRO_BATCH, "search limit"
-
-
-def _split_batch(global_batch: int, world: int, largest: int) -> tuple[int, int]:
-    """(micro-batch, accumulation) for `global_batch` over `world` ranks, the micro-batch at most
-    `largest`: the largest one that divides each rank's share, so the global batch stays exact; when
-    the share does not split over the ranks, the largest micro-batch with accumulation rounded up."""
-    if global_batch % world:
-        return largest, max(1, math.ceil(global_batch / (largest * world)))
-    share = global_batch // world
-    micro = max(d for d in range(1, min(largest, share) + 1) if share % d == 0)
-    return micro, share // micro
-
-
 def strategy_row(
     strategy: str,
     census: ParameterCensus,
@@ -222,9 +155,9 @@ def strategy_row(
         host_ok = hardware.cpu_bytes is None or host_per_node(found) <= hardware.cpu_bytes
         return found.peak("device") <= hardware.usable and host_ok
 
-    largest = _largest_fitting(lambda k: within(memory(k)), limit[0])
+    largest = largest_fitting(lambda k: within(memory(k)), limit[0])
     limited_by = limit[1] if largest == limit[0] else "memory"
-    runs_at, accumulation = _split_batch(
+    runs_at, accumulation = split_batch(
         global_batch, hardware.world, min(micro_batch, largest) or micro_batch
     )
     found = memory(micro_batch)

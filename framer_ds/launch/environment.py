@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from framer_ds.config.accelerate_yaml_rules import uses_deepspeed_runner
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.config.launch_check import load_yaml_file, uses_deepspeed_runner
+from framer_ds.config.launch_files import load_yaml_file
 from framer_ds.launch.hostfile import hostfile_problems
 
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 from accelerate import Accelerator
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.config.schema import RunConfigBase
+from framer_ds.config.schema import RunConfigBase, TrainConfig
 from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
 from framer_ds.tasks.base import Task
 from framer_ds.train.lr_schedule import build_lr_scheduler
@@ -53,6 +53,30 @@ def fused_adam_supported(device: torch.device, parameters: list[torch.nn.Paramet
     return floating and device.type in _get_fused_kernels_supported_devices()
 
 
+def training_loaders(
+    task: Task, train_cfg: TrainConfig, train_set: Dataset, eval_set: Dataset | None
+) -> tuple[DataLoader, DataLoader | None]:
+    """The training loader (the task's sampler, else shuffled; the last short batch dropped) and the
+    eval loader, before `prepare`. The training loader shuffles with its own generator, seeded from
+    train.seed: PyTorch otherwise draws each epoch iterator's base seed from the global RNG, which on
+    resume would shift the dropout/augmentation stream restored by load_state."""
+    loader_kwargs = {
+        "batch_size": train_cfg.micro_batch_size,
+        "collate_fn": task.collate_fn(),
+        "num_workers": train_cfg.num_workers,
+        "pin_memory": torch.cuda.is_available(),
+        "persistent_workers": train_cfg.num_workers > 0,
+    }
+    sampler = task.train_sampler(train_set)
+    order = {"sampler": sampler} if sampler is not None else {"shuffle": True}
+    shuffle_generator = torch.Generator().manual_seed(train_cfg.seed)
+    train_loader = DataLoader(
+        train_set, drop_last=True, generator=shuffle_generator, **order, **loader_kwargs
+    )
+    eval_loader = DataLoader(eval_set, shuffle=False, **loader_kwargs) if eval_set is not None else None
+    return train_loader, eval_loader
+
+
 def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainingRun:
     train_cfg = config.train
     train_set, eval_set = task.build_datasets()
@@ -90,22 +114,7 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         weight_decay=train_cfg.weight_decay,
         fused=fused_adam_supported(accelerator.device, trainable),
     )
-    loader_kwargs = {
-        "batch_size": train_cfg.micro_batch_size,
-        "collate_fn": task.collate_fn(),
-        "num_workers": train_cfg.num_workers,
-        "pin_memory": torch.cuda.is_available(),
-        "persistent_workers": train_cfg.num_workers > 0,
-    }
-    # The loader's own generator: PyTorch otherwise draws each epoch iterator's base seed from the
-    # global RNG, which on resume would shift the dropout/augmentation stream restored by load_state.
-    sampler = task.train_sampler(train_set)
-    order = {"sampler": sampler} if sampler is not None else {"shuffle": True}
-    shuffle_generator = torch.Generator().manual_seed(train_cfg.seed)
-    train_loader = DataLoader(
-        train_set, drop_last=True, generator=shuffle_generator, **order, **loader_kwargs
-    )
-    eval_loader = DataLoader(eval_set, shuffle=False, **loader_kwargs) if eval_set is not None else None
+    train_loader, eval_loader = training_loaders(task, train_cfg, train_set, eval_set)
     plan = plan_steps(len(train_set), train_cfg, accelerator.num_processes)
     scheduler = build_lr_scheduler(train_cfg.lr_scheduler, optimizer, plan.warmup_steps, plan.total_steps)
     if eval_loader is not None:

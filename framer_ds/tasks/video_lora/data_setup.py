@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig
+from framer_ds.tasks.video_lora.data.image_pairs import scan_image_pairs
 from framer_ds.tasks.video_lora.data.motion_score import MotionBuckets, WithMotionBucket, motion_rates
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.tasks.video_lora.data.video_clips import (
@@ -29,7 +30,6 @@ from framer_ds.tasks.video_lora.data.video_index import (
     format_report,
     rejected_lines,
     require_usable,
-    scan_image_pairs,
 )
 
 REJECTED_SHOWN = 20  # rejected files named in the run summary; `data check` lists them all

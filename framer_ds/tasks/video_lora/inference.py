@@ -215,6 +215,65 @@ def load_frame(path: Path, height: int, width: int, device: str, resize: str = "
     return (out.clamp(0, 1) * 2 - 1).to(device)
 
 
+def require_flags_fit_adapter(metadata: dict[str, Any], options: VideoSampleCommandOptions) -> None:
+    """ConfigError when a flag does not fit the export: --last-image for its mode, the Framer-only flags
+    (--tracks, --controlnet-*) for an SVD base."""
+    if (metadata["mode"] == "interpolation") != (options.last_image is not None):
+        need = "required" if metadata["mode"] == "interpolation" else "not used"
+        problem = ConfigProblem(
+            "--last-image", f"this is a {metadata['mode']} adapter: --last-image is {need}"
+        )
+        raise ConfigError([problem], "sample")
+    framer_flags = {
+        "--tracks": options.tracks,
+        "--controlnet-scale": options.controlnet_scale,
+        "--controlnet-step-range": options.controlnet_step_range,
+    }
+    given = [flag for flag, value in framer_flags.items() if value is not None]
+    if metadata.get("base") != "framer" and given:
+        flag = given[0]
+        problem = ConfigProblem(
+            flag,
+            f"this export's base is {metadata.get('base', 'svd')!r}, which has no trajectory ControlNet: "
+            "point tracks condition Framer exports only (model.base: framer); drop the flag",
+        )
+        raise ConfigError([problem], "sample")
+
+
+def load_sampler_parts(
+    adapter_dir: Path,
+    metadata: dict[str, Any],
+    options: VideoSampleCommandOptions,
+    num_frames: int,
+    device: str,
+    dtype: torch.dtype,
+):
+    """(SamplerParts, FramerSampling or None) for the export: Framer's UNet, ControlNet and conditioning
+    convention with the flags' tracks and ControlNet settings (the tracks file is read before any model
+    loads), or stock SVD's pipeline with the adapter merged."""
+    from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts
+
+    if metadata.get("base") != "framer":
+        pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
+        return SamplerParts.from_pipeline(pipe), None
+    from framer_ds.tasks.video_lora.framer_inference import framer_sampler_parts
+    from framer_ds.tasks.video_lora.sample_tracks import tracks_conditioning
+
+    heatmaps = None  # the tracks file is checked before any model loads
+    if options.tracks is not None:
+        with Image.open(options.image) as image:
+            image_size = image.size
+        size = (metadata["height"], metadata["width"])
+        heatmaps = tracks_conditioning(options.tracks, image_size, num_frames, *size, options.resize, dtype)
+    parts, framer = framer_sampler_parts(adapter_dir, metadata, device, dtype)
+    framer.controlnet_cond = heatmaps
+    if options.controlnet_scale is not None:
+        framer.conditioning_scale = options.controlnet_scale
+    if options.controlnet_step_range is not None:
+        framer.step_range = options.controlnet_step_range
+    return parts, framer
+
+
 def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str:
     """Write one video from the adapter in `adapter_dir`; returns the line to print."""
     from framer_ds.data.progress import sampling_progress
@@ -224,57 +283,18 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
         write_frame_pngs,
         write_video,
     )
-    from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts, sample_video
+    from framer_ds.tasks.video_lora.diffusion.sampling import sample_video
 
     device = options.resolved_device()
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     metadata = read_adapter_metadata(adapter_dir)
-    if (metadata["mode"] == "interpolation") != (options.last_image is not None):
-        need = "required" if metadata["mode"] == "interpolation" else "not used"
-        problem = ConfigProblem(
-            "--last-image", f"this is a {metadata['mode']} adapter: --last-image is {need}"
-        )
-        raise ConfigError([problem], "sample")
-    is_framer = metadata.get("base") == "framer"
-    framer_flags = {
-        "--tracks": options.tracks,
-        "--controlnet-scale": options.controlnet_scale,
-        "--controlnet-step-range": options.controlnet_step_range,
-    }
-    given = [flag for flag, value in framer_flags.items() if value is not None]
-    if not is_framer and given:
-        flag = given[0]
-        problem = ConfigProblem(
-            flag,
-            f"this export's base is {metadata.get('base', 'svd')!r}, which has no trajectory ControlNet: "
-            "point tracks condition Framer exports only (model.base: framer); drop the flag",
-        )
-        raise ConfigError([problem], "sample")
+    require_flags_fit_adapter(metadata, options)
     size = (metadata["height"], metadata["width"])
     first = load_frame(options.image, *size, device, options.resize)
     last = load_frame(options.last_image, *size, device, options.resize) if options.last_image else None
     fps = options.fps or metadata.get("fps") or DEFAULT_FPS
     num_frames = options.num_frames or metadata["num_frames"]
-    if is_framer:  # Framer's UNet, ControlNet and conditioning convention
-        from framer_ds.tasks.video_lora.framer_inference import framer_sampler_parts
-        from framer_ds.tasks.video_lora.sample_tracks import tracks_conditioning
-
-        heatmaps = None  # the tracks file is checked before any model loads
-        if options.tracks is not None:
-            with Image.open(options.image) as image:
-                image_size = image.size
-            heatmaps = tracks_conditioning(
-                options.tracks, image_size, num_frames, *size, options.resize, dtype
-            )
-        parts, framer = framer_sampler_parts(adapter_dir, metadata, device, dtype)
-        framer.controlnet_cond = heatmaps
-        if options.controlnet_scale is not None:
-            framer.conditioning_scale = options.controlnet_scale
-        if options.controlnet_step_range is not None:
-            framer.step_range = options.controlnet_step_range
-    else:
-        pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
-        parts, framer = SamplerParts.from_pipeline(pipe), None
+    parts, framer = load_sampler_parts(adapter_dir, metadata, options, num_frames, device, dtype)
     with sampling_progress(options.steps, "sample") as bar:
         frames = sample_video(
             parts,

@@ -1,7 +1,9 @@
 """The `video_lora` task: SVD fine-tuned with LoRA under the EDM objective SVD was trained with.
 
 Only the UNet (with its LoRA) is trainable and goes through `prepare`; the VAE and CLIP image encoder
-are frozen, built outside ZeRO-3 init, and kept on the device in the compute dtype.
+are frozen, built outside ZeRO-3 init, and kept on the device in the compute dtype. Beside it: the
+pre-flight (preflight.py), the latent cache (latent_caching.py) and the sampling during training
+(training_samples.py).
 """
 
 from __future__ import annotations
@@ -11,26 +13,19 @@ import zlib
 from pathlib import Path
 
 import torch
-from accelerate.utils import send_to_device
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
-from framer_ds.engine.precision import compute_dtype, to_compute_dtype
-from framer_ds.engine.rng import isolated_seed
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers --format framer)
-from framer_ds.tasks.video_lora.cache_fingerprints import latent_cache
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
-from framer_ds.tasks.video_lora.data.item_draws import drawn_at_epoch
-from framer_ds.tasks.video_lora.data.latent_cache import CachedEntryDataset, LatentCache, fill_cache
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.tasks.video_lora.data.video_clips import validate_svd_size
-from framer_ds.tasks.video_lora.data_setup import VideoLoraData, layout_problems
+from framer_ds.tasks.video_lora.data_setup import VideoLoraData
 from framer_ds.tasks.video_lora.diffusion import edm
 from framer_ds.tasks.video_lora.diffusion.temporal_context import set_temporal_context_order
 from framer_ds.tasks.video_lora.encoding import (
@@ -51,15 +46,16 @@ from framer_ds.tasks.video_lora.inference import (
     export_metadata,
     sample_to_file,
 )
-from framer_ds.tasks.video_lora.interp_eval import interp_eval_problems, lpips_note, with_eval_pixels
-from framer_ds.tasks.video_lora.tracks_setup import build_tracks, track_problems, with_controlnet_cond
+from framer_ds.tasks.video_lora.interp_eval import lpips_note
+from framer_ds.tasks.video_lora.latent_caching import VideoLatentCaching
+from framer_ds.tasks.video_lora.preflight import config_problems
+from framer_ds.tasks.video_lora.tracks_setup import build_tracks, with_controlnet_cond
+from framer_ds.tasks.video_lora.training_samples import VideoTrainingSamples
 from framer_ds.tasks.video_lora.unet_lora import build_svd_lora_unet
-
-SVD_SUBFOLDERS = ("unet", "vae", "image_encoder")
 
 
 @register_task
-class VideoLoraTask(VideoEvalMemory, Task):
+class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, Task):
     name = "video_lora"
     summary = (
         "LoRA fine-tuning of Stable Video Diffusion (image-to-video or first/last-frame interpolation, EDM)."
@@ -102,36 +98,7 @@ class VideoLoraTask(VideoEvalMemory, Task):
         return self.config.data.layout == "image_pairs"
 
     def check(self) -> list[ConfigProblem]:
-        model, data = self.config.model, self.config.data
-        problems = validate_svd_size(data.height, data.width)
-        if model.builtin is None:
-            missing = [s for s in SVD_SUBFOLDERS if not (self.svd_path() / s / "config.json").is_file()]
-            if missing:
-                problems.append(
-                    ConfigProblem(
-                        "model.pretrained_model_name_or_path",
-                        f"{self.svd_path()} is not a diffusers SVD directory (missing {', '.join(missing)}/"
-                        "config.json). Download it once, e.g. `huggingface-cli download "
-                        "stabilityai/stable-video-diffusion-img2vid-xt --local-dir DIR`, and point this "
-                        "key at DIR.",
-                    )
-                )
-        if data.builtin is None and not self.data_root().is_dir():
-            problems.append(
-                ConfigProblem("data.root", f"{data.root} does not exist; point it at a video folder.")
-            )
-        if self.framer is not None:
-            problems += self.framer.check(self.config.data)
-        problems += interp_eval_problems(self.config)
-        if model.motion_bucket == "from_data" and self.uses_pairs:
-            problems.append(
-                ConfigProblem(
-                    "model.motion_bucket",
-                    "from_data scores videos; image pairs have no motion to score: set a number such as 127",
-                )
-            )
-        problems += track_problems(self.config.data, framer_base=self.framer is not None)
-        return problems + layout_problems(self.config.data, model.mode, model.fps)
+        return config_problems(self.config, self.svd_path(), self.data_root(), self.framer)
 
     def prepare_data(self) -> None:
         if self.config.model.builtin == "tiny_svd":
@@ -218,63 +185,6 @@ class VideoLoraTask(VideoEvalMemory, Task):
     def frozen_helpers(self) -> list[torch.nn.Module]:
         """With the latent cache on they are on the device only to fill it and to draw samples."""
         return [] if self.config.data.cache.enabled else list(self.frozen.load())
-
-    # --- latent cache --------------------------------------------------------------------------------
-
-    def precompute(self, accelerator, train_set, eval_set):
-        """Pixel datasets -> cached latent datasets when `data.cache.enabled` (every rank)."""
-        self._raw_eval_or_train = eval_set if eval_set is not None else train_set
-        if not self.config.data.cache.enabled:
-            return train_set, eval_set
-        cached_train = self._cached(train_set, "train", self.config.data.cache.clips_per_video)
-        cached_eval = self._cached(eval_set, "eval", 1) if eval_set is not None else None
-        self.frozen.release()
-        tracks = self.config.data.tracks
-        if tracks is not None:  # controlnet_cond is computed at load from the entry's clip placement
-            seed = self.config.train.seed
-            cached_train = with_controlnet_cond(cached_train, self._track_records, tracks, seed)
-            cached_eval = with_controlnet_cond(cached_eval, self._track_records, tracks, seed)
-        return cached_train, with_eval_pixels(cached_eval, eval_set, self.config)  # interp_eval's truth
-
-    def _cache_for(self, dataset: Dataset, split: str, copies: int) -> LatentCache:
-        dtype = str(compute_dtype(self.accelerator))
-        return latent_cache(
-            self.config, dataset, split, copies, self.svd_path(), dtype, self.framer is not None
-        )
-
-    def _cached(self, dataset: Dataset, split: str, copies: int) -> CachedEntryDataset:
-        """Entry i is item i % n: training entries draw augmentation and the conditioning-noise strength
-        as training would, eval entries use the fixed eval settings. Copy k = i // n of a clip takes the
-        augmentation epoch k would draw, and the noise strength from the entry's own seeded stream."""
-        accelerator = self.accelerator
-        cache = self._cache_for(dataset, split, copies)
-
-        def encode(entry: int):
-            if self.frozen.vae is None:  # loaded only when something is left to encode
-                self.frozen.on_device(self.accelerator)
-            copy, index = divmod(entry, len(dataset))
-            with isolated_seed(self.config.train.seed * 1_000_003 + entry), drawn_at_epoch(dataset, copy):
-                item = dataset[index]
-                batch = send_to_device(default_collate([item]), accelerator.device)
-                batch = to_compute_dtype(accelerator, batch, self.full_precision_keys)
-                encoded = self._encode(batch, self._eval_generator(batch) if split == "eval" else None)
-                encoded.motion_bucket = batch.get("motion_bucket_id")  # from_data: stored with the entry
-            placement = {"placement": item["placement"]} if "placement" in item else {}
-            return encoded.cache_entry(0), {"video_id": item["video_id"], **placement}
-
-        built = fill_cache(
-            cache,
-            encode,
-            accelerator.process_index,
-            accelerator.num_processes,
-            accelerator.wait_for_everyone,
-            accelerator.is_main_process,
-        )
-        accelerator.print(
-            f"latent cache ({split}): {cache.size} clips in {cache.path}"
-            + (f" ({built} encoded on rank 0)" if built else " (reused)")
-        )
-        return CachedEntryDataset(cache)
 
     # --- objective -----------------------------------------------------------------------------------
 
@@ -395,24 +305,6 @@ class VideoLoraTask(VideoEvalMemory, Task):
             values.update(self._interp_eval(model, batch))
         return values
 
-    def _interp_eval(self, model, batch) -> dict[str, torch.Tensor]:
-        """`model.interp_eval` (`interp_eval.py`); every rank calls it (ZeRO-3 collectives)."""
-        from framer_ds.tasks.video_lora.interp_eval import interp_eval_batch
-
-        self.frozen.lent = self.config.data.cache.enabled  # until the next training step
-        framer = self.framer.sampling if self.framer is not None else None
-        return interp_eval_batch(self._sampler_parts(model), batch, self.config.model, framer)
-
-    def _sampler_parts(self, model):
-        """The model being trained with the frozen VAE and encoder on the device and SVD's scheduler."""
-        from diffusers import EulerDiscreteScheduler
-
-        from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts
-
-        vae, encoder = self.frozen.on_device(self.accelerator)
-        scheduler = EulerDiscreteScheduler.from_pretrained(self.svd_path(), subfolder="scheduler")
-        return SamplerParts(model, self.unet_config, vae, encoder, scheduler)
-
     def summarize_eval(self, sums: dict[str, torch.Tensor], num_samples: int) -> dict[str, float]:
         """Per-clip means, and `eval/flicker_ratio` as a ratio of two totals (interp_metrics.py)."""
         from framer_ds.tasks.video_lora.metrics.interp_metrics import (
@@ -422,45 +314,6 @@ class VideoLoraTask(VideoEvalMemory, Task):
 
         rest = {k: v for k, v in sums.items() if k not in INTERP_METRIC_KEYS}
         return {**super().summarize_eval(rest, num_samples), **summarize_interp_metrics(sums, num_samples)}
-
-    # --- validation samples --------------------------------------------------------------------------
-
-    def sample_every(self) -> int:
-        return self.config.model.samples.every
-
-    def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
-        """`model.samples.count` videos from held-out first (and last) frames, written under
-        out_dir/step_N/; every rank takes part (ZeRO-3 forwards are collectives)."""
-        from framer_ds.tasks.video_lora.validation_samples import collect_sample_inputs, write_sample_round
-
-        options = self.config.model
-        if self._sample_inputs is None:
-            self._sample_inputs = collect_sample_inputs(
-                self._raw_eval_or_train,
-                options.samples,
-                interpolation=options.mode == "interpolation",
-                with_reference=not self.uses_pairs,
-                fps=options.fps,
-            )
-        parts = self._sampler_parts(model)
-        was_training = model.training
-        model.eval()
-        try:
-            return write_sample_round(
-                accelerator,
-                parts,
-                self._sample_inputs,
-                options.samples,
-                self.config.data.num_frames,
-                options.fixed_motion_bucket,
-                Path(out_dir) / f"step_{step}",
-                tile_size=options.vae_tile_size,
-                framer=self.framer.sampling() if self.framer is not None else None,
-            )
-        finally:
-            model.train(was_training)
-            if self.config.data.cache.enabled:
-                self.frozen.release()
 
     # --- export --------------------------------------------------------------------------------------
 

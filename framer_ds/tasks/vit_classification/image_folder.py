@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -160,29 +159,11 @@ def hold_out(
     return train, val
 
 
-def scan_image_folder(
-    root: Path, verify_images: bool = False, validation_split: float | None = None, split_seed: int = 0
-) -> ImageFolderIndex:
-    """Index `root` (train/ and val/ or validation/ splits of class directories, or train/ alone with a
-    `validation_split`) and raise one `ConfigError` listing every layout problem found; with
-    `verify_images`, also every file PIL cannot read."""
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        what = "is a file, not a directory" if root.exists() else "does not exist"
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "data.root",
-                    f"{root} {what}; {LAYOUT_HINT}. Point data.root at the directory that holds "
-                    "train/ and val/.",
-                )
-            ],
-            source=str(root),
-        )
-
-    val_dir, problems = _validation_dir(root, validation_split)
-    splits = ["train"] + ([val_dir] if val_dir else [])
+def _class_dirs_by_split(root: Path, splits: list[str]) -> tuple[dict[str, list[str]], list[ConfigProblem]]:
+    """The class directories of each split present, and a problem for each split that is missing or
+    holds no class directory (images put directly in it are counted in the message)."""
     classes_by_split: dict[str, list[str]] = {}
+    problems: list[ConfigProblem] = []
     for split in splits:
         split_dir = root / split
         if not split_dir.is_dir():
@@ -212,6 +193,49 @@ def scan_image_folder(
                 )
             )
         classes_by_split[split] = class_names
+    return classes_by_split, problems
+
+
+def _unreadable_image_problems(paths: list[Path]) -> list[ConfigProblem]:
+    """A problem for each file PIL cannot read (`verify_images`)."""
+    problems = []
+    for path in paths:
+        reason = verify_image(path)
+        if reason is not None:
+            problems.append(
+                ConfigProblem(
+                    str(path),
+                    f"PIL cannot read this image ({reason}). Delete the file or replace it "
+                    "with a valid image.",
+                )
+            )
+    return problems
+
+
+def scan_image_folder(
+    root: Path, verify_images: bool = False, validation_split: float | None = None, split_seed: int = 0
+) -> ImageFolderIndex:
+    """Index `root` (train/ and val/ or validation/ splits of class directories, or train/ alone with a
+    `validation_split`) and raise one `ConfigError` listing every layout problem found; with
+    `verify_images`, also every file PIL cannot read."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "data.root",
+                    f"{root} {what}; {LAYOUT_HINT}. Point data.root at the directory that holds "
+                    "train/ and val/.",
+                )
+            ],
+            source=str(root),
+        )
+
+    val_dir, problems = _validation_dir(root, validation_split)
+    splits = ["train"] + ([val_dir] if val_dir else [])
+    classes_by_split, missing = _class_dirs_by_split(root, splits)
+    problems += missing
 
     train_classes = classes_by_split.get("train", [])
     val_classes = classes_by_split.get(val_dir, []) if val_dir else []
@@ -237,17 +261,7 @@ def scan_image_folder(
             items[split] += [(path, label_of[name]) for path in images]
 
     if verify_images:
-        for split in splits:
-            for path, _ in items[split]:
-                reason = verify_image(path)
-                if reason is not None:
-                    problems.append(
-                        ConfigProblem(
-                            str(path),
-                            f"PIL cannot read this image ({reason}). Delete the file or replace it "
-                            "with a valid image.",
-                        )
-                    )
+        problems += _unreadable_image_problems([path for split in splits for path, _ in items[split]])
 
     if problems:
         raise ConfigError(problems, source=str(root))
@@ -256,91 +270,6 @@ def scan_image_folder(
     train, val = hold_out(items["train"], validation_split, split_seed)
     source = f"{validation_split:.0%} of train/ held out (stratified by class, seed {split_seed})"
     return ImageFolderIndex(root, classes, train, val, source)
-
-
-class ImageTransform:
-    """PIL image -> normalised float32 CHW tensor, with optional train-time pad+crop and flip.
-
-    All randomness comes from torch's global RNG: the checkpoint saves and restores torch's RNG
-    state, and DataLoader workers are seeded from it, so a resumed run replays the same augmentations.
-    Python's `random` and numpy are not used for that reason.
-    """
-
-    def __init__(
-        self,
-        image_size: int,
-        num_channels: int,
-        mean: Sequence[float],
-        std: Sequence[float],
-        train: bool,
-        random_crop_padding: int = 0,
-        hflip: bool = False,
-        padding_mode: Literal["constant", "edge"] = "constant",
-    ) -> None:
-        if image_size < 1:
-            raise ValueError(f"image_size must be >= 1, got {image_size}; set it to the model's input size.")
-        if num_channels not in (1, 3):
-            raise ValueError(
-                f"num_channels must be 1 (grayscale) or 3 (RGB), got {num_channels}; set it to the "
-                "model's number of input channels."
-            )
-        if len(mean) != num_channels or len(std) != num_channels:
-            raise ValueError(
-                f"mean and std need one value per channel ({num_channels}), got {len(mean)} and "
-                f"{len(std)}; e.g. mean=[0.5]*{num_channels}, std=[0.5]*{num_channels}."
-            )
-        if any(s <= 0 for s in std):
-            raise ValueError(f"every std must be > 0, got {list(std)}; a zero std divides by zero.")
-        if random_crop_padding < 0:
-            raise ValueError(
-                f"random_crop_padding must be >= 0, got {random_crop_padding}; use 0 to disable."
-            )
-        if padding_mode not in ("constant", "edge"):
-            raise ValueError(f"padding_mode must be 'constant' or 'edge', got {padding_mode!r}.")
-        self.image_size = image_size
-        self.num_channels = num_channels
-        self.mode = "L" if num_channels == 1 else "RGB"
-        self.mean = torch.tensor(list(mean), dtype=torch.float32).view(-1, 1, 1)
-        self.std = torch.tensor(list(std), dtype=torch.float32).view(-1, 1, 1)
-        self.train = train
-        self.random_crop_padding = random_crop_padding
-        self.hflip = hflip
-        self.padding_mode = padding_mode
-
-    def __repr__(self) -> str:
-        return (
-            f"ImageTransform(image_size={self.image_size}, num_channels={self.num_channels}, "
-            f"train={self.train}, random_crop_padding={self.random_crop_padding}, hflip={self.hflip})"
-        )
-
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        if image.mode != self.mode:
-            image = image.convert(self.mode)
-        size = (self.image_size, self.image_size)
-        if image.size != size:
-            # Pillow's bicubic resize is antialiased when shrinking (its filter support widens).
-            image = image.resize(size, Image.Resampling.BICUBIC)
-        array = np.array(image, dtype=np.uint8)  # a copy: torch.from_numpy warns on read-only arrays
-        pixels = torch.from_numpy(array)
-        pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
-        pixels = pixels.to(torch.float32).div_(255.0)
-        if self.train:
-            pixels = self._augment(pixels)
-        return (pixels - self.mean) / self.std
-
-    def _augment(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Pad-then-random-crop (torchvision RandomCrop(padding)) and a p=0.5 horizontal flip, done
-        before normalisation so a zero fill is black, as with torchvision on PIL images."""
-        pad = self.random_crop_padding
-        if pad > 0:
-            mode = "constant" if self.padding_mode == "constant" else "replicate"
-            padded = torch.nn.functional.pad(pixels.unsqueeze(0), (pad, pad, pad, pad), mode=mode)[0]
-            top = int(torch.randint(0, 2 * pad + 1, (1,)).item())
-            left = int(torch.randint(0, 2 * pad + 1, (1,)).item())
-            pixels = padded[:, top : top + self.image_size, left : left + self.image_size].contiguous()
-        if self.hflip and torch.rand(1).item() < 0.5:
-            pixels = pixels.flip(-1)
-        return pixels
 
 
 class ImageFolderDataset(Dataset):

@@ -24,9 +24,9 @@ from framer_ds.tasks.vit_classification.digits import DIGITS_DIRNAME, ensure_dig
 from framer_ds.tasks.vit_classification.image_folder import (
     ImageFolderDataset,
     ImageFolderIndex,
-    ImageTransform,
     scan_image_folder,
 )
+from framer_ds.tasks.vit_classification.image_transform import ImageTransform
 
 
 class VitModelConfig(StrictModel):

@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from framer_ds.config.errors import ConfigProblem
+from framer_ds.tasks.video_lora.data.clip_reader import read_clip
 from framer_ds.tasks.video_lora.data.point_tracks import (
     TRACKS_FORMAT_VERSION,
     Tracks,
     VideoTracks,
     window_starts,
 )
-from framer_ds.tasks.video_lora.data.video_clips import read_clip
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 
 DECODE_CHUNK_FRAMES = 16  # frames decoded at source resolution at a time

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from framer_ds.storage.atomic import atomic_write_json
-from framer_ds.tasks.video_lora.data.video_clips import read_clip
+from framer_ds.tasks.video_lora.data.clip_reader import read_clip
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 from framer_ds.tasks.video_lora.data.wrapped_dataset import ForwardsToWrapped
 

@@ -33,8 +33,9 @@ import numpy as np
 
 from framer_ds.config.errors import InputDataError
 from framer_ds.storage.atomic import atomic_file
+from framer_ds.tasks.video_lora.data.clip_reader import clip_indices
 from framer_ds.tasks.video_lora.data.synthetic_video import MovingShape, clip_seed
-from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, clip_indices
+from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 
 TRACKS_FORMAT_VERSION = 2

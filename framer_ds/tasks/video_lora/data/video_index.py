@@ -8,7 +8,7 @@ manifest) and, per file, by (size, mtime_ns): adding one video re-probes one vid
 
 Frame numbers are positions in time, `round((pts - first_pts) * time_base * fps)` with `first_pts`
 the first decoded frame's; for a constant-frame-rate video that is the n-th frame a full decode
-returns, which is what `video_clips.read_clip` reads.
+returns, which is what `clip_reader.read_clip` reads.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from framer_ds.storage.atomic import atomic_write_text
 av = LazyModule("av", "indexing videos (video_lora data)")
 
 VIDEO_EXTENSIONS: frozenset[str] = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm"})
-PAIR_EXTENSIONS: frozenset[str] = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 MANIFEST_COLUMNS: tuple[str, ...] = ("path", "start_frame", "end_frame", "fps", "caption")
 CACHE_VERSION = 1
 REENCODE_HINT = "re-encode it (ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4) or delete it"
@@ -376,37 +375,3 @@ def require_usable(index: VideoIndex, where: str, max_rejected_fraction: float =
     problems = [ConfigProblem(where, f"{what}. {fix}\n{format_report(index)}")]
     problems += [ConfigProblem(str(path), reason) for path, reason in index.rejected]
     raise ConfigError(problems, source=str(index.root))
-
-
-def scan_image_pairs(root: Path) -> list[tuple[str, Path, Path]]:
-    """(id, start, end) for every `{id}_start.ext` + `{id}_end.ext` under `root` (recursive; the id
-    keeps its sub-directory). A half without its partner, or one id in two formats, is a problem."""
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise ConfigError([ConfigProblem("data.root", f"{root} is not a directory.")], str(root))
-    halves: dict[str, dict[str, list[Path]]] = {}
-    for path in sorted(p for p in root.rglob("*") if p.suffix.lower() in PAIR_EXTENSIONS):
-        for role in ("start", "end"):
-            if path.stem.endswith(f"_{role}") and not path.name.startswith("."):
-                pid = (path.parent / path.stem[: -len(role) - 1]).relative_to(root).as_posix()
-                halves.setdefault(pid, {"start": [], "end": []})[role].append(path)
-    pairs, problems = [], []
-    for pid, found in sorted(halves.items()):
-        for role, other in (("start", "end"), ("end", "start")):
-            if len(found[role]) > 1:
-                names = ", ".join(p.name for p in found[role])
-                problems.append(ConfigProblem(pid, f"several {role} images ({names}); keep one."))
-            if found[role] and not found[other]:
-                problems.append(
-                    ConfigProblem(
-                        str(found[role][0]),
-                        f"no matching {pid}_{other}.(png|jpg|jpeg|webp); add it or remove this file.",
-                    )
-                )
-        if len(found["start"]) == 1 and len(found["end"]) == 1:
-            pairs.append((pid, found["start"][0], found["end"][0]))
-    if not halves:
-        problems.append(ConfigProblem(str(root), "no {id}_start.png / {id}_end.png image pairs found."))
-    if problems:
-        raise ConfigError(problems, source=str(root))
-    return pairs

@@ -88,6 +88,68 @@ def decode_latents(vae: torch.nn.Module, latents: Tensor, num_frames: int, chunk
     )
 
 
+def conditional_and_unconditional(
+    parts: SamplerParts,
+    first: Tensor,
+    last: Tensor | None,
+    num_frames: int,
+    noise_aug_strength: float,
+    generator: torch.Generator | None,
+    tile_size: int | None,
+    framer: FramerSampling | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(image embeddings, conditional latents, unconditional latents, first-frame latents) for
+    image-to-video, SVD interpolation (mask channel appended) or Framer's convention. The first frame's
+    latents draw their noise from `generator` before the last frame's, as the pipelines do."""
+    image_emb = clip_image_embeddings(parts.image_encoder, first[None])
+    first_lat = conditioning_latents(
+        parts.vae, first[None], noise_aug_strength, generator=generator, tile_size=tile_size
+    )
+    if framer is not None:
+        if last is None:
+            raise ValueError("a Framer model interpolates: pass the last frame")
+        last_lat = conditioning_latents(
+            parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
+        )
+        image_emb = torch.cat([image_emb, clip_image_embeddings(parts.image_encoder, last[None])], dim=1)
+        cond = framer_conditioning(first_lat, last_lat, framer.mask_token, num_frames)
+        zeros = torch.zeros_like(first_lat)
+        uncond = framer_conditioning(zeros, zeros, framer.mask_token, num_frames)
+    elif last is not None:
+        last_lat = conditioning_latents(
+            parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
+        )
+        cond, mask = interpolation_conditioning(first_lat, last_lat, num_frames)
+        uncond = torch.cat(
+            [torch.zeros_like(cond), mask.to(cond.dtype)], dim=2
+        )  # CFG drops content, not layout
+        cond = torch.cat([cond, mask.to(cond.dtype)], dim=2)
+    else:
+        cond = first_lat[:, None].expand(-1, num_frames, -1, -1, -1)
+        uncond = torch.zeros_like(cond)
+    return image_emb, cond, uncond, first_lat
+
+
+def controlnet_inputs(
+    framer: FramerSampling | None,
+    step: int,
+    num_steps: int,
+    guided: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """The ControlNet keywords of denoising step `step` of `num_steps`: none without Framer heatmaps;
+    the heatmaps (doubled for guidance) inside `framer.step_range`, None (ControlNet skipped) outside."""
+    if framer is None or framer.controlnet_cond is None:
+        return {}
+    low, high = framer.step_range
+    heatmaps = torch.cat([framer.controlnet_cond] * 2) if guided else framer.controlnet_cond
+    in_range = low <= step / num_steps < high
+    control: dict[str, Any] = {"controlnet_cond": heatmaps.to(device, dtype) if in_range else None}
+    control["conditioning_scale"] = framer.conditioning_scale
+    return control
+
+
 @torch.no_grad()
 def sample_video(
     parts: SamplerParts,
@@ -115,32 +177,9 @@ def sample_video(
     mask token on missing frames, the mask 1 there, zero latents and embeddings unconditionally."""
     device = first.device
     dtype = next(parts.unet.parameters()).dtype
-    image_emb = clip_image_embeddings(parts.image_encoder, first[None])
-    first_lat = conditioning_latents(
-        parts.vae, first[None], noise_aug_strength, generator=generator, tile_size=tile_size
+    image_emb, cond, uncond, first_lat = conditional_and_unconditional(
+        parts, first, last, num_frames, noise_aug_strength, generator, tile_size, framer
     )
-    if framer is not None:
-        if last is None:
-            raise ValueError("a Framer model interpolates: pass the last frame")
-        last_lat = conditioning_latents(
-            parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
-        )
-        image_emb = torch.cat([image_emb, clip_image_embeddings(parts.image_encoder, last[None])], dim=1)
-        cond = framer_conditioning(first_lat, last_lat, framer.mask_token, num_frames)
-        zeros = torch.zeros_like(first_lat)
-        uncond = framer_conditioning(zeros, zeros, framer.mask_token, num_frames)
-    elif last is not None:
-        last_lat = conditioning_latents(
-            parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
-        )
-        cond, mask = interpolation_conditioning(first_lat, last_lat, num_frames)
-        uncond = torch.cat(
-            [torch.zeros_like(cond), mask.to(cond.dtype)], dim=2
-        )  # CFG drops content, not layout
-        cond = torch.cat([cond, mask.to(cond.dtype)], dim=2)
-    else:
-        cond = first_lat[:, None].expand(-1, num_frames, -1, -1, -1)
-        uncond = torch.zeros_like(cond)
     time_ids = added_time_ids(fps, motion_bucket_id, noise_aug_strength, 1, parts.unet, device=device)
     guided = max_guidance_scale > 1.0
     if guided:
@@ -156,16 +195,10 @@ def sample_video(
     )
     guidance = guidance_scales(min_guidance_scale, max_guidance_scale, num_frames, guidance_schedule)
     guidance = guidance.to(device).view(1, -1, 1, 1, 1)
-    control: dict[str, Any] = {}
     for i, t in enumerate(scheduler.timesteps):
         model_in = torch.cat([latents] * 2) if guided else latents
         model_in = torch.cat([scheduler.scale_model_input(model_in, t), cond.float()], dim=2)
-        if framer is not None and framer.controlnet_cond is not None:
-            low, high = framer.step_range
-            heatmaps = torch.cat([framer.controlnet_cond] * 2) if guided else framer.controlnet_cond
-            in_range = low <= i / num_inference_steps < high
-            control = {"controlnet_cond": heatmaps.to(device, dtype) if in_range else None}
-            control["conditioning_scale"] = framer.conditioning_scale
+        control = controlnet_inputs(framer, i, num_inference_steps, guided, device, dtype)
         pred = parts.denoiser(
             model_in.to(dtype),
             t,

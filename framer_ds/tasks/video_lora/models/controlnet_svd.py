@@ -70,6 +70,50 @@ def _per_block(value, count: int) -> tuple:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,) * count
 
 
+def _skip_conv(channels: int) -> nn.Module:
+    """A zero-initialised 1x1 conv on one skip connection: a fresh ControlNet adds nothing."""
+    return _zeroed(nn.Conv2d(channels, channels, kernel_size=1))
+
+
+def _encoder_down_blocks(
+    down_block_types: tuple[str, ...],
+    block_out_channels: tuple[int, ...],
+    layers: tuple,
+    transformer_layers: tuple,
+    cross: tuple,
+    heads: tuple,
+    time_embed_dim: int,
+) -> tuple[nn.ModuleList, nn.ModuleList]:
+    """(down_blocks, controlnet_down_blocks): diffusers' down blocks of SVD's encoder half and the skip
+    conv of every skip connection they feed (the `conv_in` output, each resnet, each downsampler), built
+    in diffusers' ControlNet order (each down block, then its skip convs), which fixes the random draws
+    of a seeded construction."""
+    down_blocks = nn.ModuleList()
+    skip_convs = nn.ModuleList([_skip_conv(block_out_channels[0])])
+    output_channel = block_out_channels[0]
+    for i, block_type in enumerate(down_block_types):
+        input_channel, output_channel = output_channel, block_out_channels[i]
+        is_final = i == len(down_block_types) - 1
+        down_blocks.append(
+            get_down_block(
+                block_type,
+                num_layers=layers[i],
+                transformer_layers_per_block=transformer_layers[i],
+                in_channels=input_channel,
+                out_channels=output_channel,
+                temb_channels=time_embed_dim,
+                add_downsample=not is_final,
+                resnet_eps=1e-5,
+                cross_attention_dim=cross[i],
+                num_attention_heads=heads[i],
+                resnet_act_fn="silu",
+            )
+        )
+        for _ in range(layers[i] + (0 if is_final else 1)):
+            skip_convs.append(_skip_conv(output_channel))
+    return down_blocks, skip_convs
+
+
 class ControlNetSVDModel(ModelMixin, ConfigMixin):
     """Framer's ControlNet-SVD (config keys and parameter names as theirs; `with_id_feature` and the
     `feature_*` keys are accepted for config compatibility, Framer's release sets no id features)."""
@@ -132,33 +176,16 @@ class ControlNetSVDModel(ModelMixin, ConfigMixin):
             block_out_channels[0], conditioning_channels, tuple(conditioning_embedding_out_channels)
         )
 
-        def skip_conv(channels: int) -> nn.Module:
-            return _zeroed(nn.Conv2d(channels, channels, kernel_size=1))
-
-        self.down_blocks = nn.ModuleList()
-        self.controlnet_down_blocks = nn.ModuleList([skip_conv(block_out_channels[0])])
-        output_channel = block_out_channels[0]
-        for i, block_type in enumerate(down_block_types):
-            input_channel, output_channel = output_channel, block_out_channels[i]
-            is_final = i == count - 1
-            self.down_blocks.append(
-                get_down_block(
-                    block_type,
-                    num_layers=layers[i],
-                    transformer_layers_per_block=transformer_layers[i],
-                    in_channels=input_channel,
-                    out_channels=output_channel,
-                    temb_channels=time_embed_dim,
-                    add_downsample=not is_final,
-                    resnet_eps=1e-5,
-                    cross_attention_dim=cross[i],
-                    num_attention_heads=heads[i],
-                    resnet_act_fn="silu",
-                )
-            )
-            for _ in range(layers[i] + (0 if is_final else 1)):
-                self.controlnet_down_blocks.append(skip_conv(output_channel))
-        self.controlnet_mid_block = skip_conv(block_out_channels[-1])
+        self.down_blocks, self.controlnet_down_blocks = _encoder_down_blocks(
+            tuple(down_block_types),
+            tuple(block_out_channels),
+            layers,
+            transformer_layers,
+            cross,
+            heads,
+            time_embed_dim,
+        )
+        self.controlnet_mid_block = _skip_conv(block_out_channels[-1])
         self.mid_block = UNetMidBlockSpatioTemporal(
             block_out_channels[-1],
             temb_channels=time_embed_dim,
