@@ -109,6 +109,9 @@ def _launch_strategy(launch: str) -> str:
 
 
 @pytest.mark.slow  # ~5 min on 2 cores: every full-size model probed on fake tensors
+# 11 plans, 314 s on a quiet 2-core machine; with the other xdist worker and a loaded machine it passed
+# the default 600 s once (a fresh clone beside two other test runs), so it gets 4x its quiet time.
+@pytest.mark.timeout(1300)
 def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monkeypatch, tmp_path, capsys):
     """Every shipped config as shipped, before any download: no weight, tokenizer or data file anywhere
     it points (run from an empty directory, so a relative base like lora_sft's runs/.../final is absent
