@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from framer_ds.cli.main import LAUNCH_FLAGS, build_parser, main
+from framer_ds.cli.main import build_parser, main
+from framer_ds.cli.run_commands import LAUNCH_FLAGS
 from framer_ds.config.launch_check import check_launch_configs
 from framer_ds.launch.environment import hostfile_launch_problems
 from framer_ds.tasks.registry import get_task_class

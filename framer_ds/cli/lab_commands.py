@@ -9,22 +9,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from framer_ds.cli.command import CliCommand
 from framer_ds.cli.options import add_config_args
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.lab.memory_model import STRATEGIES
 
 
-def add_lab_commands(sub: argparse._SubParsersAction) -> None:
-    """The parsers of plan, bench and report."""
-    plan = sub.add_parser(
-        "plan",
-        help="which strategy fits on N GPUs, the largest micro-batch and the launch command (no weights)",
-        description="Count the parameters (meta device, no weight file read), measure the activations "
-        "(one forward + backward of the real model on fake tensors, at micro-batch 1 and 2, with gradient "
-        "checkpointing as configured and on), and add up every strategy's per-GPU memory with the "
-        "DeepSpeed JSONs' buffers. Prints which strategies fit, the largest micro-batch of each, the "
-        "accumulation for the global batch and the fastest strategy that fits, with its launch command.",
-    )
+def _plan_arguments(plan: argparse.ArgumentParser) -> None:
     add_config_args(plan)
     plan.add_argument("--gpus", type=int, required=True, help="GPUs per node")
     plan.add_argument("--gpu-memory", required=True, help="memory of one GPU, e.g. 40GB, 80GiB (GB = GiB)")
@@ -43,15 +34,8 @@ def add_lab_commands(sub: argparse._SubParsersAction) -> None:
     )
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
-    bench = sub.add_parser(
-        "bench",
-        help="short real trainings of a config per strategy and process count: memory, speed, loss, plots",
-        description="Train CONFIG for --steps optimizer steps under each strategy and process count, each "
-        "its own `accelerate launch`, measured alike (peak allocated memory per rank after every step, "
-        "s/step after two warm-up steps). Writes bench.json, bench.csv, bench.md and PNG plots (memory, "
-        "throughput, step time, scaling efficiency) to --output, and logs them to W&B when the config "
-        "does. A strategy that cannot run here becomes a row with its reason.",
-    )
+
+def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     add_config_args(bench)
     bench.add_argument(
         "--strategies", default="ddp,zero2,zero3", help="comma-separated, of " + ", ".join(STRATEGIES)
@@ -70,14 +54,8 @@ def add_lab_commands(sub: argparse._SubParsersAction) -> None:
         help="PyTorch profiler traces of steps 3-5 per run (Chrome trace JSON) and where the time goes",
     )
 
-    report = sub.add_parser(
-        "report",
-        help="PNG curves and a markdown table from run directories (metrics.jsonl, or a job's logs/*.out)",
-        description="Overlay the runs' loss, eval metrics, learning rate, throughput and memory over steps "
-        "(one PNG each, one legend entry per run) and write report.md with a summary table: steps, time, "
-        "samples/s, peak memory, final loss, final and best eval values. A run without metrics.jsonl is "
-        "read from its Slurm log (RUN_DIR/logs/*.out, or the .out file itself).",
-    )
+
+def _report_arguments(report: argparse.ArgumentParser) -> None:
     report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="output_dir of a run, or a log")
     report.add_argument(
         "--out",
@@ -147,4 +125,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-LAB_COMMANDS = {"plan": cmd_plan, "bench": cmd_bench, "report": cmd_report}
+PLAN = CliCommand(
+    "plan",
+    help="which strategy fits on N GPUs, the largest micro-batch and the launch command (no weights)",
+    description="Count the parameters (meta device, no weight file read), measure the activations "
+    "(one forward + backward of the real model on fake tensors, at micro-batch 1 and 2, with gradient "
+    "checkpointing as configured and on), and add up every strategy's per-GPU memory with the "
+    "DeepSpeed JSONs' buffers. Prints which strategies fit, the largest micro-batch of each, the "
+    "accumulation for the global batch and the fastest strategy that fits, with its launch command.",
+    add_arguments=_plan_arguments,
+    run=cmd_plan,
+)
+BENCH = CliCommand(
+    "bench",
+    help="short real trainings of a config per strategy and process count: memory, speed, loss, plots",
+    description="Train CONFIG for --steps optimizer steps under each strategy and process count, each "
+    "its own `accelerate launch`, measured alike (peak allocated memory per rank after every step, "
+    "s/step after two warm-up steps). Writes bench.json, bench.csv, bench.md and PNG plots (memory, "
+    "throughput, step time, scaling efficiency) to --output, and logs them to W&B when the config "
+    "does. A strategy that cannot run here becomes a row with its reason.",
+    add_arguments=_bench_arguments,
+    run=cmd_bench,
+)
+REPORT = CliCommand(
+    "report",
+    help="PNG curves and a markdown table from run directories (metrics.jsonl, or a job's logs/*.out)",
+    description="Overlay the runs' loss, eval metrics, learning rate, throughput and memory over steps "
+    "(one PNG each, one legend entry per run) and write report.md with a summary table: steps, time, "
+    "samples/s, peak memory, final loss, final and best eval values. A run without metrics.jsonl is "
+    "read from its Slurm log (RUN_DIR/logs/*.out, or the .out file itself).",
+    add_arguments=_report_arguments,
+    run=cmd_report,
+)
+LAB_COMMANDS = (PLAN, BENCH, REPORT)

@@ -4,6 +4,8 @@ A task builds the one trainable model (the only module that goes through `accele
 any frozen helpers (moved to the device outside DeepSpeed), the datasets, the loss for a batch (a
 mean, or a sum plus the number of items it sums over), per-sample eval values that are summed over
 the eval set, the exported artefact in `final/`, and what `framer-ds sample` makes from that export.
+A command only some tasks have (`framer-ds data tracks`) is no hook here: those tasks declare it
+(`TaskCommand` in tasks/<task>/commands.py, listed in tasks/registry.py).
 docs/architecture.md has a minimal example task.
 """
 
@@ -101,21 +103,6 @@ class Task(ABC):
         built-in data), and nothing slower: `framer-ds plan` calls it instead of `prepare_data`. The
         default is `prepare_data`; a task whose data preparation is heavy (encoding audio) overrides it."""
         self.prepare_data()
-
-    def encode_data(self) -> str:
-        """`framer-ds data encode-audio`: encode raw media into the cache training reads, ahead of a run
-        (e.g. on a CPU node); returns what was done. Tasks with nothing to encode keep this refusal."""
-        from framer_ds.tasks.registry import task_hook_refusal  # the registry imports this module
-
-        raise task_hook_refusal(self, "encode_data", "data encode-audio")
-
-    def compute_tracks(self, shard: tuple[int, int] = (0, 1)) -> str:
-        """`framer-ds data tracks`: precompute point tracks of every video (resumable); returns what was
-        done; `shard` (index, count) picks this process's share of the videos. Tasks without
-        trajectories keep this refusal."""
-        from framer_ds.tasks.registry import task_hook_refusal
-
-        raise task_hook_refusal(self, "compute_tracks", "data tracks")
 
     def train_example_count(self) -> int | None:
         """Training examples, when counting them is cheap (an index, not a pass over the media): `plan`

@@ -1,11 +1,19 @@
-"""`@register_task` and lookup with "did you mean" suggestions."""
+"""`@register_task` and lookup with "did you mean" suggestions; the commands tasks contribute to the CLI.
+
+Light on purpose: every `framer-ds` process imports it to build its parser, so it imports no task and
+not `tasks.base` (torch) at run time."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
-from framer_ds.tasks.base import Task
+
+if TYPE_CHECKING:
+    from framer_ds.tasks.base import Task
 
 _TASKS: dict[str, type[Task]] = {}
 
@@ -17,6 +25,14 @@ BUILTIN_TASKS: dict[str, str] = {
     "video_lora": "framer_ds.tasks.video_lora.task",
     "tts_lm": "framer_ds.tasks.tts_lm.task",
     "drivable_vit": "framer_ds.tasks.drivable_vit.task",
+}
+
+# The built-in tasks that contribute commands, and the module that declares them (a `COMMANDS` tuple of
+# `TaskCommand`). These modules import nothing heavy: the parser of every `framer-ds` process reads them,
+# and a command's `run` receives the task built from the config, whose module only then is imported.
+BUILTIN_TASK_COMMANDS: dict[str, str] = {
+    "video_lora": "framer_ds.tasks.video_lora.commands",
+    "tts_lm": "framer_ds.tasks.tts_lm.commands",
 }
 
 
@@ -65,23 +81,37 @@ def get_task_class(name: str) -> type[Task]:
     return _TASKS[name]
 
 
-def tasks_serving(method: str) -> list[str]:
-    """The registered tasks that implement the Task hook `method` (override the base's refusal)."""
-    _load_builtin_tasks()
-    default = getattr(Task, method)
-    return sorted(name for name, cls in _TASKS.items() if getattr(cls, method) is not default)
+@dataclass(frozen=True)
+class TaskCommand:
+    """`framer-ds data NAME CONFIG [key=value ...]`, contributed by a task: the CLI loads CONFIG, refuses
+    it in one line when its task does not declare NAME, builds the task, runs its `check()`, then prints
+    what `run(task, shard)` returns. `shard` is this process's (index, count) among those a launcher
+    started (else (0, 1)), for a command that splits its work between them."""
+
+    name: str
+    help: str
+    run: Callable[[Task, tuple[int, int]], str]
 
 
-def task_hook_refusal(task: Task, method: str, command: str) -> ConfigError:
-    """What a task-specific command (`framer-ds data tracks`, `data encode-audio`) says on a task that
-    keeps the base's hook: one line naming the tasks it serves (the base's default raises it)."""
-    serving = ", ".join(tasks_serving(method)) or "none of the registered tasks"
-    return ConfigError(
-        [
-            ConfigProblem(
-                "task",
-                f"`framer-ds {command}` serves the task(s) {serving}; this config's task is "
-                f"{task.name!r}. Point it at a config of one of those tasks.",
-            )
-        ]
+def task_commands() -> dict[str, dict[str, TaskCommand]]:
+    """Command name -> {task name: its declaration}, by command name: what `framer-ds data` offers
+    beside `check`. Imports the built-in tasks' command modules, never the tasks themselves."""
+    table: dict[str, dict[str, TaskCommand]] = {}
+    for task, module in BUILTIN_TASK_COMMANDS.items():
+        for command in importlib.import_module(module).COMMANDS:
+            table.setdefault(command.name, {})[task] = command
+    return dict(sorted(table.items()))
+
+
+def task_command(name: str, task: str) -> TaskCommand:
+    """The declaration of command `name` for `task`, or one line naming the tasks the command serves."""
+    serving = task_commands().get(name, {})
+    if task in serving:
+        return serving[task]
+    tasks = ", ".join(sorted(serving)) or "none of the registered tasks"
+    problem = ConfigProblem(
+        "task",
+        f"`framer-ds data {name}` serves the task(s) {tasks}; this config's task is {task!r}. "
+        "Point it at a config of one of those tasks.",
     )
+    raise ConfigError([problem])

@@ -96,6 +96,8 @@ class TtsLmTask(Task):
         self.assets.ensure_builtin()
 
     def encode_data(self) -> str:
+        """`framer-ds data encode-audio` (declared in tts_lm/commands.py): encode the audio into the cache
+        training reads, ahead of a run (e.g. on a CPU node); returns what was done."""
         self.assets.ensure_builtin()
         return self.data.encode_audio_if_needed(show_progress=True, required=True)
 
