@@ -12,7 +12,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -80,6 +80,9 @@ class StrictModel(BaseModel):
         strict=True,
         allow_inf_nan=False,
     )
+    # Keys this section used to have, {old: new}, both relative to the section (the new one may be
+    # dotted, into a subsection): an old config gets "renamed to ..." (framer_ds.config.renames).
+    renamed_keys: ClassVar[dict[str, str]] = {}
 
     @field_validator("*", mode="before")
     @classmethod

@@ -23,6 +23,12 @@ from framer_ds.config.loader import (
     describe_validation_error,
     read_yaml_mapping,
 )
+from framer_ds.config.renames import (
+    move_renamed_keys,
+    renamed_key_problems,
+    schema_renames,
+    without_renamed_keys,
+)
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.export import EXPORT_RECORD, read_export_record
 from framer_ds.tasks.base import Task
@@ -46,8 +52,11 @@ def import_task_modules(modules: Sequence[str]) -> list[ConfigProblem]:
     return problems
 
 
-def validate_run_config(raw: dict[str, Any], source: str = "config") -> RunConfigBase:
-    """Validate a raw mapping against the schema of the task it names; raise all problems at once."""
+def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: bool = False) -> RunConfigBase:
+    """Validate a raw mapping against the schema of the task it names; raise all problems at once.
+
+    A key renamed since is an error naming the new key in a config a user wrote; in a config framer_ds
+    `recorded` (a checkpoint's or an export's) it is moved to its new name, so old runs stay usable."""
     problems = import_task_modules(raw.get("imports") or [])
     task_name = raw.get("task")
     schema: type[BaseModel] = RunConfigBase
@@ -61,6 +70,12 @@ def validate_run_config(raw: dict[str, Any], source: str = "config") -> RunConfi
         problems.append(unknown_task_problem(str(task_name)))
     else:
         schema = get_task_class(task_name).config_class()
+    renames = schema_renames(schema)
+    if recorded:
+        raw = move_renamed_keys(raw, renames)
+    else:
+        problems += renamed_key_problems(raw, renames)
+        raw = without_renamed_keys(raw, renames)
     candidate = (
         raw if schema is not RunConfigBase else {k: v for k, v in raw.items() if k not in ("model", "data")}
     )
@@ -117,7 +132,7 @@ def load_exported_task(export_dir: Path) -> Task:
     sampler preprocesses exactly as training did. Loads no weights."""
     record = read_export_record(export_dir)
     try:
-        config = validate_run_config(record["config"], f"{export_dir}/{EXPORT_RECORD}")
+        config = validate_run_config(record["config"], f"{export_dir}/{EXPORT_RECORD}", recorded=True)
     except ConfigError as exc:
         version = record.get("framer_ds_version", "?")
         stale = ConfigProblem(

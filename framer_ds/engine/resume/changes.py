@@ -13,6 +13,7 @@ from typing import Any
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.loader import parse_yaml
+from framer_ds.config.renames import move_renamed_keys, schema_renames
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.checkpoint import CHECKPOINT_CONFIG, TrainerState
 
@@ -55,7 +56,9 @@ def resume_changes(
         return [
             f"(no {CHECKPOINT_CONFIG} in {checkpoint}: written before framer_ds 0.2, changes not checked)"
         ]
-    old = _flatten(parse_yaml(recorded_path.read_text()) or {})
+    old = _flatten(
+        move_renamed_keys(parse_yaml(recorded_path.read_text()) or {}, schema_renames(type(config)))
+    )
     new = _flatten(config.model_dump(mode="json"))
     allowed = list(config.train.resume_allow_changes)
     changed = [
