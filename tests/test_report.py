@@ -130,3 +130,24 @@ def test_peak_memory_prefers_what_a_gpu_counts():
     assert summary_row(gpu)["peak_memory_gb"] == 0.5
     bare = RunHistory("rss", Path("."), train=[{"step": 1, "loss": 1.0, "memory/rss_gb": 3.0}])
     assert summary_row(bare)["peak_memory_gb"] == 3.0
+
+
+def test_every_bar_print_of_a_logged_step_shows_that_steps_loss(tmp_path, monkeypatch, quickstart_overrides):
+    """The bar printed a step before the log action set that step's loss, so a job log showed the loss
+    logged one interval earlier; under load (every step slower than the bar's 0.5 s) the report's final
+    loss from a job log then differed from metrics.jsonl's. Here the bar prints every step, as under load."""
+    from tqdm.auto import tqdm
+
+    from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.train import loop
+
+    log_path = tmp_path / "job.out"
+    with log_path.open("w") as log:
+        monkeypatch.setattr(loop, "tqdm", lambda **kw: tqdm(**{**kw, "mininterval": 0, "file": log}))
+        overrides = [*quickstart_overrides, "train.max_steps=6", "train.log_every=2"]
+        loop.run_training(load_run_config(REPO / "configs" / "quickstart.yaml", overrides))
+    logged = {x["step"]: x["loss"] for x in read_history(tmp_path / "run").train}
+    printed = {x["step"]: x["loss"] for x in read_history(log_path).train}
+    assert sorted(logged) == [2, 4, 6]
+    for step, loss in logged.items():  # the bar shows 4 decimals
+        assert printed[step] == pytest.approx(loss, abs=5e-5), (step, printed, logged)

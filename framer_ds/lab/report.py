@@ -91,7 +91,8 @@ def _seconds(clock: str) -> float:
 
 
 def _read_text_log(path: Path, history: RunHistory) -> None:
-    last_step = -1
+    """Training lines from the bar's prints: a later print of a step (the bar's last one at close, a
+    requeued job's resumed steps) replaces the earlier ones, as the latest is the current one."""
     for chunk in re.split(r"[\r\n]+", path.read_text(errors="replace")):
         evaluated = EVAL_LINE.match(chunk.strip())
         if evaluated:
@@ -99,17 +100,17 @@ def _read_text_log(path: Path, history: RunHistory) -> None:
             history.evals.append({"step": int(evaluated["step"]), **values})
             continue
         progress = PROGRESS.search(chunk) if chunk.lstrip().startswith("train:") else None
-        if progress is None or int(progress["step"]) == last_step:
+        if progress is None:
             continue
-        last_step = int(progress["step"])
+        step = int(progress["step"])
         values = {m["key"]: float(m["value"]) for m in PAIR.finditer(progress["postfix"] or "")}
         if "loss" not in values:
             continue
-        line: dict[str, Any] = {"step": last_step, "elapsed_s": _seconds(progress["elapsed"]), **values}
+        line: dict[str, Any] = {"step": step, "elapsed_s": _seconds(progress["elapsed"]), **values}
         if progress["rate"]:
             rate = float(progress["rate"])
             line["steps_per_s"] = rate if progress["unit"] == "it/s" else 1 / max(rate, 1e-12)
-        history.train = [x for x in history.train if x["step"] < last_step] + [line]
+        history.train = [x for x in history.train if x["step"] < step] + [line]
 
 
 def train_seconds(history: RunHistory) -> float | None:

@@ -199,8 +199,10 @@ def _train(
                         else ctx.part_totals + outcome.part_totals
                     )
                 ctx.outcome, ctx.done = outcome, state.global_step >= plan.total_steps
-                progress.update(1)
                 run_due_actions(actions, ctx)
+                # After the actions: the bar's print for this step carries the loss logged at it (the log
+                # action sets the postfix), which is what `framer-ds report` reads from a job log.
+                progress.update(1)
                 if ctx.done:
                     break
         finally:
