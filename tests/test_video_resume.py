@@ -21,8 +21,8 @@ from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics
+from framer_ds.data.item_draws import DrawsPerItem, ItemDraws, drawn_at_epoch
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.tasks.video_lora.data.item_draws import DrawsPerItem, ItemDraws, drawn_at_epoch
 from framer_ds.train.loop import run_training
 from framer_ds.train.step import set_loader_epoch
 

@@ -106,7 +106,13 @@ class ContractCase:
 
 VIDEO = CONFIGS / "tasks" / "video_lora"
 CASES = [
-    ContractCase("vit_classification", CONFIGS / "quickstart.yaml", vit_sample),
+    ContractCase(  # train-time augmentation on: its draws must survive a resume too
+        "vit_classification",
+        CONFIGS / "quickstart.yaml",
+        vit_sample,
+        ("data.hflip=true", "data.random_crop_padding=1"),
+        resume_workers=2,
+    ),
     ContractCase(
         "video_lora_svd", VIDEO / "tiny.yaml", video_sample, ("model.samples.every=0",), resume_workers=2
     ),
