@@ -1,5 +1,6 @@
-"""What keeps the code base readable as tasks are added: imports point down the layers, every config key
-is described, the generated config reference is current, and citations point inside the repository."""
+"""What keeps the code base readable as tasks are added: imports point down the layers, the generated
+config reference is current, and citations point inside the repository. That every config key of every
+task is described is part of the task contract suite (tests/tasks/test_task_contract.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from framer_ds.config.reference import schema_reference
-from framer_ds.tasks.config_docs import builtin_task_names, config_docs_markdown, task_reference
-from framer_ds.tasks.registry import get_task_class
+from framer_ds.tasks.config_docs import builtin_task_names, config_docs_markdown
 
 
 def test_imports_point_down_the_layers():
@@ -57,19 +56,6 @@ def test_engine_binds_no_allocation_counter():
         m for m in graph.find_modules_that_directly_import("ctypes") if m.startswith("framer_ds.engine")
     )
     assert binders == []
-
-
-@pytest.mark.parametrize("task", ["vit_classification", "video_lora"])
-def test_every_config_key_has_a_description(task):
-    missing = [row.key for row in task_reference(task) if not row.description]
-    assert not missing, f"config keys without a description (add Field(description=...)): {missing}"
-
-
-@pytest.mark.parametrize("task", ["vit_classification", "video_lora"])
-def test_every_sample_option_has_a_description(task):
-    options = get_task_class(task).sample_options
-    missing = [row.key for row in schema_reference(options) if not row.description]
-    assert not missing, f"`framer-ds sample` options without a description: {missing}"
 
 
 def test_the_builtin_tasks_are_all_documented():

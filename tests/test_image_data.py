@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from framer_ds.config.errors import ConfigError
+from framer_ds.data.item_draws import ItemDraws
 from framer_ds.tasks.vit_classification import digits as digits_mod
 from framer_ds.tasks.vit_classification.digits import ensure_digits_imagefolder
 from framer_ds.tasks.vit_classification.image_folder import (
@@ -225,7 +226,8 @@ def test_transform_deterministic_under_torch_seed() -> None:
     torch.manual_seed(123)
     second = [transform(image) for _ in range(10)]
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
-    # ...and restoring a saved RNG state mid-stream replays the rest (what resume relies on).
+    # ...and restoring a saved RNG state mid-stream replays the rest (ad-hoc use, without an image's
+    # own generator; training passes one: see the next test but two).
     torch.manual_seed(5)
     transform(image)
     state = torch.get_rng_state()
@@ -402,6 +404,25 @@ def test_dataset_and_transform_pickle_for_dataloader_workers(tmp_path: Path) -> 
     a = ds[0]["pixel_values"]
     torch.manual_seed(3)
     assert torch.equal(clone[0]["pixel_values"], a)
+
+
+def test_a_training_image_draws_its_augmentation_from_seed_epoch_and_index(tmp_path: Path) -> None:
+    """What a resumed run relies on: image i's crop and flip in epoch e are the same whatever torch's
+    global RNG holds (the loader reads ahead of a checkpoint) and in any worker (a pickled copy); the
+    next epoch draws anew."""
+    paths = [write_png(tmp_path / f"{i}.png") for i in range(8)]
+    dataset = ImageFolderDataset([(p, 0) for p in paths], train_transform(image_size=6), ItemDraws(seed=3))
+
+    def one_epoch(ds: ImageFolderDataset) -> list[torch.Tensor]:
+        return [ds[i]["pixel_values"] for i in range(len(paths))]
+
+    torch.manual_seed(1)
+    first = one_epoch(dataset)
+    torch.manual_seed(2)
+    again = one_epoch(pickle.loads(pickle.dumps(dataset)))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    dataset.set_epoch(1)
+    assert not all(torch.equal(a, b) for a, b in zip(first, one_epoch(dataset), strict=True))
 
 
 def test_a_validation_directory_is_found_like_val(tmp_path: Path) -> None:

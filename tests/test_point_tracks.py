@@ -383,7 +383,7 @@ def test_items_carry_controlnet_cond_and_the_cache_gives_the_same(tmp_path):
 def test_a_cached_run_and_an_uncached_run_give_the_same_controlnet_cond(tmp_path):
     from accelerate import Accelerator
 
-    from framer_ds.tasks.video_lora.data.item_draws import drawn_at_epoch
+    from framer_ds.data.item_draws import drawn_at_epoch
 
     task = _tiny_task(tmp_path, "data.cache.enabled=true", f"data.cache.dir={tmp_path / 'latents'}")
     task.prepare_data()

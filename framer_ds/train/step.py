@@ -78,7 +78,7 @@ def windows(run: TrainingRun, state: TrainerState) -> Iterator[Window]:
 
 def set_loader_epoch(loader: Any, epoch: int) -> None:
     """The loader's sampler and its dataset learn the epoch (a dataset may key its augmentation by it,
-    tasks/video_lora/data/item_draws.py).
+    framer_ds/data/item_draws.py).
 
     Why the dataset is told here too: accelerate forwards the epoch to the dataset only when no sampler
     inside its batch sampler has `set_epoch`; under DDP its seedable sampler does, so the dataset

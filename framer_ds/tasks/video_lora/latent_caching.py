@@ -11,10 +11,10 @@ from __future__ import annotations
 from accelerate.utils import send_to_device
 from torch.utils.data import Dataset, default_collate
 
+from framer_ds.data.item_draws import drawn_at_epoch
 from framer_ds.engine.precision import compute_dtype, to_compute_dtype
 from framer_ds.engine.rng import isolated_seed
 from framer_ds.tasks.video_lora.cache_fingerprints import latent_cache
-from framer_ds.tasks.video_lora.data.item_draws import drawn_at_epoch
 from framer_ds.tasks.video_lora.data.latent_cache import CachedEntryDataset, LatentCache, fill_cache
 from framer_ds.tasks.video_lora.interp_eval import with_eval_pixels
 from framer_ds.tasks.video_lora.tracks_setup import with_controlnet_cond

@@ -20,9 +20,9 @@ from accelerate.utils import gather_object
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from framer_ds.data.item_draws import drawn_at_epoch
 from framer_ds.data.progress import sampling_progress
 from framer_ds.tasks.video_lora.config import SampleOptions
-from framer_ds.tasks.video_lora.data.item_draws import drawn_at_epoch
 from framer_ds.tasks.video_lora.data.video_index import VIDEO_EXTENSIONS
 from framer_ds.tasks.video_lora.data.video_write import to_uint8_frames, write_frame_pngs, write_video
 from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts, sample_video

@@ -24,6 +24,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError, did_you_mean
+from framer_ds.data.item_draws import DrawsPerItem, ItemDraws
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
@@ -272,18 +273,24 @@ def scan_image_folder(
     return ImageFolderIndex(root, classes, train, val, source)
 
 
-class ImageFolderDataset(Dataset):
+class ImageFolderDataset(DrawsPerItem, Dataset):
     """(path, label) pairs -> {"pixel_values": float32 [C,H,W], "labels": int64 scalar}.
 
     Images are decoded lazily in `__getitem__` so DataLoader workers share the decoding cost and
-    the dataset object stays small enough to pickle into every worker.
+    the dataset object stays small enough to pickle into every worker. With `draws` (the training
+    set) each image's augmentation comes from its own generator, keyed by (seed, epoch, index): the
+    transform is called with `generator=` (framer_ds/data/item_draws.py says why a resume needs it).
     """
 
     def __init__(
-        self, items: list[tuple[Path, int]], transform: Callable[[Image.Image], torch.Tensor]
+        self,
+        items: list[tuple[Path, int]],
+        transform: Callable[..., torch.Tensor],
+        draws: ItemDraws | None = None,
     ) -> None:
         self.items = items
         self.transform = transform
+        self.draws = draws
 
     def __len__(self) -> int:
         return len(self.items)
@@ -303,7 +310,7 @@ class ImageFolderDataset(Dataset):
                 "framer_ds.tasks.vit_classification.image_folder.scan_image_folder(root, verify_images=True)."
             ) from exc
         try:  # outside the decode try: a transform bug must not be blamed on the file
-            pixel_values = self.transform(image)
+            pixel_values = self.transform(image, generator=self.item_generator(index))
         finally:
             image.close()
         return {"pixel_values": pixel_values, "labels": torch.tensor(label, dtype=torch.int64)}

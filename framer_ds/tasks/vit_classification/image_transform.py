@@ -19,9 +19,11 @@ from PIL import Image
 class ImageTransform:
     """PIL image -> normalised float32 CHW tensor, with optional train-time pad+crop and flip.
 
-    All randomness comes from torch's global RNG: the checkpoint saves and restores torch's RNG
-    state, and DataLoader workers are seeded from it, so a resumed run replays the same augmentations.
-    Python's `random` and numpy are not used for that reason.
+    The augmentation draws from `generator`: the training set passes each image's own (seeded by
+    seed, epoch and index, framer_ds/data/item_draws.py), so a resumed run replays the same
+    augmentations whatever the loader had read ahead when the checkpoint saved torch's RNG, and at any
+    `num_workers`. Without one (ad-hoc use) it draws from torch's global RNG; Python's `random` and
+    numpy are never used.
     """
 
     def __init__(
@@ -71,7 +73,7 @@ class ImageTransform:
             f"train={self.train}, random_crop_padding={self.random_crop_padding}, hflip={self.hflip})"
         )
 
-    def __call__(self, image: Image.Image) -> torch.Tensor:
+    def __call__(self, image: Image.Image, generator: torch.Generator | None = None) -> torch.Tensor:
         if image.mode != self.mode:
             image = image.convert(self.mode)
         size = (self.image_size, self.image_size)
@@ -83,19 +85,19 @@ class ImageTransform:
         pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
         pixels = pixels.to(torch.float32).div_(255.0)
         if self.train:
-            pixels = self._augment(pixels)
+            pixels = self._augment(pixels, generator)
         return (pixels - self.mean) / self.std
 
-    def _augment(self, pixels: torch.Tensor) -> torch.Tensor:
+    def _augment(self, pixels: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """Pad-then-random-crop (torchvision RandomCrop(padding)) and a p=0.5 horizontal flip, done
         before normalisation so a zero fill is black, as with torchvision on PIL images."""
         pad = self.random_crop_padding
         if pad > 0:
             mode = "constant" if self.padding_mode == "constant" else "replicate"
             padded = torch.nn.functional.pad(pixels.unsqueeze(0), (pad, pad, pad, pad), mode=mode)[0]
-            top = int(torch.randint(0, 2 * pad + 1, (1,)).item())
-            left = int(torch.randint(0, 2 * pad + 1, (1,)).item())
+            top = int(torch.randint(0, 2 * pad + 1, (1,), generator=generator).item())
+            left = int(torch.randint(0, 2 * pad + 1, (1,), generator=generator).item())
             pixels = padded[:, top : top + self.image_size, left : left + self.image_size].contiguous()
-        if self.hflip and torch.rand(1).item() < 0.5:
+        if self.hflip and torch.rand(1, generator=generator).item() < 0.5:
             pixels = pixels.flip(-1)
         return pixels

@@ -14,6 +14,7 @@ from transformers import ViTConfig, ViTForImageClassification
 from framer_ds.compat import image_processor_class
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.schema import StrictModel
+from framer_ds.data.item_draws import ItemDraws
 from framer_ds.engine.export import save_pretrained_gathered
 from framer_ds.engine.export_load import load_full_export
 from framer_ds.engine.pretrained import build_fresh, building_empty, load_pretrained
@@ -202,7 +203,9 @@ class VitClassificationTask(Task):
         index = self._scan()
         arch = self.vit_config()
         return (
-            ImageFolderDataset(index.train, self.image_transform(arch, train=True)),
+            ImageFolderDataset(
+                index.train, self.image_transform(arch, train=True), ItemDraws(self.config.train.seed)
+            ),
             ImageFolderDataset(index.val, self.image_transform(arch, train=False)),
         )
 

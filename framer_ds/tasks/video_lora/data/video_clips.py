@@ -24,8 +24,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
+from framer_ds.data.item_draws import DrawsPerItem, ItemDraws
 from framer_ds.tasks.video_lora.data.clip_reader import VideoReadError, read_clip
-from framer_ds.tasks.video_lora.data.item_draws import DrawsPerItem, ItemDraws
 from framer_ds.tasks.video_lora.data.video_index import VideoIndex, VideoRecord
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Per-item random draws (augmentation) that are a pure function of (seed, epoch, index).
+"""Per-item random draws (augmentation) that are a pure function of (seed, epoch, index): video_lora's
+clip offsets, strides, crops and flips, vit_classification's crops and flips.
 
 Why not torch's global RNG: accelerate's loader reads one batch ahead, so when step N's checkpoint
 saves the global RNG the augmentation of step N+1's batch has already been drawn from it; the resumed

@@ -1,0 +1,126 @@
+"""The tasks and bases the contract suite (`test_task_contract.py`) runs, one `ContractCase` line each.
+
+Adding a task or a base model to the suite is one more line in `CASES` (plus, for a new task, the
+function that writes the inputs its `framer-ds sample` reads). Every config key the suite sets lives in
+this file and nowhere else: `run_overrides` holds the shared `train:` keys (step counts, cadences, the
+output directory), so a rename of those keys is one edit here; each case's `overrides` hold its task's
+own keys (`model.*`, `data.*`), so a rename of a task's keys is one edit in its line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+
+
+def run_overrides(
+    steps: int, checkpoint_every: int, output_dir: Path, resume: bool = False, workers: int = 0
+) -> list[str]:
+    """The shared `train:` keys of every contract run: `steps` optimizer steps, a checkpoint every
+    `checkpoint_every` steps (all of them kept, so a run can be cut back to its first checkpoint), a
+    loss line every step, one evaluation (at the end, which the loop always does when there is an eval
+    set), `workers` DataLoader workers, and `train.resume=latest` when `resume`. The epoch cadences of
+    a config (quickstart's) are cleared: a cadence is given in steps or in epochs, not both."""
+    return [
+        f"output_dir={output_dir}",
+        f"train.max_steps={steps}",
+        f"train.checkpoint_every={checkpoint_every}",
+        "train.checkpoint_every_epochs=null",
+        f"train.keep_last_checkpoints={steps}",
+        "train.eval_every=null",
+        "train.eval_every_epochs=null",
+        "train.log_every=1",
+        f"train.num_workers={workers}",
+        *(["train.resume=latest"] if resume else []),
+    ]
+
+
+@dataclass(frozen=True)
+class SampleCall:
+    """`framer-ds sample EXPORT <args>` and the files it must write."""
+
+    args: list[str]
+    writes: list[Path] = field(default_factory=list)
+
+
+def _image(path: Path, size: int, seed: int) -> Path:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def vit_sample(scratch: Path) -> SampleCall:
+    return SampleCall(["--image", str(_image(scratch / "digit.png", 8, 0)), "--device", "cpu"])
+
+
+def video_sample(scratch: Path) -> SampleCall:
+    """First and last frame (an interpolation adapter needs both), 2 Euler steps."""
+    first, last = _image(scratch / "first.png", 64, 1), _image(scratch / "last.png", 64, 2)
+    out = scratch / "video.mp4"
+    args = ["--image", str(first), "--last-image", str(last), "--out", str(out), "--steps", "2"]
+    return SampleCall([*args, "--device", "cpu"], [out])
+
+
+def tts_sample(scratch: Path) -> SampleCall:
+    out = scratch / "speech.wav"
+    args = ["--text", "hello world", "--out", str(out), "--max-new-tokens", "70", "--device", "cpu"]
+    return SampleCall(args, [out])
+
+
+def drivable_sample(scratch: Path) -> SampleCall:
+    """3 frames x 3 views (the tiny config's) of 32 px, frame by frame, and a [3, 9] ego motion."""
+    images = [str(_image(scratch / f"view_{i}.png", 32, 10 + i)) for i in range(9)]
+    ego = scratch / "ego.json"
+    ego.write_text(json.dumps(np.zeros((3, 9)).tolist()))
+    out = scratch / "masks"
+    return SampleCall(
+        ["--images", *images, "--ego-motion", str(ego), "--out", str(out)], [out / "overlay.png"]
+    )
+
+
+@dataclass(frozen=True)
+class ContractCase:
+    """One task (or one base of a task) as the contract suite runs it.
+
+    `overrides`: the task's own keys, e.g. no media written during training (the suite samples from
+    the export instead) or augmentation switched on (its draws must survive a resume too)."""
+
+    name: str
+    config: Path
+    sample: Callable[[Path], SampleCall]
+    overrides: tuple[str, ...] = ()
+
+
+VIDEO = CONFIGS / "tasks" / "video_lora"
+CASES = [
+    ContractCase(  # train-time augmentation on: its draws must survive a resume too
+        "vit_classification",
+        CONFIGS / "quickstart.yaml",
+        vit_sample,
+        ("data.hflip=true", "data.random_crop_padding=1"),
+    ),
+    ContractCase("video_lora_svd", VIDEO / "tiny.yaml", video_sample, ("model.samples.every=0",)),
+    ContractCase(
+        "video_lora_framer",
+        VIDEO / "framer_tiny.yaml",
+        video_sample,
+        ("model.samples.every=0", "model.interp_eval.enabled=false"),
+    ),
+    ContractCase(
+        "tts_lm", CONFIGS / "tasks" / "tts_lm" / "tiny.yaml", tts_sample, ("model.samples.every=0",)
+    ),
+    ContractCase(
+        "drivable_vit",
+        CONFIGS / "tasks" / "drivable_vit" / "tiny.yaml",
+        drivable_sample,
+        ("model.overlays.every=0",),
+    ),
+]
