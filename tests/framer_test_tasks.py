@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from framer_ds.config.schema import StrictModel
 from framer_ds.engine.export import save_module_gathered, save_peft_adapter_gathered
 from framer_ds.tasks.base import Task
-from framer_ds.tasks.registry import register_task
+from framer_ds.tasks.registry import TaskCommand, register_task
 
 
 class MlpModelConfig(StrictModel):
@@ -200,6 +200,57 @@ class ScriptedEvalTask(MlpRegressionTask):
         tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000).astype(np.float32)
         soundfile.write(folder / "tone.wav", tone, 16000)
         return [folder / name for name in ("image.png", "clip_gif.gif", "clip_mp4.mp4", "tone.wav")]
+
+
+PHASE_CALLS: list[tuple[str, float]] = []
+"""What `PhaseRecordingTask` did, in order: (phase, the first draw of torch's global RNG in it)."""
+
+
+@register_task
+class PhaseRecordingTask(MlpRegressionTask):
+    """The MLP task recording each phase that builds a run, with a draw of the global RNG in it:
+    `prepare_data` draws one as generating built-in data does (only when the data is missing)."""
+
+    name = "test_phase_recording"
+    summary = "Test-only: MLP regression recording the order of its phases."
+
+    def _record(self, phase: str) -> None:
+        PHASE_CALLS.append((phase, torch.rand(()).item()))
+
+    def prepare_data(self) -> None:
+        self._record("prepare_data")
+
+    def build_datasets(self):
+        self._record("build_datasets")
+        return super().build_datasets()
+
+    def setup_frozen(self, accelerator) -> None:
+        self._record("setup_frozen")
+
+    def precompute(self, accelerator, train_set, eval_set):
+        self._record("precompute")
+        return train_set, eval_set
+
+    def build_model(self) -> torch.nn.Module:
+        self._record("build_model")
+        return super().build_model()
+
+    def load_export(self, model, export_dir: Path) -> torch.nn.Module:
+        from framer_ds.engine.export_load import load_full_export
+
+        load_full_export(model, export_dir)
+        return model
+
+
+COMMANDS = (
+    TaskCommand(
+        "count-samples",
+        help="print how many training samples a config's data has (test-only)",
+        run=lambda task, shard: f"{len(task.build_datasets()[0])} training samples",
+    ),
+)
+"""What this module contributes to `framer-ds data` when an entry point of the group
+`framer_ds.task_commands` names it (tests/test_task_registry.py)."""
 
 
 class TokenModelConfig(StrictModel):

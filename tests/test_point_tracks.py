@@ -374,7 +374,7 @@ def test_items_carry_controlnet_cond_and_the_cache_gives_the_same(tmp_path):
         )
     cache.mark_complete()
     cached = TrackConditionedDataset(
-        CachedEntryDataset(cache), train.store, task._track_records, train.selection, train.seed
+        CachedEntryDataset(cache), train.store, [*train.records, *val.records], train.selection, train.seed
     )
     for i in range(2):
         assert torch.equal(cached[i]["controlnet_cond"], entries[i]["controlnet_cond"])

@@ -70,3 +70,23 @@ def test_data_offers_check_and_the_commands_tasks_declare():
     }
     assert set(BUILTIN_TASK_COMMANDS) <= set(BUILTIN_TASKS)
     assert not hasattr(Task, "encode_data") and not hasattr(Task, "compute_tracks")
+
+
+def test_an_installed_package_contributes_commands_through_an_entry_point(tmp_path, monkeypatch, capsys):
+    """A task outside framer_ds adds `framer-ds data` commands by naming its commands module in the
+    entry-point group `framer_ds.task_commands` (its pyproject.toml); before, only the built-in
+    tasks' modules (BUILTIN_TASK_COMMANDS) were read."""
+    from importlib.metadata import EntryPoint
+
+    from conftest import mlp_config
+    from framer_ds.cli.main import main
+    from framer_ds.tasks import registry
+
+    declared = [EntryPoint("test_mlp_regression", "framer_test_tasks", registry.TASK_COMMANDS_GROUP)]
+    monkeypatch.setattr(
+        registry, "entry_points", lambda group: declared if group == registry.TASK_COMMANDS_GROUP else []
+    )
+    assert list(registry.task_commands()["count-samples"]) == ["test_mlp_regression"]
+    config = mlp_config(tmp_path / "config.yaml", tmp_path / "run")
+    assert main(["data", "count-samples", str(config)]) == 0
+    assert capsys.readouterr().out.strip().endswith("512 training samples")

@@ -405,6 +405,21 @@ def test_a_resumed_epoch_replays_the_mix_order_after_the_skipped_batches():
     assert [batch.tolist() for batch in resumed] == full[4:]
 
 
+def test_the_length_grouped_order_covers_the_training_set_it_is_given(tmp_path, tiny_tts):
+    """`train_sampler(train_set)` reads the lengths from the set it is given (Task.train_sampler: every
+    index of `train_set` once per epoch); it used those `build_datasets` left on the task, so a set
+    `precompute` changed got an order of the wrong length, with indices outside it."""
+    from framer_ds.tasks.tts_lm.samplers import LengthGroupedSampler
+    from framer_ds.tasks.tts_lm.task import ItemDataset
+
+    task = load_task(write_config(tmp_path / "c.yaml", tmp_path / "run", builtin="tiny_speech"))
+    train, _ = task.build_datasets()
+    part = ItemDataset([train[i] for i in range(6)])
+    sampler = task.train_sampler(part)
+    assert isinstance(sampler, LengthGroupedSampler) and sorted(sampler) == list(range(6))
+    assert sampler.lengths == [len(part[i]) for i in range(6)]
+
+
 def test_fresh_model_from_config_with_text_mix_and_checkpointing(tmp_path, tiny_tts):
     from framer_ds.tasks.tts_lm.samplers import RatioMixSampler
 

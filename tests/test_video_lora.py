@@ -373,9 +373,8 @@ def test_latent_cache_key_follows_what_decides_the_tensors(tmp_path):
     def key(*overrides):
         task = VideoLoraTask(tiny_config(tmp_path, *overrides))
         task.prepare_data()
-        task.accelerator = SimpleNamespace(mixed_precision="no")
         train, _ = task.build_datasets()
-        return task._cache_for(train, "train", 1).key
+        return task._cache_for(SimpleNamespace(mixed_precision="no"), train, "train", 1).key
 
     base = key()
     assert key() == base and key("train.max_steps=7") == base  # training length does not matter

@@ -3,9 +3,9 @@ input.
 
 How: the task's model is built on the meta device (`engine.pretrained.empty_weights`), its parameters
 become fake tensors (`torch._subclasses.FakeTensorMode`: shapes, dtypes and devices, no storage), and one
-forward + backward of the task's own `training_loss` on `Task.example_batch(k)` runs under PyTorch's
-`MemTracker` (torch.distributed._tools.mem_tracker), which follows every tensor's storage through
-autograd. What is kept is the peak of activations plus backward temporaries (gradients of activations)
+forward + backward of the task's own `training_loss` on its planning hook `example_batch(k)` runs under
+PyTorch's `MemTracker` (torch.distributed._tools.mem_tracker), which follows every tensor's storage
+through autograd. What is kept is the peak of activations plus backward temporaries (gradients of activations)
 over the whole step - not weights, gradients or optimizer states, which the memory model counts. Run at
 two micro-batch sizes, the two peaks give a line, fixed + per-sample x k: the planner reads it at any
 micro-batch. It is the real model's real graph (gradient checkpointing, LoRA, the loss's float upcasts
@@ -31,6 +31,7 @@ from accelerate.utils import send_to_device
 from framer_ds.engine.precision import cast_batch, dtype_of
 from framer_ds.lab.census import helper_modules, meta_model
 from framer_ds.tasks.base import Task, TrainingLoss
+from framer_ds.tasks.planning import planning_hooks
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -48,7 +49,8 @@ class ActivationProbe:
     gradient_checkpointing: bool
     device: str
     eval_transient: int = 0
-    """Peak of what evaluation computes beyond the training step (`Task.eval_transient`), no_grad."""
+    """Peak of what evaluation computes beyond the training step (the planning hook `eval_transient`),
+    no_grad."""
 
     def at(self, micro_batch: int) -> int:
         return max(0, self.fixed + self.per_sample * micro_batch)
@@ -128,9 +130,10 @@ def probe_activations(
     `fake=False` runs the same step on real tensors with real (random) weights: the check that the fake
     run follows the same graph, for models small enough to run. `model`: the task's `meta_model` when
     the caller built it already; the probe gives it fake (or empty) parameters, so count it first.
-    `with_eval`: also measure the evaluation transient (`Task.eval_transient`, with the helpers on the
-    device in `Task.helper_dtypes`); `helpers`: `HelperModules.in_evaluation` on the meta device, when
-    the caller built them for the census (the probe makes them fake)."""
+    `with_eval`: also measure the evaluation transient (the planning hook `eval_transient`, with the
+    helpers on the device in `helper_dtypes`, tasks/planning.py); `helpers`:
+    `HelperModules.in_evaluation` on the meta device, when the caller built them for the census (the
+    probe makes them fake)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if len(set(micro_batches)) < 2:
@@ -146,7 +149,7 @@ def probe_activations(
     model.train()
     measured = []
     for k in micro_batches:
-        batch = cast_batch(task.example_batch(k), dtype, task.full_precision_keys)
+        batch = cast_batch(planning_hooks(task).example_batch(k), dtype, task.full_precision_keys)
         tracker = _tracker()
         with mode, tracker:
             _loss_of(task.training_loss(model, send_to_device(batch, device))).backward()
@@ -178,19 +181,20 @@ def _eval_transient_peak(
     device: str,
     dtype: torch.dtype,
 ) -> int:
-    """`task.eval_transient` under the tracker, in the probe's fake mode, with `helpers` (on the meta
+    """The task's `eval_transient` under the tracker, in the probe's fake mode, with `helpers` (on the meta
     device) cast to the dtypes they run in and made fake (or empty) too."""
-    for helper, helper_dtype in zip(helpers, task.helper_dtypes(helpers, dtype), strict=True):
+    hooks = planning_hooks(task)
+    for helper, helper_dtype in zip(helpers, hooks.helper_dtypes(helpers, dtype), strict=True):
         helper.requires_grad_(False).eval().to(helper_dtype)  # still meta: the cast costs nothing
     with mode:
         for helper in helpers:
             helper.to_empty(device=device)
-    batch = send_to_device(cast_batch(task.example_batch(2), dtype, task.full_precision_keys), device)
+    batch = send_to_device(cast_batch(hooks.example_batch(2), dtype, task.full_precision_keys), device)
     model.eval()
     tracker = _tracker()
     try:
         with mode, tracker:
-            task.eval_transient(model, helpers, batch)
+            hooks.eval_transient(model, helpers, batch)
     finally:
         model.train()
     return tracker.activation_peak

@@ -20,6 +20,7 @@ from framer_ds.engine.pretrained import empty_weights
 from framer_ds.engine.zero_buffers import ParameterSizes, auto_values, persistence_threshold
 from framer_ds.lab.memory_model import ParameterCensus
 from framer_ds.tasks.base import Task
+from framer_ds.tasks.planning import planning_hooks
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -48,7 +49,7 @@ def census_of(
 def meta_model(task: Task) -> torch.nn.Module:
     """The model `task` trains, built on the meta device after `prepare_model_assets` (built-in tiny
     models; a classifier's head needs its classes): what the census counts and the probe runs."""
-    task.prepare_model_assets()
+    planning_hooks(task).prepare_model_assets()
     with empty_weights():
         return task.build_model()
 
@@ -68,8 +69,9 @@ class HelperModules:
 
 
 def helper_modules(task: Task) -> HelperModules:
+    hooks = planning_hooks(task)
     with empty_weights():
-        return HelperModules(task.frozen_helpers(), task.eval_only_helpers())
+        return HelperModules(hooks.frozen_helpers(), hooks.eval_only_helpers())
 
 
 def task_census(
@@ -83,7 +85,7 @@ def task_census(
     census = census_of(model, helpers.frozen, task.config.train.mixed_precision)
     compute = dtype_of(task.config.train.mixed_precision)
     in_evaluation = helpers.in_evaluation
-    dtypes = task.helper_dtypes(in_evaluation, compute)
+    dtypes = planning_hooks(task).helper_dtypes(in_evaluation, compute)
     eval_bytes = sum(
         p.numel() * d.itemsize for h, d in zip(in_evaluation, dtypes, strict=True) for p in h.parameters()
     )

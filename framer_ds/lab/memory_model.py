@@ -93,7 +93,7 @@ def estimate(
 ) -> MemoryEstimate:
     """The terms of `strategy` on each of `world_size` ranks. `zero` is the resolved `zero_optimization`
     section (numbers, not "auto": engine.zero_buffers resolves them from the same census); `eval_bytes`
-    the measured peak of what evaluation computes (`Task.eval_transient`)."""
+    the measured peak of what evaluation computes (`PlanningHooks.eval_transient`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     zero = dict(zero or {})

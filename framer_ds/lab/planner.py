@@ -31,6 +31,7 @@ from framer_ds.lab.hardware import ALLOWANCE_FIXED, ALLOWANCE_SHARE, GiB, Hardwa
 from framer_ds.lab.memory_model import STRATEGIES, MemoryEstimate, ParameterCensus, estimate
 from framer_ds.lab.micro_batch import MAX_MICRO_BATCH, largest_fitting, micro_batch_limit, split_batch
 from framer_ds.lab.stand_ins import stand_in_overrides
+from framer_ds.tasks.planning import planning_hooks
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -257,7 +258,7 @@ def make_plan(
     micro_batch = train.micro_batch_size
     target = global_batch or micro_batch * train.gradient_accumulation_steps * hardware.world
 
-    limit = micro_batch_limit(task.train_example_count(), hardware.world)
+    limit = micro_batch_limit(planning_hooks(task).train_example_count(), hardware.world)
     zeros: dict[str, dict | FileNotFoundError] = {}  # each JSON read once, for both probes
     for strategy in strategies:
         try:
@@ -308,7 +309,7 @@ def make_plan(
         rows=rows,
         checkpointing_rows=checkpointing_rows,
         recommendation=recommendation,
-        assumptions=[*assumptions, *task.plan_assumptions()],
+        assumptions=[*assumptions, *planning_hooks(task).plan_assumptions()],
     )
 
 

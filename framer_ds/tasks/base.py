@@ -5,7 +5,10 @@ any frozen helpers (moved to the device outside DeepSpeed), the datasets, the lo
 mean, or a sum plus the number of items it sums over), per-sample eval values that are summed over
 the eval set, the exported artefact in `final/`, and what `framer-ds sample` makes from that export.
 A command only some tasks have (`framer-ds data tracks`) is no hook here: those tasks declare it
-(`TaskCommand` in tasks/<task>/commands.py, listed in tasks/registry.py).
+(`TaskCommand` in tasks/<task>/commands.py, listed in tasks/registry.py). What only `framer-ds plan`
+asks (an example batch, frozen helpers to count) is no hook here either: a task opts into those with
+`tasks.planning.PlanningHooks`. The order of the phases that build a run (prepare_data ->
+build_datasets -> setup_frozen -> precompute -> build_model) is written once, in `tasks.assemble`.
 docs/architecture.md has a minimal example task.
 """
 
@@ -98,23 +101,6 @@ class Task(ABC):
         """Create cached data the task needs (runs on the local main process before the others read)."""
         return None
 
-    def prepare_model_assets(self) -> None:
-        """Create what `build_model` and `example_batch` read (built-in tiny models, the class list of
-        built-in data), and nothing slower: `framer-ds plan` calls it instead of `prepare_data`. The
-        default is `prepare_data`; a task whose data preparation is heavy (encoding audio) overrides it."""
-        self.prepare_data()
-
-    def train_example_count(self) -> int | None:
-        """Training examples, when counting them is cheap (an index, not a pass over the media): `plan`
-        caps the largest micro-batch at each rank's share. None: unknown without reading the data."""
-        return None
-
-    def plan_assumptions(self) -> list[str]:
-        """Lines `framer-ds plan` prints for what it assumed because files are not on disk yet (the data
-        it would size the classifier head from, a tokenizer's length): called after the plan's census
-        and probe, on the task they built."""
-        return []
-
     def data_report(self) -> str:
         """What `framer-ds data check` prints: counts and anything rejected. Raises ConfigError when
         the data is unusable. Tasks override it with a richer report."""
@@ -139,55 +125,18 @@ class Task(ABC):
     def collate_fn(self) -> Callable[[list[Any]], Any] | None:
         return None
 
-    def example_batch(self, micro_batch_size: int) -> Any:
-        """A micro-batch with the LARGEST shapes training will meet, as `training_loss` receives it:
-        what `framer-ds plan` runs forward and backward to measure activations. Values do not matter.
-        The default collates the first items of the training set (so it reads the data); a task whose
-        items vary in size (padded text) or whose training reads something other than the raw items
-        (a latent cache) builds it from its config instead."""
-        train_set, _ = self.build_datasets()
-        if len(train_set) == 0:
-            raise ConfigError([ConfigProblem("data", "the training set is empty; point it at the data")])
-        items = [train_set[i % len(train_set)] for i in range(micro_batch_size)]
-        return (self.collate_fn() or torch.utils.data.default_collate)(items)
-
-    def frozen_helpers(self) -> list[torch.nn.Module]:
-        """Frozen models outside the trained one that stay on every device through training (a VAE and an
-        image encoder when latents are not cached). `framer-ds plan` counts them, calling this inside
-        `engine.pretrained.empty_weights()`, so load them with `load_pretrained`."""
-        return []
-
-    def eval_only_helpers(self) -> list[torch.nn.Module]:
-        """Frozen models that come to every device only while evaluating or sampling, beside
-        `frozen_helpers` (a VAE a latent cache keeps off the device in training and sampling brings
-        back). `framer-ds plan` counts them like `frozen_helpers`, inside `empty_weights()`."""
-        return []
-
-    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
-        """The dtype each frozen helper runs in on the device (e.g. a VAE kept in fp32 where fp16
-        overflows); the compute dtype by default."""
-        return [compute] * len(helpers)
-
-    def eval_transient(
-        self, model: torch.nn.Module, helpers: list[torch.nn.Module], batch: dict[str, Any]
-    ) -> None:
-        """Run, under no_grad, what evaluation or sampling computes beyond the training step (a video
-        task's denoiser on a guided batch and its VAE decode); `framer-ds plan` measures its peak on fake
-        tensors, `helpers` being `frozen_helpers() + eval_only_helpers()` and `batch` `example_batch(2)`,
-        on the model's device. Nothing by default: evaluation
-        is the training forward without its backward, which the training peak already covers."""
-        return None
-
     def setup_frozen(self, accelerator: Accelerator) -> None:
         """Move frozen helpers (VAE, encoders) to the device; they never go through `prepare`.
-        Called on every rank before `precompute` and before the trainable model is built."""
+        Called on every rank before `precompute` and before the trainable model is built
+        (`tasks.assemble`)."""
         return None
 
     def precompute(
         self, accelerator: Accelerator, train_set: Dataset, eval_set: Dataset | None
     ) -> tuple[Dataset, Dataset | None]:
         """The datasets training reads, e.g. outputs of frozen encoders cached to disk once. Every rank
-        calls it (with the raw datasets from `build_datasets`); the default reads the raw data."""
+        calls it (with the raw datasets from `build_datasets`; what it needs of them it reads from
+        them, not from the task); the default reads the raw data."""
         return train_set, eval_set
 
     def sample_every(self) -> int:

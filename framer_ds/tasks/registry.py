@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
@@ -34,6 +35,12 @@ BUILTIN_TASK_COMMANDS: dict[str, str] = {
     "video_lora": "framer_ds.tasks.video_lora.commands",
     "tts_lm": "framer_ds.tasks.tts_lm.commands",
 }
+
+# How a task of an installed package contributes commands: an entry point in this group, named after the
+# task, whose value is its commands module (in its pyproject.toml:
+# `[project.entry-points."framer_ds.task_commands"]` then `my_task = "my_package.commands"`). The parser is
+# built before any config is read, so a module named only in a config's `imports:` cannot add commands.
+TASK_COMMANDS_GROUP = "framer_ds.task_commands"
 
 
 def register_task(cls: type[Task]) -> type[Task]:
@@ -95,9 +102,13 @@ class TaskCommand:
 
 def task_commands() -> dict[str, dict[str, TaskCommand]]:
     """Command name -> {task name: its declaration}, by command name: what `framer-ds data` offers
-    beside `check`. Imports the built-in tasks' command modules, never the tasks themselves."""
+    beside `check`. Imports the command modules of the built-in tasks and of those installed packages
+    declare (`TASK_COMMANDS_GROUP`), never the tasks themselves."""
+    modules = dict(BUILTIN_TASK_COMMANDS)
+    for entry in entry_points(group=TASK_COMMANDS_GROUP):
+        modules.setdefault(entry.name, entry.module)  # a built-in task's own commands come first
     table: dict[str, dict[str, TaskCommand]] = {}
-    for task, module in BUILTIN_TASK_COMMANDS.items():
+    for task, module in modules.items():
         for command in importlib.import_module(module).COMMANDS:
             table.setdefault(command.name, {})[task] = command
     return dict(sorted(table.items()))

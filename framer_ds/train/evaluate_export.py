@@ -1,10 +1,10 @@
 """`framer-ds eval RUN`: the evaluation of a finished run's export (`final/` or `best/`), on the run's own
 held-out data, with the config recorded in the export, so the numbers are those training would log.
 
-Every rank builds the data and the model as training does, loads the export's weights before
-`prepare`, and runs the same `evaluate` (per-sample values summed over the eval set and all ranks), so
-`accelerate launch --num_processes N -m framer_ds eval RUN` gives the same metrics as one process.
-Rank 0 writes `RUN/eval.json` (or `RUN/eval_best.json`): the `eval/*` metrics and the task's
+Every rank builds the data and the model as training does (`tasks.assemble`), loads the export's
+weights before `prepare`, and runs the same `evaluate` (per-sample values summed over the eval set and
+all ranks), so `accelerate launch --num_processes N -m framer_ds eval RUN` gives the same metrics as one
+process. Rank 0 writes `RUN/eval.json` (or `RUN/eval_best.json`): the `eval/*` metrics and the task's
 `eval_details` (e.g. `per_class`), all formed from the same totals.
 """
 
@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.engine.accelerator import build_accelerator, end_accelerator, frozen_model_init
+from framer_ds.engine.accelerator import build_accelerator, end_accelerator
 from framer_ds.storage.atomic import atomic_write_json
+from framer_ds.tasks.assemble import assemble
 from framer_ds.tasks.run_config import load_exported_task
 from framer_ds.train.evaluate import evaluate_totals
 
@@ -27,10 +28,14 @@ def eval_output_path(run_dir: Path, which: str) -> Path:
     return Path(run_dir) / ("eval.json" if which == "final" else f"eval_{which}.json")
 
 
+def _check_held_out(export_dir: Path, eval_set: Dataset | None) -> None:
+    if eval_set is None or len(eval_set) == 0:
+        problem = ConfigProblem(str(export_dir), "the run has no held-out data to evaluate on")
+        raise ConfigError([problem], "eval")
+
+
 def evaluate_run(run_dir: Path, which: str = "final", max_batches: int | None = None) -> dict[str, Any]:
     """Evaluate `run_dir/<which>/` on every rank; returns (and on rank 0 writes) the report."""
-    from accelerate.utils import set_seed
-
     export_dir = Path(run_dir) / which
     if not export_dir.is_dir():
         problem = ConfigProblem(str(export_dir), f"no {which}/ here: pass a finished run's directory")
@@ -47,18 +52,11 @@ def evaluate_run(run_dir: Path, which: str = "final", max_batches: int | None = 
                 "--num_processes N` (the export is a gathered adapter, it needs no ZeRO sharding)",
             )
             raise ConfigError([problem], "eval")
-        set_seed(config.train.seed)
-        with accelerator.local_main_process_first(), frozen_model_init(accelerator):
-            task.prepare_data()
-        train_set, eval_set = task.build_datasets()
-        if eval_set is None or len(eval_set) == 0:
-            problem = ConfigProblem(str(export_dir), "the run has no held-out data to evaluate on")
-            raise ConfigError([problem], "eval")
-        task.setup_frozen(accelerator)
-        _, eval_set = task.precompute(accelerator, train_set, eval_set)
+        parts = assemble(task, accelerator, lambda _, eval_set: _check_held_out(export_dir, eval_set))
+        eval_set = parts.eval_set
         # The export's form may differ from the training model's (a merged LoRA): the task says
         # which model holds its weights.
-        model = task.load_export(task.build_model(), export_dir)
+        model = task.load_export(parts.model, export_dir)
         loader = DataLoader(
             eval_set,
             shuffle=False,

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from framer_ds.config.errors import ConfigError
 from framer_ds.config.launch_check import check_runtime_environment
 from framer_ds.config.schema import RunConfigBase
-from framer_ds.engine.accelerator import build_accelerator, end_accelerator, frozen_model_init
+from framer_ds.engine.accelerator import build_accelerator, end_accelerator
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.metrics import MetricsLogger
 from framer_ds.engine.resume import ResumePlan
@@ -106,14 +105,7 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
     plan = ResumePlan.decide(accelerator, config, on_chosen=stop.starting_from)  # before prepare
     prepare_run_dir(accelerator, config, plan.step)
 
-    # Runs on the local main process while the others wait: building a model here under ZeRO-3 init
-    # would start collectives the waiting ranks never join (a deadlock), hence frozen_model_init.
-    with accelerator.local_main_process_first(), frozen_model_init(accelerator):
-        task.prepare_data()
-    # Seeded after the data is prepared: generating a builtin set (only on the local main process, only
-    # the first time) draws random numbers, and a run must not depend on whether its data existed.
-    set_seed(config.train.seed)
-    run = build_training_run(accelerator, task, config)
+    run = build_training_run(accelerator, task, config)  # the task's phases: tasks/assemble.py
     state = plan.restore(accelerator, run.optimizer, run.scheduler, config.train, run.plan.batches_per_epoch)
     if accelerator.is_main_process:  # the run really starts: a config error found earlier leaves no run
         write_run_config(config)

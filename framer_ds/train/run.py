@@ -1,5 +1,6 @@
-"""Assemble what one training run steps: the task's model and data, the optimizer, the LR schedule and
-the loaders, all through `accelerator.prepare`."""
+"""Assemble what one training run steps: the task's model and data (its phases, in the order
+`tasks.assemble` names), the optimizer, the LR schedule and the loaders, all through
+`accelerator.prepare`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase, TrainConfig
 from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
+from framer_ds.tasks.assemble import assemble
 from framer_ds.tasks.base import Task
 from framer_ds.train.lr_schedule import build_lr_scheduler
 from framer_ds.train.schedule import StepPlan, plan_steps
@@ -77,9 +79,8 @@ def training_loaders(
     return train_loader, eval_loader
 
 
-def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainingRun:
-    train_cfg = config.train
-    train_set, eval_set = task.build_datasets()
+def _check_best_metric(task: Task, train_cfg: TrainConfig, eval_set: Dataset | None) -> None:
+    """A best checkpoint needs evaluations: refused before the slow phases, not at the first eval."""
     if eval_set is None and train_cfg.best_metric is not None:
         raise ConfigError(
             [
@@ -92,9 +93,12 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
             ],
             "the run's config",
         )
-    task.setup_frozen(accelerator)
-    train_set, eval_set = task.precompute(accelerator, train_set, eval_set)
-    model = task.build_model()
+
+
+def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainingRun:
+    train_cfg = config.train
+    parts = assemble(task, accelerator, lambda _, eval_set: _check_best_metric(task, train_cfg, eval_set))
+    train_set, eval_set, model = parts.train_set, parts.eval_set, parts.model
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise RuntimeError(f"task {task.name!r} built a model with no trainable parameters")

@@ -21,6 +21,7 @@ from framer_ds.engine.export import save_peft_adapter_gathered, save_pretrained_
 from framer_ds.engine.export_load import ADAPTER_WEIGHTS, load_full_export, load_peft_adapter
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.tasks.base import Task, TrainingLoss
+from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.tts_lm import model_setup
 from framer_ds.tasks.tts_lm.config import TtsDataConfig, TtsModelConfig
@@ -53,7 +54,7 @@ class ItemDataset(Dataset):
 
 
 @register_task
-class TtsLmTask(Task):
+class TtsLmTask(PlanningHooks, Task):
     name = "tts_lm"
     summary = "Text-to-speech causal LM on text + SNAC audio tokens (VyvoTTS / Orpheus recipe)."
     ModelConfig = TtsModelConfig
@@ -65,10 +66,7 @@ class TtsLmTask(Task):
 
     def __init__(self, config):
         super().__init__(config)
-        self.accelerator = None
-        self._notes: dict = {}
-        self._train_parts: tuple[int, int] | None = None  # (speech items, text items) when mixing
-        self._train_lengths: list[int] = []
+        self._notes: dict = {}  # what build_datasets found, for the run summary and `data check`
 
     # --- pre-flight ----------------------------------------------------------------------------------
 
@@ -131,27 +129,28 @@ class TtsLmTask(Task):
         except AllSamplesTooLong as exc:
             raise ConfigError([ConfigProblem("data.max_seq_length", str(exc))], "data") from None
         self._notes.update(_length_notes(stats))
-        items: list = list(speech)
         if built.text_mix:
             text_items, text_stats = apply_length_policy(
                 built.text_mix, data.max_seq_length, data.length_policy, batch, False
             )
             self._notes["text mix"] = text_stats.describe()
-            self._train_parts = (len(speech), len(text_items))
             train: Dataset = ConcatDataset([ItemDataset(list(speech)), ItemDataset(list(text_items))])
-            items += text_items
         else:
-            train = ItemDataset(items)
-        self._train_lengths = [len(item) for item in items]
+            train = ItemDataset(list(speech))
         return train, ItemDataset(eval_items) if eval_items else None
 
     def train_sampler(self, train_set):
+        """From the training set it is given (no state left by `build_datasets`): a text mix is the
+        concatenation of the speech and the text items, and every item knows its length."""
         data, seed = self.config.data, self.config.train.seed
-        if self._train_parts is not None:
-            mix = data.text_mix
-            return RatioMixSampler(*self._train_parts, mix.ratio_start, mix.ratio_end, mix.ramp_epochs, seed)
+        if isinstance(train_set, ConcatDataset):
+            (speech, text), mix = train_set.datasets, data.text_mix
+            return RatioMixSampler(
+                len(speech), len(text), mix.ratio_start, mix.ratio_end, mix.ramp_epochs, seed
+            )
         if data.length_policy != "pack" and data.group_by_length:
-            return LengthGroupedSampler(self._train_lengths, self.config.train.micro_batch_size, seed)
+            lengths = [len(train_set[i]) for i in range(len(train_set))]
+            return LengthGroupedSampler(lengths, self.config.train.micro_batch_size, seed)
         return None
 
     def collate_fn(self):
@@ -186,9 +185,6 @@ class TtsLmTask(Task):
         return self.collate_fn()([block] * micro_batch_size)
 
     # --- model and objective -------------------------------------------------------------------------
-
-    def setup_frozen(self, accelerator) -> None:
-        self.accelerator = accelerator
 
     def build_model(self) -> torch.nn.Module:
         return model_setup.build_model(self.config, self.assets)

@@ -1,5 +1,6 @@
 """What a video_lora run's evaluation phase puts on the device beyond the training step (a `framer-ds
-plan` input, through the Task hooks `eval_only_helpers`, `helper_dtypes` and `eval_transient`).
+plan` input, through the planning hooks of tasks/planning.py: `eval_only_helpers`, `helper_dtypes`
+and `eval_transient`).
 
 Why it matters: with the latent cache on, the VAE and the image encoder leave the device once the cache
 is filled, and come back for every validation-sample round and every interp_eval. There the denoiser

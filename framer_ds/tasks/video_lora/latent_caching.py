@@ -29,32 +29,33 @@ class VideoLatentCaching:
         self._raw_eval_or_train = eval_set if eval_set is not None else train_set
         if not self.config.data.cache.enabled:
             return train_set, eval_set
-        cached_train = self._cached(train_set, "train", self.config.data.cache.clips_per_video)
-        cached_eval = self._cached(eval_set, "eval", 1) if eval_set is not None else None
+        cached_train = self._cached(accelerator, train_set, "train", self.config.data.cache.clips_per_video)
+        cached_eval = self._cached(accelerator, eval_set, "eval", 1) if eval_set is not None else None
         self.frozen.release()
         tracks = self.config.data.tracks
         if tracks is not None:  # controlnet_cond is computed at load from the entry's clip placement
+            # the videos whose tracks the items use: those of the datasets build_datasets returned
+            records = [*train_set.records, *(eval_set.records if eval_set is not None else [])]
             seed = self.config.train.seed
-            cached_train = with_controlnet_cond(cached_train, self._track_records, tracks, seed)
-            cached_eval = with_controlnet_cond(cached_eval, self._track_records, tracks, seed)
+            cached_train = with_controlnet_cond(cached_train, records, tracks, seed)
+            cached_eval = with_controlnet_cond(cached_eval, records, tracks, seed)
         return cached_train, with_eval_pixels(cached_eval, eval_set, self.config)  # interp_eval's truth
 
-    def _cache_for(self, dataset: Dataset, split: str, copies: int) -> LatentCache:
-        dtype = str(compute_dtype(self.accelerator))
+    def _cache_for(self, accelerator, dataset: Dataset, split: str, copies: int) -> LatentCache:
+        dtype = str(compute_dtype(accelerator))
         return latent_cache(
             self.config, dataset, split, copies, self.svd_path(), dtype, self.framer is not None
         )
 
-    def _cached(self, dataset: Dataset, split: str, copies: int) -> CachedEntryDataset:
+    def _cached(self, accelerator, dataset: Dataset, split: str, copies: int) -> CachedEntryDataset:
         """Entry i is item i % n: training entries draw augmentation and the conditioning-noise strength
         as training would, eval entries use the fixed eval settings. Copy k = i // n of a clip takes the
         augmentation epoch k would draw, and the noise strength from the entry's own seeded stream."""
-        accelerator = self.accelerator
-        cache = self._cache_for(dataset, split, copies)
+        cache = self._cache_for(accelerator, dataset, split, copies)
 
         def encode(entry: int):
             if self.frozen.vae is None:  # loaded only when something is left to encode
-                self.frozen.on_device(self.accelerator)
+                self.frozen.on_device(accelerator)
             copy, index = divmod(entry, len(dataset))
             with isolated_seed(self.config.train.seed * 1_000_003 + entry), drawn_at_epoch(dataset, copy):
                 item = dataset[index]

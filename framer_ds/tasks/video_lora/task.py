@@ -21,6 +21,7 @@ from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import Task
+from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers --format framer)
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
@@ -55,7 +56,7 @@ from framer_ds.tasks.video_lora.unet_lora import build_svd_lora_unet
 
 
 @register_task
-class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, Task):
+class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, PlanningHooks, Task):
     name = "video_lora"
     summary = (
         "LoRA fine-tuning of Stable Video Diffusion (image-to-video or first/last-frame interpolation, EDM)."
@@ -70,6 +71,10 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, T
         super().__init__(config)
         # the VAE and image encoder; idle on the CPU between sampling rounds when the latent cache is on
         self.frozen = FrozenSvdEncoders(self.svd_path(), keep_on_cpu=samples_during_training(config))
+        # Kept on the task, unlike what one phase hands the next (an argument or a return value,
+        # tasks/assemble.py): what the per-batch hooks (training_loss, eval_step, write_samples) need
+        # and the loop does not pass them. The UNet's config (added-time ids) from build_model; the
+        # run's accelerator from setup_frozen (the device, and where interp_eval brings the encoders).
         self.unet_config = None
         self.accelerator = None
         self._raw_eval_or_train: Dataset | None = None  # pixel clips, for sampling inputs
@@ -77,7 +82,6 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, T
         self._data_notes: dict[str, str] = {}
         self.trained_fps: list[float] = []  # the fps values training conditions on (model.fps null)
         self.motion_buckets = None  # model.motion_bucket from_data: the training set's score quantiles
-        self._track_records: list = []  # data.tracks: the videos whose tracks the items use
         # model.base framer: Framer's UNet + ControlNet and conventions (framer_setup.py)
         self.framer = FramerSetup(config.model, self.svd_path()) if config.model.base == "framer" else None
 
@@ -141,10 +145,10 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, T
         if tracks.tracker == "analytic":  # exact and cheap: no separate `data tracks` step needed
             build_tracks(self._data())
         seed = self.config.train.seed
-        self._track_records = list(built.train.records) + list(built.val.records if built.val else [])
+        records = list(built.train.records) + list(built.val.records if built.val else [])
         return (
-            with_controlnet_cond(built.train, self._track_records, tracks, seed),
-            with_controlnet_cond(built.val, self._track_records, tracks, seed),
+            with_controlnet_cond(built.train, records, tracks, seed),
+            with_controlnet_cond(built.val, records, tracks, seed),
         )
 
     def compute_tracks(self, shard: tuple[int, int] = (0, 1)) -> str:

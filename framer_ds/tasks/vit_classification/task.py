@@ -20,6 +20,7 @@ from framer_ds.engine.export_load import load_full_export
 from framer_ds.engine.pretrained import build_fresh, building_empty, load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import SampleCommandOptions, Task
+from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.vit_classification.digits import DIGITS_DIRNAME, ensure_digits_imagefolder
 from framer_ds.tasks.vit_classification.image_folder import (
@@ -80,7 +81,7 @@ class VitSampleCommandOptions(SampleCommandOptions):
 
 
 @register_task
-class VitClassificationTask(Task):
+class VitClassificationTask(PlanningHooks, Task):
     name = "vit_classification"
     summary = "Image classification with a HF ViT (pretrained dir or fresh config) on an ImageFolder."
     ModelConfig = VitModelConfig
