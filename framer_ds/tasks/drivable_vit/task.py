@@ -125,7 +125,7 @@ class DrivableVitTask(Task):
     def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """Every sample has the same shapes, all from the config: no data is read."""
         model, data = self.config.model, self.config.data
-        views, frames, size = len(data.views), data.frames, model.img_size
+        views, frames, size = len(data.views), data.frames, model.image_size
         labelled = frames if model.segment_frames == "all" else 1
         batch = {
             "pixel_values": torch.zeros(micro_batch_size, frames, views, 3, size, size),
