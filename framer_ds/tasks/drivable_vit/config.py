@@ -47,7 +47,11 @@ class OverlayOptions(StrictModel):
 
 
 class DrivableModelConfig(StrictModel):
-    renamed_keys: ClassVar[dict[str, str]] = {"img_size": "image_size"}
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "img_size": "image_size",
+        "overlays.every": "samples.every",  # `samples` as in the other tasks: what training writes there
+        "overlays.count": "samples.count",
+    }
 
     image_size: int = Field(
         256, ge=8, description="Input height = width in pixels; images are resized to it."
@@ -82,8 +86,9 @@ class DrivableModelConfig(StrictModel):
     )
     dice_weight: float = Field(0.0, ge=0, description="Soft Dice added to the BCE with this weight.")
     aux: AuxiliaryHeads = Field(default_factory=AuxiliaryHeads, description="Auxiliary heads (off).")
-    overlays: OverlayOptions = Field(
-        default_factory=OverlayOptions, description="Mask overlays of validation samples while training."
+    samples: OverlayOptions = Field(
+        default_factory=OverlayOptions,
+        description="Mask overlays of validation samples written while training (samples/step_N/).",
     )
 
     @model_validator(mode="after")

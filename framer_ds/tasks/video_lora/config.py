@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -146,6 +146,7 @@ class VideoLoraModelConfig(StrictModel):
         "framer.controlnet_step_range": "base.controlnet_step_range",
         "pretrained_model_name_or_path": "source.path",
         "builtin": "source.builtin",
+        "motion_bucket_id": "motion_bucket",  # the same 0..255 (motion_bucket also takes from_data)
     }
 
     source: SvdSource = Field(
@@ -206,16 +207,6 @@ class VideoLoraModelConfig(StrictModel):
         if isinstance(value, int) and not 0 <= value <= 255:
             raise ValueError(f"a motion bucket is 0..255 (or from_data), got {value}")
         return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "motion_bucket_id" in data:
-            raise ValueError(
-                "model.motion_bucket_id is now model.motion_bucket: a number 0..255 (the same meaning), "
-                "or from_data for a bucket per clip from its measured motion"
-            )
-        return data
 
     @property
     def context_order(self) -> TemporalContextOrder:
