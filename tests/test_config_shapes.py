@@ -105,9 +105,12 @@ def test_video_base_is_one_choice_that_cannot_hold_an_invalid_combination():
     )
 
 
-def test_config_reference_lists_every_base_members_keys():
-    from framer_ds.tasks.config_docs import task_reference
+def test_config_reference_lists_every_base_members_keys_and_each_tasks_renamed_keys():
+    from framer_ds.tasks.config_docs import config_docs_markdown, task_reference
 
+    markdown = config_docs_markdown()
+    assert "| `model.framer.path` | `model.base.source.path` |" in markdown
+    assert "| `data.validation_split` | `data.val_fraction` |" in markdown
     keys = {row.key for row in task_reference("video_lora")}
     assert {
         "model.base.name",
