@@ -205,3 +205,17 @@ def test_the_recorded_configs_cover_every_task_and_base():
     names = {p.stem for p in RECORDED_CONFIGS}
     assert {"quickstart", "vit_large_imagenet", "video_lora_tiny", "video_lora_framer_tiny", "tts_lm_tiny",
             "drivable_vit_tiny"} <= names  # fmt: skip
+
+
+@pytest.mark.parametrize("recorded", RECORDED_CONFIGS, ids=[p.stem for p in RECORDED_CONFIGS])
+def test_a_checkpoint_of_the_previous_shape_resumes_with_no_change(recorded, tmp_path):
+    """Resume compares the checkpoint's config with the run's: the previous shape of the same config is
+    no change (an old `config: {}` beside a model path included, which `source` reads as no config)."""
+    from framer_ds.engine.checkpoint import CHECKPOINT_CONFIG, TrainerState
+    from framer_ds.engine.resume.changes import resume_changes
+
+    raw = yaml.safe_load(recorded.read_text())
+    shipped = CONFIGS / raw.pop("_shipped")
+    (tmp_path / CHECKPOINT_CONFIG).write_text(yaml.safe_dump(raw))
+    today = load_run_config(shipped, [f"output_dir={raw['output_dir']}"])
+    assert resume_changes(tmp_path, today, TrainerState(global_step=1, world_size=1), 1) == []
