@@ -96,8 +96,8 @@ def resume_changes(
                     "train.resume",
                     f"these differ from the config stored in {checkpoint} and would change what the run "
                     "means (model, data, data order or position). Put them back, start a new run in another "
-                    "output_dir, or, if the change is harmless (e.g. data.root after moving the same files), "
-                    "list the keys in train.resume_allow_changes.",
+                    "output_dir, or, if the change is harmless (e.g. data.source.path after moving the same "
+                    "files), list the keys in train.resume_allow_changes.",
                 ),
             ],
             "resume",
