@@ -127,7 +127,7 @@ def run_baseline(steps: int, out: Path) -> Times:
     task = VitClassificationTask(config)
     task.prepare_data()
     train_set, _ = task.build_datasets()
-    model = ViTForImageClassification(ViTConfig(**config.model.config, num_labels=NUM_LABELS))
+    model = ViTForImageClassification(ViTConfig(**config.model.source.config, num_labels=NUM_LABELS))
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=train.learning_rate,

@@ -48,17 +48,19 @@ def _vit_config() -> dict:
     return {
         "task": "vit_classification",
         "model": {
-            "config": {
-                "image_size": 96,
-                "patch_size": 16,
-                "num_channels": 3,
-                "hidden_size": 768,
-                "num_hidden_layers": 12,
-                "num_attention_heads": 12,
-                "intermediate_size": 3072,
+            "source": {
+                "config": {
+                    "image_size": 96,
+                    "patch_size": 16,
+                    "num_channels": 3,
+                    "hidden_size": 768,
+                    "num_hidden_layers": 12,
+                    "num_attention_heads": 12,
+                    "intermediate_size": 3072,
+                }
             }
         },
-        "data": {"builtin": "digits", "image_size": 96},
+        "data": {"source": {"builtin": "digits"}, "image_size": 96},
         "train": {"micro_batch_size": 2},
     }
 
@@ -67,11 +69,17 @@ def _unet_lora_config(svd_dir: Path) -> dict:
     return {
         "task": "video_lora",
         "model": {
-            "pretrained_model_name_or_path": str(svd_dir),
-            "mode": "interpolation",
+            "source": {"path": str(svd_dir)},
+            "base": {"name": "svd", "mode": "interpolation"},
             "lora": {"rank": 64},
         },
-        "data": {"builtin": "synthetic_clips", "num_frames": 4, "stride": 2, "height": 64, "width": 64},
+        "data": {
+            "source": {"builtin": "synthetic_clips"},
+            "num_frames": 4,
+            "stride": 2,
+            "height": 64,
+            "width": 64,
+        },
         "train": {"micro_batch_size": 1},
     }
 

@@ -52,7 +52,7 @@ def test_census_reads_no_weight_file(tmp_path):
     )
     ViTForImageClassification(config).save_pretrained(pretrained)
     (pretrained / "model.safetensors").write_bytes(b"not a safetensors file")
-    overrides = [f"model.pretrained_model_name_or_path={pretrained}", "model.config={}"]
+    overrides = [f"model.source.path={pretrained}", "model.source.config=null"]
     run_config = load_run_config(REPO / "configs/quickstart.yaml", overrides)
     task = get_task_class(run_config.task)(run_config)
     planned = task_census(task)

@@ -71,7 +71,7 @@ def train_args(overrides: list[str], *extra: str) -> list[str]:
 
 
 def on_folder(root: Path) -> list[str]:
-    return ["data.builtin=null", f"data.root={root}", "train.micro_batch_size=2"]
+    return ["data.source.builtin=null", f"data.source.path={root}", "train.micro_batch_size=2"]
 
 
 # --- commands -------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_missing_data_directory(quickstart_overrides, tmp_path, capsys):
     missing = tmp_path / "no_such_data"
     rc, _, err = cli(capsys, *train_args(quickstart_overrides, *on_folder(missing)))
     assert rc == 1
-    assert f"data.root: {missing} does not exist" in err
+    assert f"data.source.path: {missing} does not exist" in err
     assert "ROOT/train/CLASS/*.png" in err and "ROOT/val/CLASS/*.png" in err
 
 
@@ -197,11 +197,11 @@ def test_class_missing_from_val(quickstart_overrides, tmp_path, capsys):
     assert f"{root / 'val' / 'dog'}: class 'dog' has a train/ directory but no val/ directory" in err
 
 
-def test_corrupt_image_is_named_with_verify_images(quickstart_overrides, tmp_path, capsys):
+def test_corrupt_image_is_named_with_verify_files(quickstart_overrides, tmp_path, capsys):
     root = image_folder(tmp_path / "data", train={"cat": 2, "dog": 2}, val={"cat": 2, "dog": 2})
     bad = root / "val" / "dog" / "broken.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
-    rc, _, err = cli(capsys, *train_args(quickstart_overrides, *on_folder(root), "data.verify_images=true"))
+    rc, _, err = cli(capsys, *train_args(quickstart_overrides, *on_folder(root), "data.verify_files=true"))
     assert rc == 1
     assert "1 problem(s)" in err, err
     assert f"{bad}: PIL cannot read this image" in err
@@ -229,20 +229,18 @@ def test_pretrained_path_without_config_json(quickstart_overrides, tmp_path, cap
     (not_a_model / "model.safetensors").write_bytes(b"")
     rc, _, err = cli(
         capsys,
-        *train_args(
-            quickstart_overrides, "model.config={}", f"model.pretrained_model_name_or_path={not_a_model}"
-        ),
+        *train_args(quickstart_overrides, "model.source.config=null", f"model.source.path={not_a_model}"),
     )
     assert rc == 1
-    assert f"model.pretrained_model_name_or_path: {not_a_model} is not a saved model directory" in err
+    assert f"model.source.path: {not_a_model} is not a saved model directory" in err
     assert "no config.json" in err and "huggingface-cli download" in err
     assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 def test_misspelled_vit_config_field(quickstart_overrides, capsys):
-    rc, _, err = cli(capsys, *train_args(quickstart_overrides, "model.config.hiden_size=8"))
+    rc, _, err = cli(capsys, *train_args(quickstart_overrides, "model.source.config.hiden_size=8"))
     assert rc == 1
-    assert "model.config.hiden_size: not a ViTConfig field. Did you mean 'hidden_size'" in err
+    assert "model.source.config.hiden_size: not a ViTConfig field. Did you mean 'hidden_size'" in err
 
 
 def test_existing_run_is_refused_then_overwrite_then_resume(quickstart_overrides, tmp_path, capsys):
@@ -440,7 +438,7 @@ def test_train_help_explains_overrides_and_where_every_key_is(capsys):
 def test_config_show_lists_every_key_with_default_and_description(capsys):
     assert main(["config", "show", "vit_classification"]) == 0
     out = capsys.readouterr().out
-    assert "train.eval_every_epochs: float | null = null" in out and "data.validation_split" in out
+    assert "train.eval_every_epochs: float | null = null" in out and "data.val_fraction" in out
     assert main(["config", "show", "vit_clasification"]) == 1
     assert "Did you mean 'vit_classification'" in capsys.readouterr().err
 

@@ -115,10 +115,10 @@ def test_missing_task_and_output_dir(tmp_path):
 
 
 def test_task_sections_are_strict(tmp_path):
-    found = problems_of(QUICKSTART, ["data.rot=/x", "model.pretrained=/y"])
+    found = problems_of(QUICKSTART, ["data.hflp=true", "model.sourc=/y"])
     joined = "\n".join(found)
-    assert "data.rot: unknown key. Did you mean 'root'?" in joined
-    assert "model.pretrained: unknown key. Did you mean 'pretrained_model_name_or_path'?" in joined
+    assert "data.hflp: unknown key. Did you mean 'hflip'?" in joined
+    assert "model.sourc: unknown key. Did you mean 'source'?" in joined
 
 
 def test_invalid_yaml_and_missing_file(tmp_path):

@@ -75,3 +75,39 @@ def test_moving_keeps_an_explicit_new_key_and_creates_missing_sections():
     assert moved == {"a": {"new": 2}, "b": {}, "c": {"d": {"here": 3}}}
     assert raw == {"a": {"old": 1, "new": 2}, "b": {"gone": 3}}  # the input is not changed
     assert renamed_key_problems({"a": 5}, {"a.old": "a.new"}) == []  # a value where a section was
+
+
+def test_a_key_that_became_its_own_section_is_old_only_while_it_holds_a_plain_value():
+    """`model.base: framer` -> `model.base.name`: the new section at the same key is not an old key."""
+    renames = {"m.base": "m.base.name", "m.mode": "m.base.mode"}
+    old = {"m": {"base": "framer", "mode": "interpolation"}}
+    assert move_renamed_keys(old, renames) == {"m": {"base": {"name": "framer", "mode": "interpolation"}}}
+    assert [p.where for p in renamed_key_problems(old, renames)] == ["m.base", "m.mode"]
+    new = {"m": {"base": {"name": "framer", "mode": "interpolation"}}}
+    assert move_renamed_keys(new, renames) == new and renamed_key_problems(new, renames) == []
+
+
+def test_a_section_whose_keys_all_moved_is_dropped_when_left_empty_or_null():
+    """`model.framer.*` -> `model.base.*`: what a recorded config holds there (null, or its moved keys) goes;
+    a section that still has a key of its own stays (and validation names that key)."""
+    renames = {
+        "m.framer.path": "m.base.source.path",
+        "m.framer.scale": "m.base.scale",
+        "t.max": "t.length.max",
+    }
+    assert move_renamed_keys({"m": {"framer": None}, "t": {}}, renames) == {"m": {}, "t": {}}
+    moved = move_renamed_keys({"m": {"framer": {"path": "/f", "scale": 2}}, "t": {"max": 3}}, renames)
+    assert moved == {"m": {"base": {"source": {"path": "/f"}, "scale": 2}}, "t": {"length": {"max": 3}}}
+    kept = move_renamed_keys({"m": {"framer": {"path": "/f", "typo": 1}}}, renames)
+    assert kept == {"m": {"framer": {"typo": 1}, "base": {"source": {"path": "/f"}}}}
+
+
+def test_an_old_key_is_validated_at_its_new_place_so_nothing_else_is_reported(renamed, tmp_path):
+    """The old key's value still reaches validation (moved): a wrong value is named at the new key."""
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["train"]["random_seed"] = raw["train"].pop("seed") and "oops"
+    with pytest.raises(ConfigError) as info:
+        validate_run_config(raw)
+    lines = [str(p) for p in info.value.problems]
+    assert lines[0] == "train.random_seed: was renamed to train.seed; write `train.seed: 'oops'` instead"
+    assert len(lines) == 2 and lines[1].startswith("train.seed: got 'oops'"), lines

@@ -31,7 +31,7 @@ from framer_ds.tasks.drivable_vit.synthetic_roads import RoadSetOptions, ensure_
 
 TINY = REPO / "configs" / "tasks" / "drivable_vit" / "tiny.yaml"
 ORIGINAL = REPO / "configs" / "tasks" / "drivable_vit" / "zero3_16gpu.yaml"
-SMALL = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "num_heads": 4, "decoder_channels": [16, 8]}
+SMALL = {"image_size": 32, "patch_size": 8, "embed_dim": 32, "num_heads": 4, "decoder_channels": [16, 8]}
 
 
 @pytest.fixture(scope="session")
@@ -136,19 +136,21 @@ def test_the_original_config_builds_four_blocks_per_stage_and_plans_without_data
 
 def test_config_errors_name_the_fix():
     cases = [
-        ({"img_size": 250}, "multiple of model.patch_size"),
+        ({"image_size": 250}, "multiple of model.patch_size"),
         ({"embed_dim": 100, "num_heads": 12}, "not divisible by model.num_heads"),
-        ({"patch_size": 8, "img_size": 32, "decoder_channels": [8, 8, 8, 8]}, "at most 3 stages"),
+        ({"patch_size": 8, "image_size": 32, "decoder_channels": [8, 8, 8, 8]}, "at most 3 stages"),
         ({"temporal_causal": False, "aux": {"next_frame_weight": 1.0}}, "temporal_causal true"),
         ({"spatial_layer": 2}, "Extra inputs are not permitted"),
     ]
     for fields, message in cases:
         with pytest.raises(ValidationError, match=message):
             DrivableModelConfig(**fields)
-    with pytest.raises(ValidationError, match=r"exactly one of data\.train"):
-        DrivableDataConfig()
+    with pytest.raises(
+        ValidationError, match=r"set exactly one of path or builtin \(synthetic_roads\); got none"
+    ):
+        DrivableDataConfig(source={})
     with pytest.raises(ValidationError, match="names a view twice"):
-        DrivableDataConfig(train=Path("m.jsonl"), views=["left", "left"])
+        DrivableDataConfig(source={"path": Path("m.jsonl")}, views=["left", "left"])
 
 
 # --- metrics --------------------------------------------------------------------------------------
@@ -233,7 +235,7 @@ def test_bad_manifest_names_each_sample_or_counts_the_skipped(road_set, tmp_path
 
     manifest = _bad_manifest(road_set, tmp_path)
     config = yaml.safe_load(TINY.read_text())
-    config["data"] = {"train": str(manifest)}
+    config["data"] = {"source": {"path": str(manifest)}}
     config["output_dir"] = str(tmp_path / "run")
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -275,7 +277,7 @@ def test_split_column_and_separate_eval_file(road_set, tmp_path):
 
     pq.write_table(pa.Table.from_pylist(rows[3:]), tmp_path / "b.parquet")
     config = yaml.safe_load(TINY.read_text())
-    config["data"] = {"train": str(tmp_path / "a.jsonl")}
+    config["data"] = {"source": {"path": str(tmp_path / "a.jsonl")}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({**config, "output_dir": str(tmp_path / "run")}))
     with pytest.raises(ConfigError, match="no 'split' column"):
@@ -320,6 +322,12 @@ def test_tiny_config_learns_writes_overlays_and_exports(road_set, tmp_path):
 
     loaded = load_drivable_vit(run_dir / "final")
     assert loaded.views == ["left", "center", "right"] and loaded.ego is not None
+    # an export written before model.img_size was renamed model.image_size still loads (and samples below)
+    record_file = run_dir / "final" / "drivable_vit.json"
+    record = json.loads(record_file.read_text())
+    record["model"]["img_size"] = record["model"].pop("image_size")
+    record_file.write_text(json.dumps(record))
+    assert load_drivable_vit(run_dir / "final").transform == loaded.transform
     row = json.loads(road_set.read_text().splitlines()[-1])
     images = [road_set.parent / row["images"][v][t] for t in range(3) for v in loaded.views]
     ego_file = tmp_path / "ego.json"

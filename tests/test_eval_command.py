@@ -31,7 +31,7 @@ DRIVABLE_RUN = [
     "train.max_steps=3",
     "train.eval_every=null",
     "train.checkpoint_every=null",
-    "model.overlays.every=0",
+    "model.samples.every=0",
     "train.warmup_steps=0",
 ]
 TTS_RUN = [

@@ -34,7 +34,7 @@ RANK, ALPHA = 4, 11.0
 def make_adapter(tmp_path, mode: str = "image_to_video"):
     """An exported-looking adapter directory (adapter + metadata + export record) and the base path."""
     svd = create_tiny_svd(default_cache_dir() / "tiny_svd")
-    config = load_run_config(TINY, [f"output_dir={tmp_path / 'run'}", f"model.mode={mode}"])
+    config = load_run_config(TINY, [f"output_dir={tmp_path / 'run'}", f"model.base.mode={mode}"])
     unet = UNetSpatioTemporalConditionModel.from_pretrained(svd, subfolder="unet")
     if mode == "interpolation":
         widen_conv_in(unet)

@@ -1,6 +1,7 @@
-"""A Framer checkpoint as the base model (`model.base: framer`): Framer's layout loads strictly into the stock
-diffusers UNet + `mask_token` and our ControlNet-SVD, the ControlNet residuals enter where Framer's UNet
-adds them, Framer's conditioning convention, the training modes, the adapter and the `framer` export.
+"""A Framer checkpoint as the base model (`model.base.name: framer`): Framer's layout loads strictly into
+the stock diffusers UNet + `mask_token` and our ControlNet-SVD, the ControlNet residuals enter where
+Framer's UNet adds them, Framer's conditioning convention, the training modes, the adapter and the
+`framer` export.
 
 Framer's semantics are taken from aim-uofa/Framer (models_diffusers/unet_spatio_temporal_condition.py,
 models_diffusers/controlnet_svd.py, pipelines/pipeline_stable_video_diffusion_interp_control.py) and
@@ -231,7 +232,7 @@ def framer_task(tmp_path, *overrides):
 
 @pytest.mark.parametrize("modes", ["unet_lora", "controlnet", "both"])
 def test_training_modes_give_gradients_only_to_what_trains(tmp_path, modes):
-    task = framer_task(tmp_path, f"model.framer.train_modules={modes}")
+    task = framer_task(tmp_path, f"model.base.train_modules={modes}")
     model = task.build_model()
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     lora = {n for n in trainable if "lora_" in n}
@@ -279,7 +280,7 @@ def test_framer_tiny_config_trains_and_exports_framer_layout(tmp_path, capsys):
 
     samples = ["model.samples.every=4", "model.samples.count=1", "model.samples.num_inference_steps=2"]
     lora_only = [
-        "model.framer.train_modules=unet_lora",
+        "model.base.train_modules=unet_lora",
         "data.tracks=null",
         "model.interp_eval.enabled=false",
     ]
@@ -334,13 +335,15 @@ def config_framer_path(config):
 
 
 def test_validate_names_what_a_framer_run_lacks(tmp_path):
-    task = framer_task(tmp_path, "model.framer.train_modules=controlnet", "data.tracks=null")
+    task = framer_task(tmp_path, "model.base.train_modules=controlnet", "data.tracks=null")
     problems = {p.where: p.message for p in task.check()}
-    assert "data.tracks" in problems["model.framer.train_modules"]
-    task = framer_task(tmp_path, "model.framer.train_modules=controlnet", "data.tracks.tracker=analytic")
+    assert "data.tracks" in problems["model.base.train_modules"]
+    task = framer_task(tmp_path, "model.base.train_modules=controlnet", "data.tracks.tracker=analytic")
     assert not task.check()
-    with pytest.raises(ConfigError, match=r"needs model\.mode interpolation"):
-        load_run_config(FRAMER_TINY, ["model.mode=image_to_video"])
+    with pytest.raises(
+        ConfigError, match=r"model\.base\.mode: got 'image_to_video': Input should be 'interpolation'"
+    ):
+        load_run_config(FRAMER_TINY, ["model.base.mode=image_to_video"])
 
 
 @pytest.mark.distributed
@@ -350,7 +353,7 @@ def test_zero3_two_process_controlnet_and_lora_export_is_complete(tmp_path):
     LoRA adapter."""
     args = [
         f"output_dir={tmp_path / 'run'}",
-        "model.framer.train_modules=both",
+        "model.base.train_modules=both",
         "data.tracks.tracker=analytic",
         "train.max_steps=2",
         "train.eval_every=null",
@@ -431,7 +434,7 @@ def test_controlnet_only_run_end_to_end(tmp_path, capsys):
 
     overrides = [
         f"output_dir={tmp_path / 'run'}",
-        "model.framer.train_modules=controlnet",
+        "model.base.train_modules=controlnet",
         "train.max_steps=2",
     ]
     overrides += ["model.interp_eval.enabled=false", "train.eval_every=null", "model.samples.every=0"]

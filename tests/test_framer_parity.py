@@ -148,10 +148,10 @@ def training_task(tmp_path, *overrides) -> VideoLoraTask:
         FRAMER_TINY,
         [
             f"output_dir={tmp_path / 'run'}",
-            "model.builtin=null",
-            f"model.pretrained_model_name_or_path={MODEL}",
-            "model.framer.builtin=null",
-            f"model.framer.path={MODEL}",
+            "model.source.builtin=null",
+            f"model.source.path={MODEL}",
+            "model.base.source.builtin=null",
+            f"model.base.source.path={MODEL}",
             *overrides,
         ],
     )

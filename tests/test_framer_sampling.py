@@ -234,5 +234,5 @@ def test_tracks_are_refused_on_a_svd_export(tmp_path):
         with pytest.raises(ConfigError) as error:
             sample_to_file(export, options)
         message = str(error.value)
-        assert "no trajectory ControlNet" in message and "model.base: framer" in message
+        assert "no trajectory ControlNet" in message and "model.base.name: framer" in message
         assert ("--tracks" if "tracks" in flags else "--controlnet-scale") in message

@@ -84,7 +84,7 @@ def test_scan_root_missing(tmp_path: Path) -> None:
         scan_image_folder(tmp_path / "nope")
     assert len(err.value.problems) == 1
     problem = err.value.problems[0]
-    assert problem.where == "data.root"
+    assert problem.where == "data.source.path"
     assert str(tmp_path / "nope") in problem.message and "does not exist" in problem.message
     assert "ROOT/train/CLASS/*.png" in problem.message and "ROOT/val/CLASS/*.png" in problem.message
 
@@ -97,7 +97,7 @@ def test_scan_split_missing_and_no_classes(tmp_path: Path) -> None:
         scan_image_folder(root)
     text = problems_text(err)
     assert "no val/ or validation/ directory" in text and "Did you mean 'valid'?" in text
-    assert "data.validation_split: 0.1" in text
+    assert "data.val_fraction: 0.1" in text
     assert "train/ has no class directories" in text
     assert "move each into a per-class sub-directory" in text
 
@@ -141,7 +141,7 @@ def test_scan_corrupt_image_only_with_verify(tmp_path: Path) -> None:
 
     assert len(scan_image_folder(root).train) == 3  # the cheap scan never opens files
     with pytest.raises(ConfigError) as err:
-        scan_image_folder(root, verify_images=True)
+        scan_image_folder(root, verify_files=True)
     assert len(err.value.problems) == 1
     problem = err.value.problems[0]
     assert problem.where == str(bad)
@@ -156,7 +156,7 @@ def test_scan_reports_all_problems_at_once(tmp_path: Path) -> None:
     )
     (root / "val" / "cat" / "000.png").write_bytes(b"\x89PNG garbage")
     with pytest.raises(ConfigError) as err:
-        scan_image_folder(root, verify_images=True)
+        scan_image_folder(root, verify_files=True)
     wheres = sorted(p.where for p in err.value.problems)
     assert wheres == sorted(
         [str(root / "val" / "owl"), str(root / "train" / "dog"), str(root / "val" / "cat" / "000.png")]
@@ -192,7 +192,7 @@ def test_dataset_corrupt_file_raises_runtime_error(tmp_path: Path) -> None:
     transform = ImageTransform(image_size=4, num_channels=3, mean=[0.5] * 3, std=[0.5] * 3, train=False)
     with pytest.raises(RuntimeError, match="cannot decode image") as err:
         ImageFolderDataset([(bad, 0)], transform)[0]
-    assert str(bad) in str(err.value) and "verify_images=True" in str(err.value)
+    assert str(bad) in str(err.value) and "verify_files=True" in str(err.value)
 
 
 def test_dataset_truncated_png_raises_runtime_error(tmp_path: Path) -> None:
@@ -434,22 +434,22 @@ def test_a_validation_directory_is_found_like_val(tmp_path: Path) -> None:
         scan_image_folder(root)
 
 
-def test_validation_split_is_stratified_seeded_and_the_same_everywhere(tmp_path: Path) -> None:
+def test_val_fraction_is_stratified_seeded_and_the_same_everywhere(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "ds", {"train": {"cat": 20, "dog": 10, "emu": 2}})
-    index = scan_image_folder(root, validation_split=0.2, split_seed=5)
+    index = scan_image_folder(root, val_fraction=0.2, split_seed=5)
     held = {(label, path.name) for path, label in index.val}
     per_class = [sum(1 for _, label in index.val if label == c) for c in range(3)]
     assert per_class == [4, 2, 1]  # 20% of each class, at least one, never the whole class
     assert not held & {(label, path.name) for path, label in index.train}
     assert len(index.train) + len(index.val) == 32
-    again = scan_image_folder(root, validation_split=0.2, split_seed=5)  # another rank, another run
+    again = scan_image_folder(root, val_fraction=0.2, split_seed=5)  # another rank, another run
     assert again.val == index.val and again.train == index.train
-    other = scan_image_folder(root, validation_split=0.2, split_seed=6)
+    other = scan_image_folder(root, val_fraction=0.2, split_seed=6)
     assert other.val != index.val
     assert index.validation_source == "20% of train/ held out (stratified by class, seed 5)"
 
 
-def test_validation_split_next_to_a_val_directory_is_a_problem(tmp_path: Path) -> None:
+def test_val_fraction_next_to_a_val_directory_is_a_problem(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "ds", {"train": {"cat": 2}, "val": {"cat": 1}})
-    with pytest.raises(ConfigError, match=r"data\.validation_split: is set but"):
-        scan_image_folder(root, validation_split=0.1)
+    with pytest.raises(ConfigError, match=r"data\.val_fraction: is set but"):
+        scan_image_folder(root, val_fraction=0.1)

@@ -187,7 +187,7 @@ def test_framer_base_interp_eval_and_eval_command(tmp_path, capsys, monkeypatch)
     run = tmp_path / "run"
     overrides = [
         f"output_dir={run}",
-        "model.framer.train_modules=both",
+        "model.base.train_modules=both",
         "data.tracks.tracker=analytic",
         f"data.tracks.dir={tmp_path / 'tracks'}",
         "model.interp_eval.enabled=true",
@@ -359,7 +359,7 @@ def test_framer_interp_eval_from_the_cache_under_zero3_matches_one_process(tmp_p
     gives the metrics of one process reading the pixels."""
     results = {}
     common = [
-        "model.framer.train_modules=both",
+        "model.base.train_modules=both",
         "data.tracks.tracker=analytic",
         f"data.tracks.dir={tmp_path / 'tracks'}",
         *[a for a in INTERP_ARGS if not a.startswith(("data.num_frames", "data.hflip"))],

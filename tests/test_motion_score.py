@@ -139,7 +139,7 @@ def test_the_old_motion_bucket_id_key_names_its_replacement(tmp_path):
     from framer_ds.tasks.run_config import load_run_config
 
     tiny = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
-    with pytest.raises(ConfigError, match=r"model\.motion_bucket_id is now model\.motion_bucket"):
+    with pytest.raises(ConfigError, match=r"model\.motion_bucket_id: was renamed to model\.motion_bucket; "):
         load_run_config(tiny, [f"output_dir={tmp_path}", "model.motion_bucket_id=100"])
     config = load_run_config(tiny, [f"output_dir={tmp_path}", "model.motion_bucket=100"])
     assert config.model.fixed_motion_bucket == 100

@@ -168,12 +168,12 @@ def test_architectures_name_shipped_repos_and_a_hub_id_stands_in_directly(tmp_pa
         load_run_config(tmp_path / "bad.yaml")
     assert "no shipped architecture for google/vit-huge-patch14-224" in str(error.value)
     assert "google/vit-large-patch16-224" in str(error.value)
-    hub = load_run_config(base, ["model.pretrained_model_name_or_path=google/vit-large-patch16-224"])
+    hub = load_run_config(base, ["model.source.path=google/vit-large-patch16-224"])
     overrides, notes = stand_in_overrides(hub)
     folder = shipped_architecture("google/vit-large-patch16-224")
-    assert overrides == [f"model.pretrained_model_name_or_path={folder}"] and len(notes) == 1
+    assert overrides == [f"model.source.path={folder}"] and len(notes) == 1
     assert (folder / "config.json").is_file()
-    on_disk = load_run_config(base, [f"model.pretrained_model_name_or_path={tmp_path}"])
+    on_disk = load_run_config(base, [f"model.source.path={tmp_path}"])
     assert stand_in_overrides(on_disk) == ([], [])
 
 

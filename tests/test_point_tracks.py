@@ -409,4 +409,4 @@ def test_tracks_on_an_svd_base_are_refused_as_unused(tmp_path):
     tiny = FRAMER_TINY.with_name("tiny.yaml")
     config = load_run_config(tiny, [f"output_dir={tmp_path / 'run'}", "data.tracks.tracker=analytic"])
     problems = {p.where: p.message for p in VideoLoraTask(config).check()}
-    assert "model.base framer" in problems["data.tracks"]
+    assert "model.base.name framer" in problems["data.tracks"]

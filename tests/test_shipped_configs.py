@@ -66,9 +66,9 @@ def test_training_yaml_loads_without_problems(path):
 
 def test_vit_large_imagenet_is_the_documented_fine_tuning_setting():
     config = load_run_config(CONFIGS / "tasks" / "vit_classification" / "vit_large_imagenet.yaml")
-    assert config.model.pretrained_model_name_or_path == Path("/data/models/vit-large-patch16-224")
-    assert config.model.config == {}
-    assert config.data.root == Path("/data/imagenet") and config.data.builtin is None
+    assert config.model.source.path == Path("/data/models/vit-large-patch16-224")
+    assert config.model.source.config is None
+    assert config.data.source.path == Path("/data/imagenet") and config.data.source.builtin is None
     assert config.data.mean == [0.5] * 3 and config.data.std == [0.5] * 3 and config.data.hflip
     train = config.train
     assert (train.mixed_precision, train.micro_batch_size, train.gradient_accumulation_steps) == (
@@ -244,4 +244,4 @@ def test_tts_granite_pretrain_is_the_recipe():
     assert "configs/deepspeed/zero3_offload.json" in path.read_text().splitlines()[0]
     sft = load_run_config(CONFIGS / "tasks" / "tts_lm" / "lora_sft.yaml")
     assert sft.model.lora is not None and sft.data.loss_on == "audio" and sft.data.format == "audio"
-    assert sft.model.pretrained_model_name_or_path == config.output_dir / "final"
+    assert sft.model.source.path == config.output_dir / "final"

@@ -152,7 +152,7 @@ def test_a_window_too_short_for_the_clips_is_a_config_error():
 
     data = VideoLoraDataConfig.model_validate(
         {
-            "root": "videos",
+            "source": {"path": "videos"},
             "num_frames": 10,
             "stride": None,
             "stride_range": [1, 4],

@@ -82,8 +82,8 @@ def test_pretrained_directory_with_adapted_label_count(quickstart_overrides, tmp
     overrides = [
         *quickstart_overrides,
         "train.max_steps=2",
-        "model.config={}",
-        f"model.pretrained_model_name_or_path={pretrained}",
+        "model.source.config=null",
+        f"model.source.path={pretrained}",
     ]
     train(overrides)
     tuned = ViTForImageClassification.from_pretrained(tmp_path / "run" / "final")

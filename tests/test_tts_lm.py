@@ -37,12 +37,15 @@ def framer_ds(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
     )
 
 
-def write_config(path: Path, run_dir: Path, model: dict | None = None, **data) -> Path:
+def write_config(
+    path: Path, run_dir: Path, model: dict | None = None, source: dict | None = None, **data
+) -> Path:
+    """A tts_lm config: `source` is data.source ({"path": ...} or {"builtin": ...})."""
     config = {
         "task": "tts_lm",
         "output_dir": str(run_dir),
-        "model": model or {"builtin": "tiny_llama"},
-        "data": {"max_seq_length": 512, **data},
+        "model": model or {"source": {"builtin": "tiny_llama"}},
+        "data": {"max_seq_length": 512, "source": source, **data},
         "train": {"max_steps": 2, "micro_batch_size": 2},
     }
     path.write_text(yaml.safe_dump(config))
@@ -120,7 +123,9 @@ def test_jsonl_parquet_save_to_disk_and_pretokenized_rows_give_the_same_sequence
     table.save_to_disk(str(tmp_path / "rows_dir"))
 
     def sequences(path: Path, **data):
-        task = load_task(write_config(tmp_path / "c.yaml", tmp_path / "run", train=str(path), **data))
+        task = load_task(
+            write_config(tmp_path / "c.yaml", tmp_path / "run", source={"path": str(path)}, **data)
+        )
         return task.data.build_sequences().train
 
     reference = sequences(jsonl, eval=str(jsonl))
@@ -141,7 +146,9 @@ def test_codes_to_tokens_to_codes_is_lossless_through_the_task(tmp_path, tiny_tt
 
     rows = tiny_rows(tiny_tts, 4)
     path = write_jsonl(tmp_path / "rows.jsonl", rows)
-    task = load_task(write_config(tmp_path / "c.yaml", tmp_path / "run", train=str(path), eval=str(path)))
+    task = load_task(
+        write_config(tmp_path / "c.yaml", tmp_path / "run", source={"path": str(path)}, eval=str(path))
+    )
     special = task.assets.special
     for row, sequence in zip(rows, task.data.build_sequences().train, strict=True):
         ids = sequence.input_ids
@@ -161,7 +168,7 @@ def test_bad_rows_are_all_named_or_counted_when_skipped(tmp_path, tiny_tts):
         {"text": "no audio", "codes": [[], [], []]},
     ]
     path = write_jsonl(tmp_path / "rows.jsonl", good + bad)
-    config = write_config(tmp_path / "c.yaml", tmp_path / "run", train=str(path), eval=str(path))
+    config = write_config(tmp_path / "c.yaml", tmp_path / "run", source={"path": str(path)}, eval=str(path))
     with pytest.raises(ConfigError) as failed:
         load_task(config).data.build_sequences()
     message = str(failed.value)
@@ -173,7 +180,9 @@ def test_bad_rows_are_all_named_or_counted_when_skipped(tmp_path, tiny_tts):
     assert len(built.train) == 3 and built.notes["skipped rows"] == 8  # 4 in train + 4 in eval
 
     tokens = write_jsonl(tmp_path / "tokens.jsonl", [{"input_ids": [1, 2, 10**9]}, {"input_ids": [1, 2, 3]}])
-    config = write_config(tmp_path / "t.yaml", tmp_path / "run", train=str(tokens), format="tokens")
+    config = write_config(
+        tmp_path / "t.yaml", tmp_path / "run", source={"path": str(tokens)}, format="tokens"
+    )
     with pytest.raises(ConfigError) as failed:
         load_task(config).data.build_sequences()
     assert "token id 1000000000 is outside the vocabulary" in str(failed.value)
@@ -181,7 +190,9 @@ def test_bad_rows_are_all_named_or_counted_when_skipped(tmp_path, tiny_tts):
 
 
 def test_every_sample_too_long_fails_at_start_with_the_statistics(tmp_path, tiny_tts):
-    config = write_config(tmp_path / "c.yaml", tmp_path / "run", builtin="tiny_speech", max_seq_length=32)
+    config = write_config(
+        tmp_path / "c.yaml", tmp_path / "run", source={"builtin": "tiny_speech"}, max_seq_length=32
+    )
     proc = framer_ds("train", config)
     assert proc.returncode != 0
     assert "every sample is longer than max_seq_length=32" in proc.stderr and "median" in proc.stderr
@@ -189,8 +200,10 @@ def test_every_sample_too_long_fails_at_start_with_the_statistics(tmp_path, tiny
 
 
 def test_a_preset_that_does_not_match_the_tokenizer_is_refused_by_validate(tmp_path, tiny_tts):
-    model = {"pretrained_model_name_or_path": str(tiny_tts / "model"), "special_tokens": {"preset": "llama3"}}
-    config = write_config(tmp_path / "c.yaml", tmp_path / "run", model=model, builtin="tiny_speech")
+    model = {"source": {"path": str(tiny_tts / "model")}, "special_tokens": {"preset": "llama3"}}
+    config = write_config(
+        tmp_path / "c.yaml", tmp_path / "run", model=model, source={"builtin": "tiny_speech"}
+    )
     proc = framer_ds("validate", config)
     assert proc.returncode != 0
     assert "preset 'llama3' puts the new tokens after 128256 base ids" in proc.stderr
@@ -239,7 +252,7 @@ def test_encode_audio_writes_a_resumable_cache_and_names_unreadable_files(tmp_pa
     config = write_config(
         tmp_path / "c.yaml",
         tmp_path / "run",
-        train=str(manifest),
+        source={"path": str(manifest)},
         eval=str(manifest),
         format="audio",
         bad_samples="skip",
@@ -288,7 +301,7 @@ def test_text_speech_mix_follows_the_ramp_and_is_split_once_between_ranks():
 def test_loss_is_a_token_sum_whose_parts_add_up(tmp_path, tiny_tts):
     from framer_ds.tasks.tts_lm.token_sequences import IGNORE_INDEX
 
-    task = load_task(write_config(tmp_path / "c.yaml", tmp_path / "run", builtin="tiny_speech"))
+    task = load_task(write_config(tmp_path / "c.yaml", tmp_path / "run", source={"builtin": "tiny_speech"}))
     train, _ = task.build_datasets()
     batch = task.collate_fn()([train[0], train[1]])
     model = task.build_model()
@@ -425,15 +438,15 @@ def test_fresh_model_from_config_with_text_mix_and_checkpointing(tmp_path, tiny_
 
     text = write_jsonl(tmp_path / "text.jsonl", [{"text": f"plain text number {i}"} for i in range(40)])
     model = {
-        "config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                   "num_attention_heads": 2, "num_key_value_heads": 1},
+        "source": {"config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}},
         "tokenizer": str(tiny_tts / "model"),
     }  # fmt: skip
     config = write_config(
         tmp_path / "c.yaml",
         tmp_path / "run",
         model=model,
-        builtin="tiny_speech",
+        source={"builtin": "tiny_speech"},
         group_by_length=False,
         text_mix={"path": str(text), "ratio_start": 2.0, "ratio_end": 1.0},
     )

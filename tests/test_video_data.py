@@ -183,20 +183,20 @@ def test_index_scans_recursively_and_rejects_with_reasons(videos: dict[str, Path
     assert "usable: 2, rejected: 2" in report and "64x48 (2)" in report
     assert "24 (1)" in report and "30 (1)" in report
     assert f"rejected {root / 'short.mp4'}: too short" in report
-    require_usable(index, "data.root")  # does not raise
+    require_usable(index, "data.source.path")  # does not raise
 
 
 def test_zero_usable_fails_with_the_report(videos: dict[str, Path], tmp_path: Path) -> None:
     root = copy_tree(videos, tmp_path / "ds", ["short", "corrupt"])
     index = build_video_index(root, None, min_frames=10, cache_dir=None)
     with pytest.raises(ConfigError) as err:
-        require_usable(index, "data.root")
+        require_usable(index, "data.source.path")
     text = str(err.value)
     assert "none of the 2 video file(s) is usable" in text and "usable: 0, rejected: 2" in text
     assert str(root / "corrupt.mp4") in text and "too short: 5 frames" in text
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=r"no video files \(.avi, .mkv"):
-        require_usable(build_video_index(tmp_path / "empty", None, 10, None), "data.root")
+        require_usable(build_video_index(tmp_path / "empty", None, 10, None), "data.source.path")
     with pytest.raises(ConfigError, match="does not exist"):
         build_video_index(tmp_path / "nope", None, 10, None)
 

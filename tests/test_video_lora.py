@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, strategy_launch_args
 from framer_ds.tasks.run_config import load_run_config
+from framer_ds.tasks.video_lora.bases import SvdBase
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.tasks.video_lora.task import EXPORT_METADATA, VideoLoraTask
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
@@ -171,8 +172,8 @@ def test_corrupt_and_too_short_videos_are_skipped_and_reported(tmp_path):
     task = VideoLoraTask(
         tiny_config(
             tmp_path,
-            "data.builtin=null",
-            f"data.root={root}",
+            "data.source.builtin=null",
+            f"data.source.path={root}",
             "data.val_fraction=0",
             "data.max_rejected_fraction=0.3",  # 2 of 7 rejected: allowed, and named in the summary
         )
@@ -232,8 +233,8 @@ def test_data_check_prints_the_report_and_fails_on_unusable_data(tmp_path, capsy
         "check",
         str(TINY),
         f"output_dir={tmp_path / 'run'}",
-        "data.builtin=null",
-        f"data.root={root}",
+        "data.source.builtin=null",
+        f"data.source.path={root}",
     ]
     assert main([*args, "data.max_rejected_fraction=0.25"]) == 0  # 1 of 4: at the limit, allowed
     out = capsys.readouterr().out
@@ -245,9 +246,9 @@ def test_data_check_prints_the_report_and_fails_on_unusable_data(tmp_path, capsy
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "only_broken.mp4").write_bytes(b"garbage" * 100)
-    assert main([*args[:-1], f"data.root={empty}"]) == 1
+    assert main([*args[:-1], f"data.source.path={empty}"]) == 1
     err = capsys.readouterr().err
-    assert "only_broken.mp4" in err and "data.root: none of the" in err
+    assert "only_broken.mp4" in err and "data.source.path: none of the" in err
 
 
 @pytest.mark.slow
@@ -333,8 +334,8 @@ def test_image_pair_layout_trains_interpolation(tmp_path):
     _write_pairs(tmp_path / "pairs", 6)
     config = tiny_config(
         tmp_path,
-        "data.builtin=null",
-        f"data.root={tmp_path / 'pairs'}",
+        "data.source.builtin=null",
+        f"data.source.path={tmp_path / 'pairs'}",
         "data.layout=image_pairs",
         "data.num_frames=5",
         "model.fps=7",
@@ -358,13 +359,16 @@ def test_image_pair_layout_trains_interpolation(tmp_path):
 def test_image_pair_layout_problems_are_reported_together(tmp_path):
     _write_pairs(tmp_path / "pairs", 2)
     config = tiny_config(
-        tmp_path, "data.builtin=null", f"data.root={tmp_path / 'pairs'}", "data.layout=image_pairs"
+        tmp_path,
+        "data.source.builtin=null",
+        f"data.source.path={tmp_path / 'pairs'}",
+        "data.layout=image_pairs",
     )
-    image_to_video = config.model.model_copy(update={"mode": "image_to_video"})
+    image_to_video = config.model.model_copy(update={"base": SvdBase(mode="image_to_video")})
     problems = {
         p.where: p.message for p in VideoLoraTask(config.model_copy(update={"model": image_to_video})).check()
     }
-    assert "model.mode: interpolation" in problems["data.layout"] and "model.fps" in problems
+    assert "model.base.mode: interpolation" in problems["data.layout"] and "model.fps" in problems
 
 
 def test_latent_cache_key_follows_what_decides_the_tensors(tmp_path):
@@ -398,7 +402,7 @@ def test_image_to_video_adapter_merges_into_a_pipeline_that_runs(tmp_path, capsy
 
     config = tiny_config(
         tmp_path,
-        "model.mode=image_to_video",
+        "model.base.mode=image_to_video",
         "model.samples.every=0",
         "train.max_steps=3",
         "train.eval_every=null",

@@ -72,9 +72,9 @@ SMOKE_VIDEO = {"plain"}  # the DeepSpeed paths are smoked by the tts_lm and driv
 
 def video_cells(work: Path, smoke: bool) -> list[Cell]:
     base = (
-        ("model.builtin=tiny_svd",)
+        ("model.source.builtin=tiny_svd",)
         if smoke
-        else ("model.builtin=null", f"model.pretrained_model_name_or_path={full_size_svd(work)}")
+        else ("model.source.builtin=null", f"model.source.path={full_size_svd(work)}")
     )
     cells = []
     for shape, (mode, frames, height, width, reference, modes) in VIDEO_SHAPES.items():
@@ -89,7 +89,7 @@ def video_cells(work: Path, smoke: bool) -> list[Cell]:
                     CONFIGS / "tasks/video_lora/tiny.yaml",
                     (
                         *base,
-                        f"model.mode={mode}",
+                        f"model.base.mode={mode}",
                         *data,
                         "data.stride=1",
                         "model.samples.every=0",
@@ -115,15 +115,15 @@ def tts_cells(work: Path, smoke: bool) -> list[Cell]:
     seq = 512 if smoke else 8192
     llama = LLAMA_SMOKE if smoke else LLAMA_1B
     rows = long_speech_rows(work, rows=24 if smoke else 64, max_tokens=seq)
-    model = [f"model.config.{key}={value}" for key, value in llama.items()]
+    model = [f"model.source.config.{key}={value}" for key, value in llama.items()]
     common = (
-        "model.builtin=null",
+        "model.source.builtin=null",
         *model,
-        f"model.config.max_position_embeddings={seq}",
+        f"model.source.config.max_position_embeddings={seq}",
         f"model.tokenizer={speech_tokenizer()}",
         "model.samples.every=0",
-        "data.builtin=null",
-        f"data.train={rows}",
+        "data.source.builtin=null",
+        f"data.source.path={rows}",
         "data.eval=null",
         "data.val_fraction=0.1",
         "data.format=codes",
@@ -163,7 +163,7 @@ def drivable_cells(work: Path, smoke: bool) -> list[Cell]:
     config = CONFIGS / "tasks/drivable_vit" / ("tiny.yaml" if smoke else "zero3_16gpu.yaml")
     overrides: tuple[str, ...] = ("train.micro_batch_size=2", "train.gradient_accumulation_steps=1")
     if not smoke:  # the original model on generated roads (resized to 256 px): memory follows the shapes
-        overrides += ("data.train=null", "data.builtin=synthetic_roads")
+        overrides += ("data.source.path=null", "data.source.builtin=synthetic_roads")
     return [
         Cell(
             "drivable_vit",

@@ -42,7 +42,7 @@ def overrides(work: Path, smoke: bool, steps: int) -> list[str]:
     ]
     if smoke:
         return [*common, "train.micro_batch_size=16"]
-    vit = [f"model.config.{key}={value}" for key, value in VIT_BASE.items()]
+    vit = [f"model.source.config.{key}={value}" for key, value in VIT_BASE.items()]
     return [
         *common,
         *vit,

@@ -35,7 +35,7 @@ def base_overrides(smoke: bool) -> list[str]:
     if smoke:  # the quickstart's small ViT on CPU
         return ["train.mixed_precision=no", "train.num_workers=0"]
     return [
-        *(f"model.config.{key}={value}" for key, value in VIT_LARGE.items()),
+        *(f"model.source.config.{key}={value}" for key, value in VIT_LARGE.items()),
         "data.image_size=224",
         "train.mixed_precision=bf16",
         "train.gradient_checkpointing=false",

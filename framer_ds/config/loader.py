@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 
@@ -123,26 +123,57 @@ def attribute_to_overrides(
     return attributed
 
 
-def section_model(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation such as `WandbConfig | None`, if any."""
+def section_models(annotation: Any) -> list[type[BaseModel]]:
+    """Every pydantic model an annotation can hold: `WandbConfig | None` one, a union of sections (the
+    bases of `model.base`) each member. A `list[X]` is not a section: its items have no fixed path."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = section_model(arg)
-            if found is not None:
-                return found
-    return None
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return section_models(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [model for arg in typing.get_args(annotation) for model in section_models(arg)]
+    return []
 
 
-def _model_at(root: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel] | None:
-    """Walk the schema along an error location to the model that owns its last key."""
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `WandbConfig | None`, if any (a union of
+    sections: its first member)."""
+    found = section_models(annotation)
+    return found[0] if found else None
+
+
+def _union_tags(annotation: Any) -> dict[str, type[BaseModel]]:
+    """{tag: member} of a tagged union (`Annotated[SvdBase, Tag("svd")] | ...`); {} for any other."""
+    tags: dict[str, type[BaseModel]] = {}
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return tags
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is typing.Annotated:
+            for item in typing.get_args(arg)[1:]:
+                if isinstance(item, Tag) and isinstance(item.tag, str):
+                    tags[item.tag] = section_models(arg)[0]
+    return tags
+
+
+def _config_keys(
+    root: type[BaseModel], loc: Sequence[str | int]
+) -> tuple[list[str | int], type[BaseModel] | None]:
+    """The config keys of an error location and the section that owns a key after the last one. pydantic
+    puts a tagged union's tag into the location (`model.base.framer.source`): it is no key, but it says
+    which member's keys apply."""
+    keys: list[str | int] = []
     model: type[BaseModel] | None = root
+    tags: dict[str, type[BaseModel]] = {}
     for part in loc:
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
-            return None
-        model = section_model(model.model_fields[part].annotation)
-    return model
+        if isinstance(part, str) and part in tags:
+            model, tags = tags[part], {}
+            continue
+        keys.append(part)
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        model = section_model(field.annotation) if field is not None else None
+        tags = _union_tags(field.annotation) if field is not None else {}
+    return keys, model
 
 
 def describe_validation_error(exc: ValidationError, schema: type[BaseModel]) -> list[ConfigProblem]:
@@ -152,17 +183,18 @@ def describe_validation_error(exc: ValidationError, schema: type[BaseModel]) -> 
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "union")))]
         # pydantic puts the member type of `X | None` into the location; keep only real keys.
         loc = [p for p in loc if not (isinstance(p, str) and p[:1].isupper())]
-        where = ".".join(str(p) for p in loc) or "config"
+        keys, _ = _config_keys(schema, loc)
+        where = ".".join(str(p) for p in keys) or "config"
         kind = err["type"]
         if kind == "extra_forbidden":
-            owner = _model_at(schema, loc[:-1])
+            _, owner = _config_keys(schema, loc[:-1])
             valid = sorted(owner.model_fields) if owner else []
-            hint = did_you_mean(str(loc[-1]), valid)
+            hint = did_you_mean(str(keys[-1]), valid)
             listing = f" Valid keys here: {', '.join(valid)}." if valid else ""
             message = f"unknown key.{hint} Remove it or fix the spelling.{listing}"
         elif kind == "missing":
-            owner = _model_at(schema, loc[:-1])
-            field = owner.model_fields.get(str(loc[-1])) if owner else None
+            _, owner = _config_keys(schema, loc[:-1])
+            field = owner.model_fields.get(str(keys[-1])) if owner else None
             about = f" ({field.description})" if field is not None and field.description else ""
             message = f"required key is missing; add it{about}."
         elif kind == "finite_number":

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen, MultipleOf
 from pydantic import BaseModel
 
-from framer_ds.config.loader import section_model
+from framer_ds.config.loader import section_models
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class FieldReference:
 
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _type_name(typing.get_args(annotation)[0])
     if origin is Literal:
         return " | ".join(repr(v) for v in typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):
@@ -84,10 +86,12 @@ def _default(field: Any, section: type[BaseModel] | None) -> str:
 
 
 def schema_reference(model: type[BaseModel], prefix: str = "") -> list[FieldReference]:
-    """Depth-first: each key, then the keys of its section (a `X | None` section is walked as X)."""
-    rows = []
+    """Depth-first: each key, then the keys of its section (a `X | None` section is walked as X; a union
+    of sections, such as video_lora's `model.base`, as each member in turn, a key they share once)."""
+    rows: list[FieldReference] = []
     for name, field in model.model_fields.items():
-        section = section_model(field.annotation)
+        sections = section_models(field.annotation)
+        section = sections[0] if sections else None
         rows.append(
             FieldReference(
                 key=f"{prefix}{name}",
@@ -98,8 +102,9 @@ def schema_reference(model: type[BaseModel], prefix: str = "") -> list[FieldRefe
                 is_section=section is not None,
             )
         )
-        if section is not None:
-            rows += schema_reference(section, f"{prefix}{name}.")
+        for member in sections:
+            seen = {row.key for row in rows}
+            rows += [row for row in schema_reference(member, f"{prefix}{name}.") if row.key not in seen]
     return rows
 
 

@@ -12,38 +12,29 @@ Each config section declares its own renames next to its fields, relative to its
         renamed_keys: ClassVar[dict[str, str]] = {"max_steps": "length.steps"}
 
 `schema_renames(schema)` collects them over the whole schema as dotted paths from the root.
+
+Two shapes beyond a plain move: a key may become a section of its own (`model.base: framer` ->
+`model.base.name`; the old key is the one holding a plain value, not the new section), and a section whose
+every key moved elsewhere (`model.framer.*` -> `model.base.*`) is gone: left empty or null (as recorded
+configs hold it) it is dropped, having nothing left to lose (a top-level section never retires).
 """
 
 from __future__ import annotations
 
 import copy
-import types
-import typing
 from typing import Any
 
 from pydantic import BaseModel
 
 from framer_ds.config.errors import ConfigProblem
-
-
-def _section_models(annotation: Any) -> list[type[BaseModel]]:
-    """Every pydantic model an annotation can hold (`X | None`, a union of sections, `list[X]` is not a
-    section: its items have no fixed path)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _section_models(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [model for arg in typing.get_args(annotation) for model in _section_models(arg)]
-    return []
+from framer_ds.config.loader import section_models
 
 
 def schema_renames(schema: type[BaseModel], prefix: str = "") -> dict[str, str]:
     """{old dotted key: new dotted key} over the whole schema, from each section's `renamed_keys`."""
     renames = {f"{prefix}{old}": f"{prefix}{new}" for old, new in getattr(schema, "renamed_keys", {}).items()}
     for name, field in schema.model_fields.items():
-        for section in _section_models(field.annotation):
+        for section in section_models(field.annotation):
             renames.update(schema_renames(section, f"{prefix}{name}."))
     return renames
 
@@ -60,36 +51,47 @@ def _lookup(tree: dict[str, Any], dotted: str) -> tuple[dict[str, Any] | None, s
     return (node if isinstance(node, dict) else None), last
 
 
+def _old_key_in(parent: dict[str, Any] | None, key: str, old: str, new: str) -> bool:
+    """Whether `parent` holds the old key `old`: a key that became its own section (`base` -> `base.name`)
+    is old only while it holds a plain value, not the new section."""
+    if parent is None or key not in parent:
+        return False
+    return not (new.startswith(f"{old}.") and isinstance(parent[key], dict))
+
+
+def _drop_retired_sections(tree: dict[str, Any], renames: dict[str, str]) -> None:
+    """Remove, in place, each section all of whose keys were renamed elsewhere (the parent of old keys
+    that no new key lives under) where it is left empty or null. A top-level section (`train`, `data`)
+    is one of the run's own and never retires."""
+    parents = {old.rsplit(".", 1)[0] for old in renames if old.count(".") >= 2}  # the run's own sections stay
+    for section in sorted(parents):
+        if any(new == section or new.startswith(f"{section}.") for new in renames.values()):
+            continue
+        parent, key = _lookup(tree, section)
+        if parent is not None and key in parent and parent[key] in (None, {}):
+            del parent[key]
+
+
 def renamed_key_problems(raw: dict[str, Any], renames: dict[str, str]) -> list[ConfigProblem]:
     """One problem per old key present in a user's config, naming the key to write instead."""
     problems = []
     for old, new in renames.items():
         parent, key = _lookup(raw, old)
-        if parent is not None and key in parent:
+        if _old_key_in(parent, key, old, new):
             problems.append(
                 ConfigProblem(old, f"was renamed to {new}; write `{new}: {parent[key]!r}` instead")
             )
     return problems
 
 
-def without_renamed_keys(raw: dict[str, Any], renames: dict[str, str]) -> dict[str, Any]:
-    """A copy of `raw` without the old keys, so that validation does not report them a second time as
-    unknown keys."""
-    stripped = copy.deepcopy(raw)
-    for old in renames:
-        parent, key = _lookup(stripped, old)
-        if parent is not None:
-            parent.pop(key, None)
-    return stripped
-
-
 def move_renamed_keys(raw: dict[str, Any], renames: dict[str, str]) -> dict[str, Any]:
-    """A copy of a recorded config with every old key's value moved to its new key (an explicit new key
-    wins): what an older framer_ds wrote reads as this version's config."""
+    """A copy of a config with every old key's value moved to its new key (an explicit new key wins):
+    what an older framer_ds recorded reads as this version's config, and a user's old key is validated
+    where it lives now (besides being reported by `renamed_key_problems`)."""
     moved = copy.deepcopy(raw)
     for old, new in renames.items():
         parent, key = _lookup(moved, old)
-        if parent is None or key not in parent:
+        if not _old_key_in(parent, key, old, new):
             continue
         value = parent.pop(key)
         node = moved
@@ -100,4 +102,5 @@ def move_renamed_keys(raw: dict[str, Any], renames: dict[str, str]) -> dict[str,
                 child = node[part] = {}
             node = child
         node.setdefault(last, value)
+    _drop_retired_sections(moved, renames)
     return moved

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from framer_ds.config.reference import FieldReference, render_markdown_table, schema_reference
+from framer_ds.config.renames import schema_renames
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.tasks.registry import available_tasks, get_task_class
 
@@ -12,6 +13,11 @@ Generated from the schemas by `framer-ds config docs --write docs/config.md` (a 
 file is stale). `framer-ds config show TASK` prints the same for one task in a terminal. Any key can
 be overridden on the command line with a dotted path: `framer-ds train CONFIG train.max_steps=20
 model.lora.rank=32`. Unknown keys are errors, with a "did you mean" suggestion.
+
+Where a model or a data set comes from is a `source` section holding exactly one of `path`, `builtin`
+(an asset generated in the cache: demos, tests) or, for a model built fresh, `config`. A key renamed
+since an earlier version (each task's "Renamed keys" below) is an error naming its new key; a config
+framer_ds recorded (a checkpoint's or an export's) is moved to the new keys silently.
 """
 
 
@@ -25,12 +31,23 @@ def task_reference(task: str) -> list[FieldReference]:
     return schema_reference(get_task_class(task).config_class())
 
 
+def _renames_table(renames: dict[str, str]) -> list[str]:
+    """The "Renamed keys" table of a section of the reference (nothing when no key was renamed)."""
+    if not renames:
+        return []
+    rows = [f"| `{old}` | `{new}` |" for old, new in renames.items()]
+    return ["\n".join(["Renamed keys:\n", "| was | now |", "| --- | --- |", *rows]) + "\n"]
+
+
 def config_docs_markdown() -> str:
     shared = schema_reference(RunConfigBase)
-    parts = [DOC_HEADER, "## Every task\n", render_markdown_table(shared)]
+    shared_renames = schema_renames(RunConfigBase)
+    parts = [DOC_HEADER, "## Every task\n", render_markdown_table(shared), *_renames_table(shared_renames)]
     shared_keys = {row.key for row in shared}
     for name in builtin_task_names():
         task = get_task_class(name)
         own = [row for row in task_reference(name) if row.key not in shared_keys]
         parts += [f"## `task: {name}`\n", f"{task.summary}\n", render_markdown_table(own)]
+        renames = schema_renames(task.config_class())
+        parts += _renames_table({old: new for old, new in renames.items() if old not in shared_renames})
     return "\n".join(parts)

@@ -27,7 +27,6 @@ from framer_ds.config.renames import (
     move_renamed_keys,
     renamed_key_problems,
     schema_renames,
-    without_renamed_keys,
 )
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.export import EXPORT_RECORD, read_export_record
@@ -71,11 +70,11 @@ def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: b
     else:
         schema = get_task_class(task_name).config_class()
     renames = schema_renames(schema)
-    if recorded:
-        raw = move_renamed_keys(raw, renames)
-    else:
+    if not recorded:
         problems += renamed_key_problems(raw, renames)
-        raw = without_renamed_keys(raw, renames)
+    # Validated at their new place either way: an old key is reported once, as renamed, and neither as
+    # unknown nor as its new section missing (`model.source` when `pretrained_model_name_or_path` is set).
+    raw = move_renamed_keys(raw, renames)
     candidate = (
         raw if schema is not RunConfigBase else {k: v for k, v in raw.items() if k not in ("model", "data")}
     )

@@ -126,7 +126,7 @@ def an_unwritable_output_dir_is_one_line(tmp: Path) -> str:
 
 
 @case(
-    "data.root holds a zero-byte .mp4 and a text file named .mp4 beside 4 good clips (video_lora)",
+    "data.source.path holds a zero-byte .mp4 and a text file named .mp4 beside 4 good clips (video_lora)",
     "training refuses to start: '2 of 6 video files (33%) are unusable, more than "
     "data.max_rejected_fraction (0.1)', each file named; allowed with data.max_rejected_fraction=0.5, the "
     "run summary says 'usable: 4, rejected: 2' and names both (as `data check` does)",
@@ -139,7 +139,13 @@ def broken_videos_are_named_at_start(tmp: Path) -> str:
     (root / "empty.mp4").write_bytes(b"")
     (root / "notes.mp4").write_text("this is a text file, not a video\n")
     tiny = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
-    argv = ["train", str(tiny), f"output_dir={tmp / 'run'}", "data.builtin=null", f"data.root={root}"]
+    argv = [
+        "train",
+        str(tiny),
+        f"output_dir={tmp / 'run'}",
+        "data.source.builtin=null",
+        f"data.source.path={root}",
+    ]
     argv += ["train.max_steps=1", "train.eval_every=null", "train.checkpoint_every=null"]
     argv += ["model.samples.every=0", "data.val_fraction=0"]
     refused = cli(*argv)

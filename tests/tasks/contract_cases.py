@@ -121,6 +121,6 @@ CASES = [
         "drivable_vit",
         CONFIGS / "tasks" / "drivable_vit" / "tiny.yaml",
         drivable_sample,
-        ("model.overlays.every=0",),
+        ("model.samples.every=0",),
     ),
 ]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.loader import parse_yaml
 from framer_ds.config.renames import move_renamed_keys, schema_renames
@@ -41,6 +43,17 @@ def _under(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
     return any(key == p or key.startswith(f"{p}.") for p in prefixes)
 
 
+def _recorded_config(path: Path, schema: type[RunConfigBase]) -> dict[str, Any]:
+    """The checkpoint's config as this version reads it: renamed keys moved, then validated by the run's
+    schema, so that a migration which is more than a move compares equal (an old `config: {}` beside a
+    model path is no `source.config`); as moved where it no longer validates (its differences are listed)."""
+    moved = move_renamed_keys(parse_yaml(path.read_text()) or {}, schema_renames(schema))
+    try:
+        return schema.model_validate(moved).model_dump(mode="json")
+    except ValidationError:
+        return moved
+
+
 def resume_changes(
     checkpoint: Path, config: RunConfigBase, state: TrainerState, world_size: int
 ) -> list[str]:
@@ -56,9 +69,7 @@ def resume_changes(
         return [
             f"(no {CHECKPOINT_CONFIG} in {checkpoint}: written before framer_ds 0.2, changes not checked)"
         ]
-    old = _flatten(
-        move_renamed_keys(parse_yaml(recorded_path.read_text()) or {}, schema_renames(type(config)))
-    )
+    old = _flatten(_recorded_config(recorded_path, type(config)))
     new = _flatten(config.model_dump(mode="json"))
     allowed = list(config.train.resume_allow_changes)
     changed = [
@@ -85,8 +96,8 @@ def resume_changes(
                     "train.resume",
                     f"these differ from the config stored in {checkpoint} and would change what the run "
                     "means (model, data, data order or position). Put them back, start a new run in another "
-                    "output_dir, or, if the change is harmless (e.g. data.root after moving the same files), "
-                    "list the keys in train.resume_allow_changes.",
+                    "output_dir, or, if the change is harmless (e.g. data.source.path after moving the same "
+                    "files), list the keys in train.resume_allow_changes.",
                 ),
             ],
             "resume",

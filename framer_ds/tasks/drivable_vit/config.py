@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from framer_ds.config.schema import StrictModel
+from framer_ds.config.source import Source
 
 
 class AuxiliaryHeads(StrictModel):
@@ -46,8 +47,16 @@ class OverlayOptions(StrictModel):
 
 
 class DrivableModelConfig(StrictModel):
-    img_size: int = Field(256, ge=8, description="Input height = width in pixels; images are resized to it.")
-    patch_size: int = Field(16, ge=2, description="Square patch side in pixels (divides img_size).")
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "img_size": "image_size",
+        "overlays.every": "samples.every",  # `samples` as in the other tasks: what training writes there
+        "overlays.count": "samples.count",
+    }
+
+    image_size: int = Field(
+        256, ge=8, description="Input height = width in pixels; images are resized to it."
+    )
+    patch_size: int = Field(16, ge=2, description="Square patch side in pixels (divides image_size).")
     embed_dim: int = Field(768, ge=8, description="Token width of every stage (divisible by num_heads).")
     num_heads: int = Field(12, ge=1, description="Attention heads of every block.")
     mlp_ratio: float = Field(4.0, gt=0, description="MLP hidden width / embed_dim.")
@@ -73,21 +82,22 @@ class DrivableModelConfig(StrictModel):
         default_factory=lambda: [128, 64],
         min_length=1,
         description="Width of each decoder stage; each doubles the resolution, then the logits are "
-        "interpolated to img_size (2 ** stages must not exceed patch_size).",
+        "interpolated to image_size (2 ** stages must not exceed patch_size).",
     )
     dice_weight: float = Field(0.0, ge=0, description="Soft Dice added to the BCE with this weight.")
     aux: AuxiliaryHeads = Field(default_factory=AuxiliaryHeads, description="Auxiliary heads (off).")
-    overlays: OverlayOptions = Field(
-        default_factory=OverlayOptions, description="Mask overlays of validation samples while training."
+    samples: OverlayOptions = Field(
+        default_factory=OverlayOptions,
+        description="Mask overlays of validation samples written while training (samples/step_N/).",
     )
 
     @model_validator(mode="after")
     def _img_divisible_by_patch(self) -> DrivableModelConfig:
-        if self.img_size % self.patch_size:
-            fitting = self.img_size // self.patch_size * self.patch_size or self.patch_size
+        if self.image_size % self.patch_size:
+            fitting = self.image_size // self.patch_size * self.patch_size or self.patch_size
             raise ValueError(
-                f"model.img_size {self.img_size} is not a multiple of model.patch_size {self.patch_size}; "
-                f"set img_size to e.g. {fitting}"
+                f"model.image_size {self.image_size} is not a multiple of model.patch_size "
+                f"{self.patch_size}; set image_size to e.g. {fitting}"
             )
         return self
 
@@ -123,7 +133,7 @@ class DrivableModelConfig(StrictModel):
 
 
 class SyntheticRoadOptions(StrictModel):
-    """`data.builtin: synthetic_roads`: the generated set (written once into the cache)."""
+    """`data.source.builtin: synthetic_roads`: the generated set (written once into the cache)."""
 
     train_samples: int = Field(96, ge=1, description="Training samples generated.")
     eval_samples: int = Field(20, ge=1, description="Validation samples generated.")
@@ -131,18 +141,28 @@ class SyntheticRoadOptions(StrictModel):
     seed: int = Field(0, description="Generator seed: the same set every time.")
 
 
-class DrivableDataConfig(StrictModel):
-    train: Path | None = Field(
+class DrivableDataSource(Source):
+    """Where the samples come from."""
+
+    path: Path | None = Field(
         None,
         description="Manifest (.jsonl or .parquet) of training samples, or of all samples with a split "
         "column (then data.eval stays null).",
     )
-    eval: Path | None = Field(None, description="Manifest of validation samples; null: use the split column.")
     builtin: Literal["synthetic_roads"] | None = Field(
         None, description="'synthetic_roads': roads seen by three cameras over a few frames (generated)."
     )
+
+
+class DrivableDataConfig(StrictModel):
+    renamed_keys: ClassVar[dict[str, str]] = {"train": "source.path", "builtin": "source.builtin"}
+
+    source: DrivableDataSource = Field(
+        description="Where the samples come from: path (a manifest) or builtin (synthetic_roads)."
+    )
+    eval: Path | None = Field(None, description="Manifest of validation samples; null: use the split column.")
     synthetic: SyntheticRoadOptions = Field(
-        default_factory=SyntheticRoadOptions, description="The generated set (data.builtin only)."
+        default_factory=SyntheticRoadOptions, description="The generated set (data.source.builtin only)."
     )
     views: list[str] = Field(
         default_factory=lambda: ["left", "center", "right"],
@@ -173,11 +193,12 @@ class DrivableDataConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> DrivableDataConfig:
-        if (self.train is None) == (self.builtin is None):
-            raise ValueError("set exactly one of data.train (a manifest) or data.builtin (synthetic_roads)")
-        if self.builtin is not None and (self.eval is not None or self.views != ["left", "center", "right"]):
-            raise ValueError("data.builtin generates its own views and splits: drop data.eval and data.views")
+    def _checks(self) -> DrivableDataConfig:
+        generated = self.source.builtin is not None
+        if generated and (self.eval is not None or self.views != ["left", "center", "right"]):
+            raise ValueError(
+                "data.source.builtin generates its own views and splits: drop data.eval and data.views"
+            )
         if len(set(self.views)) != len(self.views):
             raise ValueError(f"data.views {self.views} names a view twice")
         if any(s <= 0 for s in self.std):

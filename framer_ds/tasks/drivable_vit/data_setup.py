@@ -63,20 +63,20 @@ class DrivableData:
         )
 
     def ensure_builtin(self) -> None:
-        if self.data.builtin == "synthetic_roads":
+        if self.data.source.builtin == "synthetic_roads":
             ensure_road_set(default_cache_dir(), self.road_options())
 
     def train_path(self) -> Path:
-        if self.data.builtin:
+        if self.data.source.builtin:
             return road_set_dir(default_cache_dir(), self.road_options()) / "manifest.jsonl"
-        return Path(self.data.train)
+        return Path(self.data.source.path)
 
     def file_problems(self) -> list[ConfigProblem]:
         """Manifests that are missing or of an unknown type (cheap: no rows read)."""
-        if self.data.builtin:
+        if self.data.source.builtin:
             return []
         problems = []
-        for key, path in (("data.train", self.data.train), ("data.eval", self.data.eval)):
+        for key, path in (("data.source.path", self.data.source.path), ("data.eval", self.data.eval)):
             if path is not None:
                 try:
                     table_format(path)
@@ -166,11 +166,12 @@ class DrivableData:
             split.notes["skipped (first)"] = " | ".join(problems[:3])
         if not split.train:
             raise ConfigError(
-                [ConfigProblem("data.train", f"no usable training samples in {self.train_path()}")], "data"
+                [ConfigProblem("data.source.path", f"no usable training samples in {self.train_path()}")],
+                "data",
             )
 
     def transform(self) -> PixelTransform:
-        return PixelTransform(self.config.model.img_size, tuple(self.data.mean), tuple(self.data.std))
+        return PixelTransform(self.config.model.image_size, tuple(self.data.mean), tuple(self.data.std))
 
     def datasets(
         self, split: SplitSamples, ego: EgoStatistics | None

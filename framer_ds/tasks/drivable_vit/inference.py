@@ -19,6 +19,7 @@ from pydantic import Field
 from safetensors.torch import load_file
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
+from framer_ds.config.renames import move_renamed_keys, schema_renames
 from framer_ds.engine.export import read_export_json
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.tasks.base import SampleCommandOptions
@@ -80,13 +81,16 @@ def load_drivable_vit(export_dir: Path, device: str = "cpu") -> LoadedModel:
             ]
         )
     record = read_export_json(export_dir / RECORD)
-    config = DrivableModelConfig.model_validate(record["model"])
+    # an export written before a model key was renamed (img_size) reads as this version's section
+    config = DrivableModelConfig.model_validate(
+        move_renamed_keys(record["model"], schema_renames(DrivableModelConfig))
+    )
     model = DrivableViT(config, views=len(record["views"]), frames=record["frames"])
     state = {k: v.float() for k, v in load_file(str(export_dir / WEIGHTS)).items()}
     model.load_state_dict(state)
     stats = record.get("ego_statistics")
     ego = EgoStatistics(tuple(stats["mean"]), tuple(stats["std"])) if stats else None
-    transform = PixelTransform(config.img_size, tuple(record["mean"]), tuple(record["std"]))
+    transform = PixelTransform(config.image_size, tuple(record["mean"]), tuple(record["std"]))
     return LoadedModel(model.to(device).eval(), record["views"], record["frames"], transform, ego)
 
 

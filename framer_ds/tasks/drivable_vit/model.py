@@ -73,7 +73,7 @@ class SpatialEncoder(nn.Module):
 
     def __init__(self, config: DrivableModelConfig, masked_tokens: bool):
         super().__init__()
-        dim, patches = config.embed_dim, (config.img_size // config.patch_size) ** 2
+        dim, patches = config.embed_dim, (config.image_size // config.patch_size) ** 2
         self.patch_embed = nn.Conv2d(3, dim, config.patch_size, stride=config.patch_size)
         self.cls_token = _embedding(1, 1, dim)
         self.pos_embed = _embedding(1, 1 + patches, dim)
@@ -139,7 +139,7 @@ class SegmentationDecoder(nn.Module):
 
     def __init__(self, config: DrivableModelConfig):
         super().__init__()
-        self.grid, self.size = config.img_size // config.patch_size, config.img_size
+        self.grid, self.size = config.image_size // config.patch_size, config.image_size
         self.norm = nn.LayerNorm(config.embed_dim)
         channels = config.decoder_channels
         self.project = nn.Conv2d(config.embed_dim, channels[0], 1)
@@ -193,7 +193,7 @@ class DrivableViT(nn.Module):
     def random_token_mask(self, count: int, device: torch.device) -> torch.Tensor:
         """[count, N] booleans, each patch masked with probability aux.mask_ratio (shape-static, so the
         planner's fake tensors follow it)."""
-        patches = (self.settings.img_size // self.settings.patch_size) ** 2
+        patches = (self.settings.image_size // self.settings.patch_size) ** 2
         return torch.rand(count, patches, device=device) < self.settings.aux.mask_ratio
 
     def forward(

@@ -126,7 +126,7 @@ class DrivableVitTask(PlanningHooks, Task):
     def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """Every sample has the same shapes, all from the config: no data is read."""
         model, data = self.config.model, self.config.data
-        views, frames, size = len(data.views), data.frames, model.img_size
+        views, frames, size = len(data.views), data.frames, model.image_size
         labelled = frames if model.segment_frames == "all" else 1
         batch = {
             "pixel_values": torch.zeros(micro_batch_size, frames, views, 3, size, size),
@@ -174,16 +174,16 @@ class DrivableVitTask(PlanningHooks, Task):
     # --- overlays and export -------------------------------------------------------------------------
 
     def sample_every(self) -> int:
-        every = self.config.model.overlays.every
+        every = self.config.model.samples.every
         return every if every is not None else (self.config.train.eval_every or 0)
 
     @torch.no_grad()
     def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
-        """Overlays of the first `model.overlays.count` validation samples: samples/step_N/<id>.png.
+        """Overlays of the first `model.samples.count` validation samples: samples/step_N/<id>.png.
         Every rank runs the same forward (a ZeRO-3 collective); rank 0 writes."""
         if self._eval_set is None or len(self._eval_set) == 0:
             return []
-        count = min(self.config.model.overlays.count, len(self._eval_set))
+        count = min(self.config.model.samples.count, len(self._eval_set))
         items = [self._eval_set[i] for i in range(count)]
         batch = {k: v.to(accelerator.device) for k, v in default_collate(items).items()}
         batch = to_compute_dtype(accelerator, batch, self.full_precision_keys)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from framer_ds.config.lora import LoraBase
 from framer_ds.config.schema import StrictModel
+from framer_ds.config.source import Source
 
 LLM_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 LLM_MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -58,7 +59,8 @@ class CodecOptions(StrictModel):
     path: Path | None = Field(
         None,
         description="Local SNAC directory (config.json + pytorch_model.bin, e.g. `huggingface-cli "
-        "download hubertsiuzdak/snac_24khz --local-dir DIR`). null with model.builtin: the tiny codec.",
+        "download hubertsiuzdak/snac_24khz --local-dir DIR`). null with model.source.builtin: the tiny "
+        "codec.",
     )
     device: str = Field("auto", description="Where encoding runs: 'auto', 'cpu', 'cuda'.")
 
@@ -92,13 +94,15 @@ class TtsSampleOptions(GenerationOptions):
     )
 
 
-class TtsModelConfig(StrictModel):
-    pretrained_model_name_or_path: Path | None = Field(
+class TtsModelSource(Source):
+    """Where the language model comes from: a saved model, a fresh init from AutoConfig fields, or the
+    tiny built-in one."""
+
+    path: Path | None = Field(
         None, description="Local directory with the base model and its tokenizer (save_pretrained)."
     )
-    tokenizer: Path | None = Field(None, description="Tokenizer directory; default the model's.")
-    config: dict[str, Any] = Field(
-        default_factory=dict,
+    config: dict[str, Any] | None = Field(
+        None,
         description="A fresh model instead: AutoConfig fields with `model_type` (e.g. llama); needs "
         "model.tokenizer. vocab_size is set from the extended tokenizer.",
     )
@@ -107,6 +111,30 @@ class TtsModelConfig(StrictModel):
         description="'tiny_llama': a tiny random Llama, its tokenizer and a tiny SNAC codec, built in the "
         "cache on first use (demo, tests).",
     )
+
+    @model_validator(mode="after")
+    def _config_names_its_type(self) -> TtsModelSource:
+        if self.config is not None and "model_type" not in self.config:
+            raise ValueError("config needs `model_type` (e.g. llama, granite, qwen3)")
+        return self
+
+    @property
+    def fresh_config(self) -> dict[str, Any] | None:
+        """The AutoConfig fields when this source builds a fresh model, else None."""
+        return None if self.config is None else dict(self.config)
+
+
+class TtsModelConfig(StrictModel):
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "pretrained_model_name_or_path": "source.path",
+        "config": "source.config",
+        "builtin": "source.builtin",
+    }
+
+    source: TtsModelSource = Field(
+        description="Where the model comes from: path (a saved model), config (a fresh init) or builtin."
+    )
+    tokenizer: Path | None = Field(None, description="Tokenizer directory; default the model's.")
     special_tokens: SpecialTokenOptions = Field(
         default_factory=SpecialTokenOptions, description="The ids of the layout's markers."
     )
@@ -120,20 +148,9 @@ class TtsModelConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> TtsModelConfig:
-        sources = [
-            self.pretrained_model_name_or_path is not None,
-            bool(self.config),
-            self.builtin is not None,
-        ]
-        if sum(sources) != 1:
-            raise ValueError(
-                "set exactly one of model.pretrained_model_name_or_path, model.config or model.builtin"
-            )
-        if self.config and self.tokenizer is None:
-            raise ValueError("model.config builds a fresh model: set model.tokenizer too")
-        if self.config and "model_type" not in self.config:
-            raise ValueError("model.config needs `model_type` (e.g. llama, granite, qwen3)")
+    def _fresh_model_needs_tokenizer(self) -> TtsModelConfig:
+        if self.source.fresh_config is not None and self.tokenizer is None:
+            raise ValueError("model.source.config builds a fresh model: set model.tokenizer too")
         return self
 
 
@@ -148,13 +165,21 @@ class TextMixOptions(StrictModel):
     ramp_epochs: float = Field(1.0, gt=0, description="Epochs over which the ratio moves linearly.")
 
 
-class TtsDataConfig(StrictModel):
-    train: Path | None = Field(
+class TtsDataSource(Source):
+    """Where the training rows come from."""
+
+    path: Path | None = Field(
         None, description="Training rows: a .jsonl / .parquet file, or a datasets.save_to_disk directory."
     )
     builtin: Literal["tiny_speech"] | None = Field(
         None, description="'tiny_speech': short synthetic utterances encoded with the tiny codec (cache)."
     )
+
+
+class TtsDataConfig(StrictModel):
+    renamed_keys: ClassVar[dict[str, str]] = {"train": "source.path", "builtin": "source.builtin"}
+
+    source: TtsDataSource = Field(description="Where the training rows come from: path (rows) or builtin.")
     eval: Path | None = Field(None, description="Held-out rows in the same format; else val_fraction.")
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Without data.eval: rows held out (seeded).")
     format: Literal["tokens", "codes", "audio"] = Field(
@@ -195,9 +220,7 @@ class TtsDataConfig(StrictModel):
     encode_batch_size: int = Field(8, ge=1, description="format 'audio': files per codec call.")
 
     @model_validator(mode="after")
-    def _one_source(self) -> TtsDataConfig:
-        if (self.train is None) == (self.builtin is None):
-            raise ValueError("set exactly one of data.train or data.builtin")
+    def _speaker_and_mix(self) -> TtsDataConfig:
         if self.speaker_prefix and self.speaker_column is None:
             raise ValueError("data.speaker_prefix needs data.speaker_column")
         if self.text_mix is not None and self.length_policy != "pack" and self.group_by_length:

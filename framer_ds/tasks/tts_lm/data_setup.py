@@ -40,14 +40,15 @@ class TtsData:
     # --- files ---------------------------------------------------------------------------------------
 
     def train_path(self) -> Path:
-        return tiny_root() / "data" / "train.jsonl" if self.data.builtin else Path(self.data.train)
+        source = self.data.source
+        return tiny_root() / "data" / "train.jsonl" if source.builtin else Path(source.path)
 
     def eval_path(self) -> Path | None:
-        return tiny_root() / "data" / "eval.jsonl" if self.data.builtin else self.data.eval
+        return tiny_root() / "data" / "eval.jsonl" if self.data.source.builtin else self.data.eval
 
     def file_problems(self) -> list[ConfigProblem]:
         problems = []
-        named = [("data.train", self.data.train), ("data.eval", self.data.eval)]
+        named = [("data.source.path", self.data.source.path), ("data.eval", self.data.eval)]
         if self.data.text_mix is not None:
             named.append(("data.text_mix.path", self.data.text_mix.path))
         for key, path in named:
@@ -57,16 +58,19 @@ class TtsData:
                 table_format(path)
             except TableReadError as exc:
                 problems.append(ConfigProblem(key, str(exc)))
-        if self.data.format == "audio" and not self.data.builtin:
+        if self.data.format == "audio" and not self.data.source.builtin:
             if self.assets.codec_dir is None:
                 problems.append(
                     ConfigProblem(
                         "model.codec.path", "data.format 'audio' is encoded with SNAC: set this key"
                     )
                 )
-            if self.data.train is not None and table_format_or_none(self.data.train) == "save_to_disk":
+            train = self.data.source.path
+            if train is not None and table_format_or_none(train) == "save_to_disk":
                 problems.append(
-                    ConfigProblem("data.train", "format 'audio' reads a .jsonl/.parquet manifest of paths")
+                    ConfigProblem(
+                        "data.source.path", "format 'audio' reads a .jsonl/.parquet manifest of paths"
+                    )
                 )
         return problems
 
@@ -122,7 +126,8 @@ class TtsData:
             raise ConfigError(
                 [
                     ConfigProblem(
-                        "data.train", f"{path} is not encoded yet: run `framer-ds data encode-audio CONFIG`"
+                        "data.source.path",
+                        f"{path} is not encoded yet: run `framer-ds data encode-audio CONFIG`",
                     )
                 ]
             )
@@ -170,7 +175,7 @@ class TtsData:
         else:
             train.sequences, eval_sequences = self._split(train.sequences)
             notes["validation"] = (
-                f"{self.data.val_fraction:.0%} of data.train (seed {self.config.train.seed})"
+                f"{self.data.val_fraction:.0%} of data.source.path (seed {self.config.train.seed})"
             )
         mix: list[TokenSequence] = []
         if self.data.text_mix is not None:
@@ -181,7 +186,7 @@ class TtsData:
             self._report_bad_rows(problems, notes)
         if not train.sequences:
             raise ConfigError(
-                [ConfigProblem("data.train", "no usable rows left: see the problems above")], "data"
+                [ConfigProblem("data.source.path", "no usable rows left: see the problems above")], "data"
             )
         return BuiltData(train.sequences, eval_sequences, mix, notes)
 

@@ -25,7 +25,7 @@ EMBEDDING_MULTIPLE = 64  # rows padded to a multiple of 64: faster matmuls, same
 class TtsAssets:
     """Paths of the model, tokenizer and codec, and the extended tokenizer and layout (loaded lazily)."""
 
-    model_dir: Path | None  # None: a fresh model from model.config
+    model_dir: Path | None  # None: a fresh model from model.source.config
     tokenizer_dir: Path
     codec_dir: Path | None
     model_config: dict
@@ -35,12 +35,12 @@ class TtsAssets:
     @classmethod
     def from_config(cls, config) -> TtsAssets:
         model = config.model
-        if model.builtin is not None:
+        if model.source.builtin is not None:
             root = tiny_root()
             return cls(root / "model", root / "model", model.codec.path or root / "codec", {}, model, True)
-        model_dir = model.pretrained_model_name_or_path
+        model_dir = model.source.path
         tokenizer_dir = model.tokenizer or model_dir
-        return cls(model_dir, tokenizer_dir, model.codec.path, dict(model.config), model, False)
+        return cls(model_dir, tokenizer_dir, model.codec.path, model.source.fresh_config or {}, model, False)
 
     def ensure_builtin(self) -> None:
         if self.builtin:
@@ -53,7 +53,7 @@ class TtsAssets:
         if self.model_dir is not None and not (self.model_dir / "config.json").is_file():
             problems.append(
                 ConfigProblem(
-                    "model.pretrained_model_name_or_path",
+                    "model.source.path",
                     f"{self.model_dir} is not a saved model directory (no config.json). Download it once, "
                     "e.g. `huggingface-cli download ibm-granite/granite-3.3-2b-base --local-dir DIR`, and "
                     "point this key at DIR",
@@ -62,7 +62,7 @@ class TtsAssets:
         if not any((self.tokenizer_dir / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
             problems.append(
                 ConfigProblem(
-                    "model.tokenizer" if self.options.tokenizer else "model.pretrained_model_name_or_path",
+                    "model.tokenizer" if self.options.tokenizer else "model.source.path",
                     f"{self.tokenizer_dir} holds no tokenizer (tokenizer.json / tokenizer_config.json)",
                 )
             )

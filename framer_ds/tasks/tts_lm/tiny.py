@@ -1,5 +1,5 @@
-"""`model.builtin: tiny_llama` and `data.builtin: tiny_speech`: everything the CPU demo and the tests
-need, built offline in the cache on first use.
+"""`model.source.builtin: tiny_llama` and `data.source.builtin: tiny_speech`: everything the CPU demo
+and the tests need, built offline in the cache on first use.
 
 The tokenizer is a byte-level BPE trained on the demo sentences and saved as a transformers fast
 tokenizer; the model is a 2-layer Llama saved with `save_pretrained`; the codec is a random SNAC with the

@@ -54,7 +54,7 @@ def describe_cache(
         "source": source_fingerprint(dataset),
         "svd": weights_fingerprint(svd_dir),
         "dtype": dtype,
-        "mode": options.mode,
+        "mode": options.base.mode,
         **({"base": "framer"} if framer_base else {}),  # + the last frame's embedding
         "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
         "vae_tile_size": options.vae_tile_size,
@@ -62,7 +62,7 @@ def describe_cache(
         "motion_from_data": options.motion_bucket == "from_data",
         # model.motion_bucket from_data: each entry stores its bucket, which the training quantiles decide
         **({"motion_buckets": motion()} if motion is not None else {}),
-        "data": data.model_dump(mode="json", exclude={"cache", "val_fraction", "root", "builtin", "tracks"}),
+        "data": data.model_dump(mode="json", exclude={"cache", "val_fraction", "source", "tracks"}),
         # entries then store their clip placement; the tracks themselves are applied at load
         **({"placement": True} if data.tracks is not None else {}),
     }

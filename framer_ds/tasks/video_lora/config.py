@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import ClassVar, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from framer_ds.config.lora import LoraBase
 from framer_ds.config.schema import StrictModel
+from framer_ds.config.source import Source
+from framer_ds.tasks.video_lora.bases import SvdBase, SvdSource, VideoBase
 from framer_ds.tasks.video_lora.diffusion.edm import COND_NOISE_MEAN, COND_NOISE_STD, P_MEAN, P_STD
 from framer_ds.tasks.video_lora.diffusion.temporal_context import TemporalContextOrder, default_order
 
@@ -133,73 +135,36 @@ class InterpEvalOptions(SamplingSettings):
         return self
 
 
-def _step_range_in_unit_interval(value: tuple[float, float]) -> tuple[float, float]:
-    if not 0 <= value[0] <= value[1] <= 1:
-        raise ValueError(f"need [lo, hi] with 0 <= lo <= hi <= 1, got {list(value)}")
-    return value
-
-
-StepRange = Annotated[tuple[float, float], AfterValidator(_step_range_in_unit_interval)]
-"""Fractions of the sampling steps where Framer's ControlNet runs (its `controlnet_step_range`)."""
-
-
-class FramerOptions(StrictModel):
-    """A Framer checkpoint as the base (`model.base: framer`): `unet/` + `controlnet/` from here, VAE and
-    CLIP from the SVD directory (`pretrained_model_name_or_path` or `builtin`). docs/video_lora.md."""
-
-    path: Path | None = Field(
-        None, description="Local Framer directory with unet/ and controlnet/ (e.g. framer_512x320)."
-    )
-    builtin: Literal["tiny_framer"] | None = Field(
-        None, description="'tiny_framer': a tiny random Framer checkpoint built in the cache (tests, demo)."
-    )
-    train_modules: Literal["unet_lora", "controlnet", "both"] = Field(
-        "unet_lora",
-        description="'unet_lora': a LoRA on the UNet (ControlNet frozen); 'controlnet': the whole "
-        "ControlNet (UNet frozen, no LoRA); 'both'.",
-    )
-    controlnet_cond_scale: float = Field(
-        1.0, ge=0, description="Scale of the ControlNet residuals (Framer's controlnet_cond_scale)."
-    )
-    controlnet_step_range: StepRange = Field(
-        (0.0, 1.0),
-        description="Sampling only: the ControlNet runs on steps i whose fraction i/steps lies in [lo, hi) "
-        "(Framer's controlnet_step_range); training sees it at every noise level.",
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> FramerOptions:
-        if (self.path is None) == (self.builtin is None):
-            raise ValueError("set exactly one of model.framer.path or model.framer.builtin")
-        return self
-
-
 class VideoLoraModelConfig(StrictModel):
-    pretrained_model_name_or_path: Path | None = Field(
-        None, description="Local diffusers SVD directory (stable-video-diffusion-img2vid(-xt) layout)."
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "base": "base.name",  # first: the old scalar becomes the section the next keys move into
+        "mode": "base.mode",
+        "framer.path": "base.source.path",
+        "framer.builtin": "base.source.builtin",
+        "framer.train_modules": "base.train_modules",
+        "framer.controlnet_cond_scale": "base.controlnet_cond_scale",
+        "framer.controlnet_step_range": "base.controlnet_step_range",
+        "pretrained_model_name_or_path": "source.path",
+        "builtin": "source.builtin",
+        "motion_bucket_id": "motion_bucket",  # the same 0..255 (motion_bucket also takes from_data)
+    }
+
+    source: SvdSource = Field(
+        description="Where the SVD components come from: path (a local diffusers SVD directory) or builtin."
     )
-    builtin: Literal["tiny_svd"] | None = Field(
-        None, description="'tiny_svd': tiny random SVD components created in the cache (demo, tests)."
+    base: VideoBase = Field(
+        default_factory=SvdBase,
+        description="The model fine-tuned, chosen by base.name, with that base's own options: "
+        "{name: svd, mode: image_to_video | interpolation} or {name: framer, source: ..., train_modules: "
+        "...}. Framer interpolates.",
     )
-    mode: Literal["image_to_video", "interpolation"] = Field(
-        "image_to_video",
-        description="'interpolation': condition on the first AND last frame (a zero-initialised mask "
-        "channel widens conv_in); 'image_to_video': on the first frame, as SVD.",
-    )
-    base: Literal["svd", "framer"] = Field(
-        "svd",
-        description="'framer': fine-tune a Framer checkpoint (model.framer) with Framer's conditioning "
-        "convention (mask token, mask on missing frames, CLIP of first and last frame); needs mode "
-        "interpolation. 'svd': stock SVD with our own conventions.",
-    )
-    framer: FramerOptions | None = Field(None, description="The Framer checkpoint when model.base is framer.")
     temporal_context_order: TemporalContextOrder | None = Field(
         None,
         description="How the UNet's temporal cross-attention pairs pixels with CLIP contexts in a batch: "
         "'framer' is Framer's layout (pixel row r reads the context of batch item r mod B; Framer's "
         "checkpoints were trained and are sampled that way, and at batch 2 under guidance the "
         "conditional and unconditional contexts mix), 'diffusers' is stock diffusers' (each pixel reads "
-        "its own item's). null = the base's own: 'framer' for model.base framer, 'diffusers' for svd. "
+        "its own item's). null = the base's own: 'framer' for model.base.name framer, 'diffusers' for svd. "
         "Training and sampling both use it; the export records it (docs/video_lora.md, Framer).",
     )
     lora: LoraOptions = Field(
@@ -243,37 +208,17 @@ class VideoLoraModelConfig(StrictModel):
             raise ValueError(f"a motion bucket is 0..255 (or from_data), got {value}")
         return value
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "motion_bucket_id" in data:
-            raise ValueError(
-                "model.motion_bucket_id is now model.motion_bucket: a number 0..255 (the same meaning), "
-                "or from_data for a bucket per clip from its measured motion"
-            )
-        return data
-
     @property
     def context_order(self) -> TemporalContextOrder:
         """The temporal context order this run trains and samples with (`temporal_context_order` or
         the base's own)."""
-        return self.temporal_context_order or default_order(self.base)
+        return self.temporal_context_order or default_order(self.base.name)
 
     @property
     def fixed_motion_bucket(self) -> int:
         """The bucket one value stands for: the configured one, or with from_data 127, where the
         training set's median motion lands (samples while training, and the sampler's default)."""
         return 127 if self.motion_bucket == "from_data" else self.motion_bucket
-
-    @model_validator(mode="after")
-    def _one_source(self) -> VideoLoraModelConfig:
-        if (self.pretrained_model_name_or_path is None) == (self.builtin is None):
-            raise ValueError("set exactly one of model.pretrained_model_name_or_path or model.builtin")
-        if (self.base == "framer") != (self.framer is not None):
-            raise ValueError("model.framer is set exactly when model.base is framer")
-        if self.base == "framer" and self.mode != "interpolation":
-            raise ValueError("model.base framer needs model.mode interpolation (Framer interpolates)")
-        return self
 
 
 class LatentCacheOptions(StrictModel):
@@ -298,7 +243,7 @@ class TrackOptions(StrictModel):
     )
     tracker: Literal["analytic", "cotracker"] = Field(
         "analytic",
-        description="'analytic': exact tracks of data.builtin synthetic_clips; 'cotracker': Meta's "
+        description="'analytic': exact tracks of data.source.builtin synthetic_clips; 'cotracker': Meta's "
         "CoTracker (the cotracker package and a local cotracker_checkpoint).",
     )
     cotracker_checkpoint: Path | None = Field(
@@ -339,15 +284,25 @@ class TrackOptions(StrictModel):
         return self
 
 
-class VideoLoraDataConfig(StrictModel):
-    layout: Literal["videos", "image_pairs"] = Field(
-        "videos",
-        description="'image_pairs': {id}_start.ext + {id}_end.ext under data.root (interpolation only; "
-        "the loss covers the two real frames).",
-    )
-    root: Path | None = Field(None, description="Directory of videos or image pairs (recursive).")
+class VideoDataSource(Source):
+    """Where the clips come from."""
+
+    path: Path | None = Field(None, description="Directory of videos or image pairs (recursive).")
     builtin: Literal["synthetic_clips"] | None = Field(
         None, description="'synthetic_clips': small moving-shape mp4s generated in the cache."
+    )
+
+
+class VideoLoraDataConfig(StrictModel):
+    renamed_keys: ClassVar[dict[str, str]] = {"root": "source.path", "builtin": "source.builtin"}
+
+    source: VideoDataSource = Field(
+        description="Where the clips come from: path (a directory of videos or image pairs) or builtin."
+    )
+    layout: Literal["videos", "image_pairs"] = Field(
+        "videos",
+        description="'image_pairs': {id}_start.ext + {id}_end.ext under data.source.path (interpolation "
+        "only; the loss covers the two real frames).",
     )
     manifest: Path | None = Field(None, description="CSV/JSONL with path and optional start/end frame, fps.")
     num_frames: int = Field(14, ge=2, description="Frames per training clip (SVD: 14, SVD-XT: 25).")
@@ -378,8 +333,6 @@ class VideoLoraDataConfig(StrictModel):
 
     @model_validator(mode="after")
     def _checks(self) -> VideoLoraDataConfig:
-        if (self.root is None) == (self.builtin is None):
-            raise ValueError("set exactly one of data.root or data.builtin")
         if (self.stride is None) == (self.stride_range is None):
             raise ValueError("set exactly one of data.stride or data.stride_range")
         return self

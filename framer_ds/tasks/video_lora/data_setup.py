@@ -44,16 +44,16 @@ def layout_problems(data: VideoLoraDataConfig, mode: str, fps: float | None) -> 
         problems.append(
             ConfigProblem(
                 "data.layout",
-                "image_pairs give a first and a last frame: set model.mode: interpolation, or use "
+                "image_pairs give a first and a last frame: set model.base.mode: interpolation, or use "
                 "videos for image_to_video.",
             )
         )
-    if data.builtin is not None or data.manifest is not None:
+    if data.source.builtin is not None or data.manifest is not None:
         problems.append(
             ConfigProblem(
                 "data.layout",
-                "image_pairs read {id}_start/{id}_end images under data.root: set data.root and "
-                "drop data.builtin / data.manifest.",
+                "image_pairs read {id}_start/{id}_end images under data.source.path: set it and drop "
+                "data.source.builtin / data.manifest.",
             )
         )
     if fps is None:
@@ -97,12 +97,14 @@ class VideoLoraData:
     def index(self) -> VideoIndex:
         # Indexed at stride 1: a video too short for the largest stride still gives clips at a smaller one.
         data = self.config
-        if data.builtin == "synthetic_clips":  # idempotent; lets `data tracks` skip the rest of prepare_data
+        if (
+            data.source.builtin == "synthetic_clips"
+        ):  # idempotent; lets `data tracks` skip the rest of prepare_data
             ensure_synthetic_clips(self.root)
         found = build_video_index(
             self.root, data.manifest, data.num_frames, cache_dir=default_cache_dir() / "video_index"
         )
-        require_usable(found, "data.root", data.max_rejected_fraction)
+        require_usable(found, "data.source.path", data.max_rejected_fraction)
         return found
 
     def report(self) -> str:

@@ -146,7 +146,7 @@ def example_encoded_batch(
         "cond_sigma": torch.full((k,), 0.02),
         "fps": torch.full((k,), float(config.model.fps or 7)),
     }
-    if config.model.mode == "interpolation":
+    if config.model.base.mode == "interpolation":
         batch["last"] = torch.zeros(k, *latent)
     if framer_base:
         batch["last_image_emb"] = torch.zeros(k, 1, embedding)

@@ -60,7 +60,7 @@ class VideoExportCommandOptions(StrictModel):
 ExportFormat = Callable[[Path, VideoExportCommandOptions], str]
 EXPORT_FORMATS: dict[str, ExportFormat] = {}
 MERGED_BY_BASE: dict[str, ExportFormat] = {}
-"""`--format merged` for a run whose `model.base` has its own UNet class, by base name."""
+"""`--format merged` for a run whose `model.base` has its own UNet class, by base name (base.name)."""
 
 
 def register_export_format(name: str, function: ExportFormat) -> ExportFormat:

@@ -39,8 +39,8 @@ def _framer_run(adapter_dir: Path, options: VideoExportCommandOptions, fmt: str)
     if metadata.get("base") != "framer":
         raise _problem(
             "--format",
-            f"{adapter_dir} was trained on stock SVD (model.base svd), whose UNet has no mask_token and "
-            f"another conditioning convention; --format {fmt} needs a model.base framer run. Use "
+            f"{adapter_dir} was trained on stock SVD (model.base.name svd), whose UNet has no mask_token and "
+            f"another conditioning convention; --format {fmt} needs a model.base.name framer run. Use "
             "--format merged.",
         )
     out = Path(options.out)
@@ -96,7 +96,7 @@ def export_framer_merged(adapter_dir: Path, options: VideoExportCommandOptions) 
     if not metadata.get("has_adapter"):
         raise _problem(
             "--format",
-            f"{adapter_dir} trained only the ControlNet (model.framer.train_modules controlnet): there is no "
+            f"{adapter_dir} trained only the ControlNet (model.base.train_modules controlnet): there is no "
             "LoRA to merge; use --format framer (unet/ + the trained controlnet/) or --format peft.",
         )
     unet = _merged_framer_unet(adapter_dir, metadata, base, getattr(torch, options.dtype))

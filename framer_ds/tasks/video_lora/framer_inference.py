@@ -1,4 +1,4 @@
-"""`framer-ds sample` for a `model.base: framer` export: Framer's UNet (with the LoRA merged) and
+"""`framer-ds sample` for a `model.base.name: framer` export: Framer's UNet (with the LoRA merged) and
 ControlNet from the export and its base Framer directory, VAE, CLIP and scheduler from the SVD directory,
 sampled with Framer's conditioning (`sampling.FramerSampling`). The ControlNet runs on the heatmaps of
 `--tracks` (`sample_tracks.tracks_conditioning`, set by `inference.sample_to_file`); without tracks it

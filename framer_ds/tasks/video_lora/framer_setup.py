@@ -1,9 +1,10 @@
-"""`model.base: framer`: a Framer checkpoint as the base of a video_lora run (docs/video_lora.md, "Framer").
+"""`model.base.name: framer`: a Framer checkpoint as the base of a video_lora run (docs/video_lora.md,
+"Framer").
 
 Framer's `unet/` and `controlnet/` load strictly into diffusers' stock UNet (+ `mask_token`) and our
 ControlNet-SVD (`models/framer_model.py`, `controlnet_svd.py`); the VAE and CLIP encoder come from
 the SVD directory as in any video_lora run. The trained module is a `FramerModel` (UNet, its LoRA,
-the ControlNet); what trains follows `model.framer.train_modules`. Conditioning follows Framer's
+the ControlNet); what trains follows `model.base.train_modules`. Conditioning follows Framer's
 pipeline (`diffusion/framer_conditioning.py`), the objective is SVD's EDM unchanged.
 
 The ControlNet reads `batch["controlnet_cond"]` (per-frame point heatmaps, `data/track_heatmaps.py`,
@@ -23,6 +24,7 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export import check_not_empty, gathered_trainable_state_dict
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.video_lora.bases import FramerBase
 from framer_ds.tasks.video_lora.config import VideoLoraModelConfig
 from framer_ds.tasks.video_lora.diffusion import edm
 from framer_ds.tasks.video_lora.encoding import EncodedClip
@@ -35,8 +37,9 @@ class FramerSetup:
     """What a Framer base changes in the video_lora task: paths, model, conditioning, loss, export."""
 
     def __init__(self, options: VideoLoraModelConfig, svd_path: Path):
+        assert isinstance(options.base, FramerBase), "FramerSetup serves model.base.name framer only"
         self.options = options
-        self.framer = options.framer
+        self.framer: FramerBase = options.base
         self.svd_path = svd_path
         self.model = None  # the unwrapped FramerModel once built
         self.bare_unet = None  # the diffusers UNet inside it (config, added-time embedding)
@@ -50,24 +53,24 @@ class FramerSetup:
         return self.framer.train_modules in ("controlnet", "both")
 
     def framer_path(self) -> Path:
-        if self.framer.builtin:
+        if self.framer.source.builtin:
             return default_cache_dir() / "tiny_framer"
-        return Path(self.framer.path)
+        return Path(self.framer.source.path)
 
     def prepare(self) -> None:
-        if self.framer.builtin == "tiny_framer":
+        if self.framer.source.builtin == "tiny_framer":
             from framer_ds.tasks.video_lora.models.tiny_framer import create_tiny_framer
 
             create_tiny_framer(self.framer_path(), self.svd_path)
 
     def check(self, data_config: Any) -> list[ConfigProblem]:
         problems = []
-        if not self.framer.builtin:
+        if not self.framer.source.builtin:
             missing = [s for s in FRAMER_SUBFOLDERS if not (self.framer_path() / s / "config.json").is_file()]
             if missing:
                 problems.append(
                     ConfigProblem(
-                        "model.framer.path",
+                        "model.base.source.path",
                         f"{self.framer_path()} is not a Framer directory (missing {', '.join(missing)}/"
                         "config.json); download the release once, e.g. `huggingface-cli download "
                         "wwen1997/framer_512x320 --local-dir DIR`, and point this key at DIR.",
@@ -76,7 +79,7 @@ class FramerSetup:
         if self.trains_controlnet and getattr(data_config, "tracks", None) is None:
             problems.append(
                 ConfigProblem(
-                    "model.framer.train_modules",
+                    "model.base.train_modules",
                     f"{self.framer.train_modules!r} trains the ControlNet, which sees point heatmaps only "
                     "when data.tracks is set; set data.tracks or train_modules: unet_lora.",
                 )

@@ -22,7 +22,8 @@ from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.engine.export import read_export_json
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.base import SampleCommandOptions
-from framer_ds.tasks.video_lora.config import GuidanceScheduleName, StepRange
+from framer_ds.tasks.video_lora.bases import StepRange
+from framer_ds.tasks.video_lora.config import GuidanceScheduleName
 from framer_ds.tasks.video_lora.data.video_clips import resize_and_crop
 from framer_ds.tasks.video_lora.diffusion.temporal_context import (
     TemporalContextOrder,
@@ -83,13 +84,13 @@ class VideoSampleCommandOptions(SampleCommandOptions):
         None,
         ge=0,
         description="Framer exports: scale of the ControlNet residuals (Framer's controlnet_cond_scale); "
-        "default: the export's model.framer.controlnet_cond_scale.",
+        "default: the export's model.base.controlnet_cond_scale.",
     )
     controlnet_step_range: StepRange | None = Field(
         None,
         description="Framer exports: the fractions of the sampling steps (LO HI, 0 <= LO <= HI <= 1) where "
         "the ControlNet runs (Framer's controlnet_step_range); default: the export's "
-        "model.framer.controlnet_step_range.",
+        "model.base.controlnet_step_range.",
     )
 
 
@@ -130,8 +131,8 @@ def export_metadata(
     options, data = config.model, config.data
     return {
         "base_model": str(svd_dir),
-        "mode": options.mode,
-        "conv_in_extra_channels": 1 if options.mode == "interpolation" and options.base != "framer" else 0,
+        "mode": options.base.mode,
+        "conv_in_extra_channels": int(options.base.mode == "interpolation" and options.base.name == "svd"),
         "num_frames": data.num_frames,
         "height": data.height,
         "width": data.width,
@@ -165,7 +166,7 @@ def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtyp
             [
                 ConfigProblem(
                     str(adapter_dir),
-                    "was trained on a Framer base (model.base framer): it loads into Framer's UNet and "
+                    "was trained on a Framer base (model.base.name framer): it loads into Framer's UNet and "
                     "pipeline, not into stock SVD's; use `framer-ds sample` / `framer-ds export` (they "
                     "route it there), or framer_ds.tasks.video_lora.framer_inference.framer_sampler_parts",
                 )
@@ -235,7 +236,7 @@ def require_flags_fit_adapter(metadata: dict[str, Any], options: VideoSampleComm
         problem = ConfigProblem(
             flag,
             f"this export's base is {metadata.get('base', 'svd')!r}, which has no trajectory ControlNet: "
-            "point tracks condition Framer exports only (model.base: framer); drop the flag",
+            "point tracks condition Framer exports only (model.base.name: framer); drop the flag",
         )
         raise ConfigError([problem], "sample")
 

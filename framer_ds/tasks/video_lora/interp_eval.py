@@ -197,7 +197,7 @@ def interp_eval_batch(
         fps,
         buckets,
         evaluation,
-        interpolation=options.mode == "interpolation",
+        interpolation=options.base.mode == "interpolation",
         tile_size=options.vae_tile_size,
         framer=framer,
         controlnet_cond=batch.get("controlnet_cond") if framer is not None else None,

@@ -26,24 +26,24 @@ def config_problems(
     config: Any, svd_path: Path, data_root: Path, framer: FramerSetup | None
 ) -> list[ConfigProblem]:
     """Every problem of a video_lora config: `svd_path` and `data_root` as the task resolves them
-    (the built-in tiny SVD and synthetic clips live in the cache), `framer` when model.base is framer."""
+    (the built-in tiny SVD and synthetic clips live in the cache), `framer` when model.base.name is framer."""
     model, data = config.model, config.data
     problems = validate_svd_size(data.height, data.width)
-    if model.builtin is None:
+    if model.source.builtin is None:
         missing = [s for s in SVD_SUBFOLDERS if not (svd_path / s / "config.json").is_file()]
         if missing:
             problems.append(
                 ConfigProblem(
-                    "model.pretrained_model_name_or_path",
+                    "model.source.path",
                     f"{svd_path} is not a diffusers SVD directory (missing {', '.join(missing)}/"
                     "config.json). Download it once, e.g. `huggingface-cli download "
                     "stabilityai/stable-video-diffusion-img2vid-xt --local-dir DIR`, and point this "
                     "key at DIR.",
                 )
             )
-    if data.builtin is None and not data_root.is_dir():
+    if data.source.builtin is None and not data_root.is_dir():
         problems.append(
-            ConfigProblem("data.root", f"{data.root} does not exist; point it at a video folder.")
+            ConfigProblem("data.source.path", f"{data_root} does not exist; point it at a video folder.")
         )
     if framer is not None:
         problems += framer.check(data)
@@ -56,4 +56,4 @@ def config_problems(
             )
         )
     problems += track_problems(data, framer_base=framer is not None)
-    return problems + layout_problems(data, model.mode, model.fps)
+    return problems + layout_problems(data, model.base.mode, model.fps)

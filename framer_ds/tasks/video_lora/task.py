@@ -24,6 +24,7 @@ from framer_ds.tasks.base import Task
 from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers --format framer)
+from framer_ds.tasks.video_lora.bases import FramerBase
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.tasks.video_lora.data_setup import VideoLoraData
@@ -82,20 +83,19 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
         self._data_notes: dict[str, str] = {}
         self.trained_fps: list[float] = []  # the fps values training conditions on (model.fps null)
         self.motion_buckets = None  # model.motion_bucket from_data: the training set's score quantiles
-        # model.base framer: Framer's UNet + ControlNet and conventions (framer_setup.py)
-        self.framer = FramerSetup(config.model, self.svd_path()) if config.model.base == "framer" else None
+        # model.base.name framer: Framer's UNet + ControlNet and conventions (framer_setup.py)
+        framer_base = isinstance(config.model.base, FramerBase)
+        self.framer = FramerSetup(config.model, self.svd_path()) if framer_base else None
 
     # --- paths and pre-flight ------------------------------------------------------------------------
 
     def svd_path(self) -> Path:
-        model = self.config.model
-        return (
-            default_cache_dir() / "tiny_svd" if model.builtin else Path(model.pretrained_model_name_or_path)
-        )
+        source = self.config.model.source
+        return default_cache_dir() / "tiny_svd" if source.builtin else Path(source.path)
 
     def data_root(self) -> Path:
-        data = self.config.data
-        return default_cache_dir() / "synthetic_clips" if data.builtin else Path(data.root)
+        source = self.config.data.source
+        return default_cache_dir() / "synthetic_clips" if source.builtin else Path(source.path)
 
     @property
     def uses_pairs(self) -> bool:
@@ -105,13 +105,13 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
         return config_problems(self.config, self.svd_path(), self.data_root(), self.framer)
 
     def prepare_data(self) -> None:
-        if self.config.model.builtin == "tiny_svd":
+        if self.config.model.source.builtin == "tiny_svd":
             from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
 
             create_tiny_svd(self.svd_path())
         if self.framer is not None:
             self.framer.prepare()
-        if self.config.data.builtin == "synthetic_clips":
+        if self.config.data.source.builtin == "synthetic_clips":
             ensure_synthetic_clips(self.data_root())
         if self.config.model.motion_bucket == "from_data" and not self.uses_pairs:
             self._data().motion_rates()  # once per node, before the other ranks read the cache
@@ -224,7 +224,7 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
             return encode_pairs(
                 encoders, pixels, num_frames, fps, cond_sigma, eval_generator, self.framer is not None
             )
-        interpolation, framer = options.mode == "interpolation", self.framer is not None
+        interpolation, framer = options.base.mode == "interpolation", self.framer is not None
         return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, eval_generator, framer)
 
     def _eval_generator(self, batch) -> list[torch.Generator]:

@@ -26,9 +26,9 @@ def track_problems(data: VideoLoraDataConfig, framer_base: bool = True) -> list[
         problems.append(
             ConfigProblem(
                 "data.tracks",
-                "point tracks feed Framer's trajectory ControlNet, and model.base svd has none, so nothing "
-                "would read them: set model.base framer (configs/tasks/video_lora/framer_tiny.yaml) or drop "
-                "data.tracks.",
+                "point tracks feed Framer's trajectory ControlNet, and model.base.name svd has none, so "
+                "nothing would read them: set model.base.name framer "
+                "(configs/tasks/video_lora/framer_tiny.yaml) or drop data.tracks.",
             )
         )
     if data.layout != "videos":
@@ -37,11 +37,11 @@ def track_problems(data: VideoLoraDataConfig, framer_base: bool = True) -> list[
                 "data.tracks", "point tracks need videos: set data.layout: videos or drop data.tracks."
             )
         )
-    if tracks.tracker == "analytic" and data.builtin != "synthetic_clips":
+    if tracks.tracker == "analytic" and data.source.builtin != "synthetic_clips":
         problems.append(
             ConfigProblem(
                 "data.tracks.tracker",
-                "analytic tracks exist only for data.builtin: synthetic_clips; use tracker: cotracker "
+                "analytic tracks exist only for data.source.builtin: synthetic_clips; use tracker: cotracker "
                 "(with data.tracks.cotracker_checkpoint) for real videos.",
             )
         )

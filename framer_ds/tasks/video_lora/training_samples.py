@@ -49,7 +49,7 @@ class VideoTrainingSamples:
             self._sample_inputs = collect_sample_inputs(
                 self._raw_eval_or_train,
                 options.samples,
-                interpolation=options.mode == "interpolation",
+                interpolation=options.base.mode == "interpolation",
                 with_reference=not self.uses_pairs,
                 fps=options.fps,
             )

@@ -61,7 +61,7 @@ def build_svd_lora_unet(
     from diffusers import UNetSpatioTemporalConditionModel
 
     unet = load_pretrained(UNetSpatioTemporalConditionModel, svd_path, subfolder="unet")
-    interpolation = model.mode == "interpolation"
+    interpolation = model.base.mode == "interpolation"
     if interpolation:
         widen_conv_in(unet)
     if gradient_checkpointing:

@@ -7,7 +7,7 @@ its wheels are pinned to one exact torch build and would fight the CPU/CUDA torc
 Why a scan step that collects problems instead of failing on first use: a misnamed class directory
 or a corrupt JPEG should be reported before a multi-GPU job queues, all at once, not one per restart
 three hours in. The scan only lists directories (os.scandir, no image decoding) so it stays fast on
-ImageNet-sized trees; decoding every file is opt-in (`verify_images=True`, used by the data check).
+ImageNet-sized trees; decoding every file is opt-in (`verify_files=True`, used by the data check).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 VALIDATION_DIRS: tuple[str, str] = ("val", "validation")
 LAYOUT_HINT = (
     "the expected layout is ROOT/train/CLASS/*.png and ROOT/val/CLASS/*.png (or validation/), "
-    "or set data.validation_split to hold out part of train/"
+    "or set data.val_fraction to hold out part of train/"
 )
 
 
@@ -107,7 +107,7 @@ def _missing_class_problems(
     return problems
 
 
-def _validation_dir(root: Path, validation_split: float | None) -> tuple[str | None, list[ConfigProblem]]:
+def _validation_dir(root: Path, val_fraction: float | None) -> tuple[str | None, list[ConfigProblem]]:
     """The split directory holding validation images, or None when train/ is to be split."""
     present = [name for name in VALIDATION_DIRS if (root / name).is_dir()]
     if len(present) == 2:
@@ -117,24 +117,24 @@ def _validation_dir(root: Path, validation_split: float | None) -> tuple[str | N
                 "has both val/ and validation/; keep one (they would be two different validation sets)",
             )
         ]
-    if present and validation_split is not None:
+    if present and val_fraction is not None:
         return present[0], [
             ConfigProblem(
-                "data.validation_split",
-                f"is set but {root / present[0]}/ exists; drop data.validation_split to use that directory, "
+                "data.val_fraction",
+                f"is set but {root / present[0]}/ exists; drop data.val_fraction to use that directory, "
                 "or move it away to hold out part of train/ instead",
             )
         ]
     if present:
         return present[0], []
-    if validation_split is not None:
+    if val_fraction is not None:
         return None, []
     found = sorted(p.name for p in root.iterdir() if p.is_dir())
     return None, [
         ConfigProblem(
             str(root / "val"),
             f"no val/ or validation/ directory (found: {found or 'nothing'}).{did_you_mean('val', found)} "
-            f"Create one, or set data.validation_split: 0.1 to hold out 10% of train/.",
+            f"Create one, or set data.val_fraction: 0.1 to hold out 10% of train/.",
         )
     ]
 
@@ -198,7 +198,7 @@ def _class_dirs_by_split(root: Path, splits: list[str]) -> tuple[dict[str, list[
 
 
 def _unreadable_image_problems(paths: list[Path]) -> list[ConfigProblem]:
-    """A problem for each file PIL cannot read (`verify_images`)."""
+    """A problem for each file PIL cannot read (`verify_files`)."""
     problems = []
     for path in paths:
         reason = verify_image(path)
@@ -214,26 +214,26 @@ def _unreadable_image_problems(paths: list[Path]) -> list[ConfigProblem]:
 
 
 def scan_image_folder(
-    root: Path, verify_images: bool = False, validation_split: float | None = None, split_seed: int = 0
+    root: Path, verify_files: bool = False, val_fraction: float | None = None, split_seed: int = 0
 ) -> ImageFolderIndex:
     """Index `root` (train/ and val/ or validation/ splits of class directories, or train/ alone with a
-    `validation_split`) and raise one `ConfigError` listing every layout problem found; with
-    `verify_images`, also every file PIL cannot read."""
+    `val_fraction`) and raise one `ConfigError` listing every layout problem found; with
+    `verify_files`, also every file PIL cannot read."""
     root = Path(root).expanduser()
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"
         raise ConfigError(
             [
                 ConfigProblem(
-                    "data.root",
-                    f"{root} {what}; {LAYOUT_HINT}. Point data.root at the directory that holds "
+                    "data.source.path",
+                    f"{root} {what}; {LAYOUT_HINT}. Point data.source.path at the directory that holds "
                     "train/ and val/.",
                 )
             ],
             source=str(root),
         )
 
-    val_dir, problems = _validation_dir(root, validation_split)
+    val_dir, problems = _validation_dir(root, val_fraction)
     splits = ["train"] + ([val_dir] if val_dir else [])
     classes_by_split, missing = _class_dirs_by_split(root, splits)
     problems += missing
@@ -261,15 +261,15 @@ def scan_image_folder(
                 )
             items[split] += [(path, label_of[name]) for path in images]
 
-    if verify_images:
+    if verify_files:
         problems += _unreadable_image_problems([path for split in splits for path, _ in items[split]])
 
     if problems:
         raise ConfigError(problems, source=str(root))
     if val_dir:
         return ImageFolderIndex(root, classes, items["train"], items[val_dir], f"{val_dir}/")
-    train, val = hold_out(items["train"], validation_split, split_seed)
-    source = f"{validation_split:.0%} of train/ held out (stratified by class, seed {split_seed})"
+    train, val = hold_out(items["train"], val_fraction, split_seed)
+    source = f"{val_fraction:.0%} of train/ held out (stratified by class, seed {split_seed})"
     return ImageFolderIndex(root, classes, train, val, source)
 
 
@@ -307,7 +307,7 @@ class ImageFolderDataset(DrawsPerItem, Dataset):
             raise InputDataError(
                 f"cannot decode image {path} ({type(exc).__name__}: {exc}). Delete or replace the file; "
                 "to list every unreadable file before training, run the data check, i.e. "
-                "framer_ds.tasks.vit_classification.image_folder.scan_image_folder(root, verify_images=True)."
+                "framer_ds.tasks.vit_classification.image_folder.scan_image_folder(root, verify_files=True)."
             ) from exc
         try:  # outside the decode try: a transform bug must not be blamed on the file
             pixel_values = self.transform(image, generator=self.item_generator(index))

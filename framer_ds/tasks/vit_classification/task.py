@@ -4,16 +4,17 @@ ImageFolder (`train/CLASS/*.png`, `val/CLASS/*.png`, as ImageNet / Food-101 are 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field
 from transformers import ViTConfig, ViTForImageClassification
 
 from framer_ds.compat import image_processor_class
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.schema import StrictModel
+from framer_ds.config.source import Source
 from framer_ds.data.item_draws import ItemDraws
 from framer_ds.engine.export import save_pretrained_gathered
 from framer_ds.engine.export_load import load_full_export
@@ -31,46 +32,62 @@ from framer_ds.tasks.vit_classification.image_folder import (
 from framer_ds.tasks.vit_classification.image_transform import ImageTransform
 
 
-class VitModelConfig(StrictModel):
-    pretrained_model_name_or_path: Path | None = Field(
+class VitModelSource(Source):
+    """Where the ViT comes from: a pretrained directory, or a fresh init from ViTConfig fields."""
+
+    path: Path | None = Field(
         None, description="Local directory saved with save_pretrained (e.g. google/vit-large-patch16-224)."
     )
-    config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="ViTConfig fields for a freshly initialised model (when no pretrained path).",
+    config: dict[str, Any] | None = Field(
+        None, description="ViTConfig fields for a freshly initialised model ({} = ViTConfig's defaults)."
     )
 
-    @model_validator(mode="after")
-    def _one_source(self) -> VitModelConfig:
-        if self.pretrained_model_name_or_path is not None and self.config:
-            raise ValueError("set model.pretrained_model_name_or_path OR model.config, not both")
-        return self
+
+class VitModelConfig(StrictModel):
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "pretrained_model_name_or_path": "source.path",
+        "config": "source.config",
+    }
+
+    source: VitModelSource = Field(
+        default_factory=lambda: VitModelSource(config={}),
+        description="Where the model comes from: path (a pretrained directory) or config (a fresh init).",
+    )
+
+
+class VitDataSource(Source):
+    """Where the images come from."""
+
+    path: Path | None = Field(None, description="ImageFolder root holding train/ and val/.")
+    builtin: Literal["digits"] | None = Field(
+        None, description="'digits': scikit-learn's 1,797 8x8 digits rendered as an ImageFolder in the cache."
+    )
 
 
 class VitDataConfig(StrictModel):
-    root: Path | None = Field(None, description="ImageFolder root holding train/ and val/.")
-    builtin: Literal["digits"] | None = Field(
-        None, description="'digits': scikit-learn's 1,797 8x8 digits rendered as an ImageFolder in the cache."
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "root": "source.path",
+        "builtin": "source.builtin",
+        "verify_images": "verify_files",
+        "validation_split": "val_fraction",
+    }
+
+    source: VitDataSource = Field(
+        description="Where the images come from: path (an ImageFolder root) or builtin."
     )
     image_size: int | None = Field(None, ge=1, description="Defaults to the model's image_size.")
     mean: list[float] | None = Field(None, description="Per-channel normalisation; default 0.5 each.")
     std: list[float] | None = Field(None, description="Per-channel normalisation; default 0.5 each.")
     random_crop_padding: int = Field(0, ge=0, description="Train augmentation: pad then random crop.")
     hflip: bool = Field(False, description="Train augmentation: random horizontal flip.")
-    verify_images: bool = Field(False, description="Open every image at start and report corrupt files.")
-    validation_split: float | None = Field(
+    verify_files: bool = Field(False, description="Open every image at start and report corrupt files.")
+    val_fraction: float | None = Field(
         None,
         gt=0,
         lt=1,
         description="Without a val/ or validation/ directory: hold out this share of train/, stratified by "
         "class and seeded with train.seed (the same images on every rank and every run).",
     )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> VitDataConfig:
-        if (self.root is None) == (self.builtin is None):
-            raise ValueError("set exactly one of data.root (an ImageFolder) or data.builtin (e.g. 'digits')")
-        return self
 
 
 class VitSampleCommandOptions(SampleCommandOptions):
@@ -93,26 +110,26 @@ class VitClassificationTask(PlanningHooks, Task):
         self.index: ImageFolderIndex | None = None
 
     def data_root(self) -> Path:
-        data = self.config.data
-        if data.builtin == "digits":
+        source = self.config.data.source
+        if source.builtin == "digits":
             return default_cache_dir() / DIGITS_DIRNAME
-        return Path(data.root)
+        return Path(source.path)
 
     def vit_config(self) -> ViTConfig:
         """The architecture, read from the pretrained dir's config.json (no weights) or built fresh."""
-        model = self.config.model
-        if model.pretrained_model_name_or_path is not None:
-            return ViTConfig.from_pretrained(model.pretrained_model_name_or_path)
-        return ViTConfig(**model.config)
+        source = self.config.model.source
+        if source.path is not None:
+            return ViTConfig.from_pretrained(source.path)
+        return ViTConfig(**(source.config or {}))
 
     def check(self) -> list[ConfigProblem]:
         problems = []
-        model, data = self.config.model, self.config.data
-        pretrained = model.pretrained_model_name_or_path
+        source, data = self.config.model.source, self.config.data
+        pretrained = source.path
         if pretrained is not None and not (Path(pretrained) / "config.json").is_file():
             problems.append(
                 ConfigProblem(
-                    "model.pretrained_model_name_or_path",
+                    "model.source.path",
                     f"{pretrained} is not a saved model directory (no config.json). Download the model "
                     "once (e.g. `huggingface-cli download google/vit-large-patch16-224 --local-dir DIR`) "
                     "and point this key at DIR.",
@@ -120,10 +137,12 @@ class VitClassificationTask(PlanningHooks, Task):
             )
             return problems
         known = set(ViTConfig().to_dict())
-        for key in model.config:
+        for key in source.config or {}:
             if key not in known:
                 problems.append(
-                    ConfigProblem(f"model.config.{key}", f"not a ViTConfig field.{did_you_mean(key, known)}")
+                    ConfigProblem(
+                        f"model.source.config.{key}", f"not a ViTConfig field.{did_you_mean(key, known)}"
+                    )
                 )
         if problems:
             return problems
@@ -142,8 +161,8 @@ class VitClassificationTask(PlanningHooks, Task):
                 problems.append(
                     ConfigProblem(f"data.{key}", f"needs {arch.num_channels} values (one per channel)")
                 )
-        if data.root is not None:
-            # Scanning needs no images opened (unless verify_images): cheap enough for a pre-flight,
+        if data.source.path is not None:
+            # Scanning needs no images opened (unless verify_files): cheap enough for a pre-flight,
             # and a layout error then fails before the run directory is touched.
             try:
                 self._scan()
@@ -152,8 +171,8 @@ class VitClassificationTask(PlanningHooks, Task):
         return problems
 
     def data_report(self) -> str:
-        """Every image is opened (verify_images), so corrupt files are listed before a job queues."""
-        index = self._scan(verify_images=True)
+        """Every image is opened (verify_files), so corrupt files are listed before a job queues."""
+        index = self._scan(verify_files=True)
         counts = {split: len(items) for split, items in (("train", index.train), ("val", index.val))}
         per_class = [sum(1 for _, label in index.train if label == i) for i in range(index.num_classes)]
         return (
@@ -164,16 +183,16 @@ class VitClassificationTask(PlanningHooks, Task):
         )
 
     def prepare_data(self) -> None:
-        if self.config.data.builtin == "digits":
+        if self.config.data.source.builtin == "digits":
             ensure_digits_imagefolder(default_cache_dir())
 
-    def _scan(self, verify_images: bool | None = None) -> ImageFolderIndex:
+    def _scan(self, verify_files: bool | None = None) -> ImageFolderIndex:
         data = self.config.data
-        if self.index is None or verify_images:
+        if self.index is None or verify_files:
             self.index = scan_image_folder(
                 self.data_root(),
-                verify_images=data.verify_images if verify_images is None else verify_images,
-                validation_split=data.validation_split,
+                verify_files=data.verify_files if verify_files is None else verify_files,
+                val_fraction=data.val_fraction,
                 split_seed=self.config.train.seed,
             )
         return self.index
@@ -212,7 +231,7 @@ class VitClassificationTask(PlanningHooks, Task):
 
     def _data_absent(self) -> bool:
         """No image folder yet: `framer-ds plan` sizes the job from the checkpoint's own head instead."""
-        return self.config.data.builtin is None and not self.data_root().exists()
+        return self.config.data.source.builtin is None and not self.data_root().exists()
 
     def train_example_count(self) -> int | None:
         return None if self._data_absent() else len(self._scan().train)
@@ -227,7 +246,7 @@ class VitClassificationTask(PlanningHooks, Task):
         ]
 
     def build_model(self) -> torch.nn.Module:
-        pretrained = self.config.model.pretrained_model_name_or_path
+        pretrained = self.config.model.source.path
         labels = {}
         if not (pretrained is not None and building_empty() and self._data_absent()):
             index = self._scan()
@@ -242,7 +261,7 @@ class VitClassificationTask(PlanningHooks, Task):
                 ViTForImageClassification, pretrained, config_overrides=labels, ignore_mismatched_sizes=True
             )
         else:
-            arch = ViTConfig(**{**self.config.model.config, **labels})
+            arch = ViTConfig(**{**(self.config.model.source.config or {}), **labels})
             model = build_fresh(lambda: ViTForImageClassification(arch))
         if self.config.train.gradient_checkpointing:
             enable = (
@@ -324,7 +343,8 @@ class VitClassificationTask(PlanningHooks, Task):
                 accelerator.print(
                     f"note: final/ holds a {arch.num_channels}-channel model; it loads with "
                     "AutoModelForImageClassification and `framer-ds sample`, but transformers' image "
-                    "pipelines feed RGB images: train with model.config.num_channels: 3 for pipeline use"
+                    "pipelines feed RGB images: train with model.source.config.num_channels: 3 for "
+                    "pipeline use"
                 )
 
     @torch.no_grad()

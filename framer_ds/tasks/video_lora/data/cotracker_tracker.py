@@ -110,7 +110,7 @@ def cotracker_problems(checkpoint: Path | None, where: str = "data.tracks") -> l
                 f"{where}.tracker",
                 "the cotracker package is not installed: install Meta's co-tracker repository "
                 "(`pip install git+https://github.com/facebookresearch/co-tracker`), or use tracker: "
-                "analytic with data.builtin synthetic_clips.",
+                "analytic with data.source.builtin synthetic_clips.",
             )
         )
     if checkpoint is None or not Path(checkpoint).expanduser().is_file():

@@ -20,7 +20,7 @@ def scan_image_pairs(root: Path) -> list[tuple[str, Path, Path]]:
     keeps its sub-directory). A half without its partner, or one id in two formats, is a problem."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise ConfigError([ConfigProblem("data.root", f"{root} is not a directory.")], str(root))
+        raise ConfigError([ConfigProblem("data.source.path", f"{root} is not a directory.")], str(root))
     halves: dict[str, dict[str, list[Path]]] = {}
     for path in sorted(p for p in root.rglob("*") if p.suffix.lower() in PAIR_EXTENSIONS):
         for role in ("start", "end"):

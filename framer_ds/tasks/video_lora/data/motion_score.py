@@ -90,7 +90,7 @@ class MotionBuckets:
         if not scores:
             raise ValueError(
                 "motion buckets need the training clips' scores and there are none (no training video "
-                "is long enough for a clip): check data.root and data.val_fraction, or set "
+                "is long enough for a clip): check data.source.path and data.val_fraction, or set "
                 "model.motion_bucket to a number such as 127"
             )
         return cls(tuple(sorted(float(s) for s in scores)))

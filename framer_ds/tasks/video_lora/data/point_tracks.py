@@ -208,7 +208,7 @@ class AnalyticTracker:
         if seed is None:
             raise InputDataError(
                 f"{record.path} is not a built-in synthetic clip (clip_NNN.mp4): analytic tracks exist only "
-                "for data.builtin synthetic_clips; set data.tracks.tracker: cotracker for real videos."
+                "for data.source.builtin synthetic_clips; set data.tracks.tracker: cotracker for real videos."
             )
         shape = MovingShape.from_seed(record.width, record.height, seed)
         return VideoTracks([analytic_tracks(shape, record.num_frames)])

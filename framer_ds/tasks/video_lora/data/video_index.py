@@ -285,7 +285,9 @@ def build_video_index(
     root = Path(root).expanduser()
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"
-        raise ConfigError([ConfigProblem("data.root", f"{root} {what}; point it at the videos.")], str(root))
+        raise ConfigError(
+            [ConfigProblem("data.source.path", f"{root} {what}; point it at the videos.")], str(root)
+        )
     entries = _scan(root) if manifest is None else _parse_manifest(Path(manifest).expanduser(), root)
     cache_path = _cache_file(Path(cache_dir), root, manifest) if cache_dir is not None else None
     cached = _load_cache(cache_path) if cache_path else {}
@@ -356,7 +358,7 @@ def require_usable(index: VideoIndex, where: str, max_rejected_fraction: float =
     total = len(index.records) + len(index.rejected)
     if index.records and len(index.rejected) > max_rejected_fraction * total:
         fix = (
-            "Fix or remove the rejected files (or point data.root at the right videos), or allow more "
+            "Fix or remove the rejected files (or point data.source.path at the right videos), or allow more "
             "with data.max_rejected_fraction."
         )
         problem = (

@@ -51,8 +51,8 @@ def _weight_files(folder: Path) -> list[Path]:
         if (folder / name).is_file():
             return [folder / name]
     raise FileNotFoundError(
-        f"{folder} holds no diffusers weights ({' or '.join(WEIGHT_NAMES)}); point model.framer.path at a "
-        "Framer directory with unet/ and controlnet/ (e.g. the framer_512x320 release)"
+        f"{folder} holds no diffusers weights ({' or '.join(WEIGHT_NAMES)}); point model.base.source.path "
+        "at a Framer directory with unet/ and controlnet/ (e.g. the framer_512x320 release)"
     )
 
 
