@@ -23,7 +23,12 @@ from framer_ds.config.schema import LogConfig, TrainConfig
 from framer_ds.engine.checkpoint import CHECKPOINT_CONFIG
 from framer_ds.engine.export import EXPORT_RECORD
 from framer_ds.engine.manifest import write_manifest
-from framer_ds.tasks.run_config import load_exported_task, load_run_config, validate_run_config
+from framer_ds.tasks.run_config import (
+    load_exported_task,
+    load_run_config,
+    resolved_value,
+    validate_run_config,
+)
 from framer_ds.train import loop
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,3 +225,13 @@ def test_a_run_directory_written_before_the_rename_resumes_and_its_exports_load(
     resumed = {line["step"]: line["loss"] for line in read_metrics(run)[0]}
     assert result.global_step == 16
     assert [resumed[step] for step in range(9, 17)] == [straight[step] for step in range(9, 17)]
+
+
+def test_config_get_of_a_renamed_key_names_the_new_one():
+    """A launch script written for an older version asks `framer-ds config get CONFIG train.max_steps`."""
+    with pytest.raises(ConfigError) as info:
+        resolved_value(load_run_config(QUICKSTART), "train.max_steps")
+    assert [str(p) for p in info.value.problems] == [
+        "train.max_steps: was renamed to train.length.steps; ask for that key instead"
+    ]
+    assert json.loads(resolved_value(load_run_config(QUICKSTART), "train.length")) == {"epochs": 30}

@@ -83,7 +83,7 @@ def _what_to_write(old: str, new: str, value: Any, schema: type[BaseModel] | Non
             break
         node = node[part]
         path.append(part)
-    return ".".join(path), node
+    return (".".join(path), node) if path else (new, value)
 
 
 def renamed_key_problems(

@@ -116,7 +116,12 @@ def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfi
 
 def resolved_value(config: RunConfigBase, dotted_key: str) -> str:
     """One value of a validated config as a shell script reads it: paths and scalars as text, sections
-    and lists as JSON. An unknown key gets the schema's "did you mean"."""
+    and lists as JSON. An unknown key gets the schema's "did you mean". A renamed key (a script
+    written for an older version) is told the new name."""
+    renamed = schema_renames(type(config)).get(dotted_key)
+    if renamed is not None:
+        problem = ConfigProblem(dotted_key, f"was renamed to {renamed}; ask for that key instead")
+        raise ConfigError([problem], "config get")
     value: Any = config
     for depth, part in enumerate(dotted_key.split(".")):
         fields = type(value).model_fields if isinstance(value, BaseModel) else {}
