@@ -161,8 +161,10 @@ def test_an_old_null_half_of_a_pair_says_to_write_the_cadence_null():
 # Configs recorded by framer_ds 0.2.0 before the rename (commit e005c74), every default written out:
 # the MLP test task's (`max_steps: 16` AND `epochs: 1`, `eval_every_epochs: null`, ...) and the
 # quickstart's (`epochs: 30`, `warmup_ratio: 0.05`, `*_every_epochs: 10`). Made with that commit's code
-# (`git archive e005c74`, then `dump_run_config(load_run_config(...))` of `mlp_config(..., Path("/old/run"),
-# train=OLD_MLP_TRAIN)` from its tests/conftest.py and of configs/quickstart.yaml).
+# (`git archive e005c74`, then `dump_run_config(load_run_config(...))` of that commit's
+# configs/quickstart.yaml and of its tests/conftest.py `mlp_config(path, Path("/old/run"),
+# train={"checkpoint_every": 8, "eval_every": 4, "keep_last_checkpoints": 3, "best_metric": "eval/loss",
+# "best_mode": "min", "max_eval_batches": 2})`).
 RECORDED = REPO / "tests" / "data" / "recorded_before_cadence"
 # The MLP run of mlp_config.yaml in this version's keys (conftest.mlp_config sets the rest alike).
 MLP_TRAIN = {
