@@ -101,8 +101,8 @@ def reset_accelerate() -> None:
 
 def overrides(steps: int, out: Path) -> list[str]:
     """No eval or checkpoint inside the timed steps (the final eval and export come after them)."""
-    no_extras = ["train.eval_every_epochs=null", "train.checkpoint_every_epochs=null"]
-    return [f"output_dir={out}", f"train.max_steps={steps}", *no_extras]
+    no_extras = ["train.eval.every=null", "train.checkpoint.every=null"]
+    return [f"output_dir={out}", f"train.length.steps={steps}", *no_extras]
 
 
 def run_framer(steps: int, out: Path) -> tuple[Times, list[float]]:
@@ -130,13 +130,13 @@ def run_baseline(steps: int, out: Path) -> Times:
     model = ViTForImageClassification(ViTConfig(**config.model.source.config, num_labels=NUM_LABELS))
     optimizer = torch.optim.AdamW(
         model.parameters(),
-        lr=train.learning_rate,
-        betas=(train.adam_beta1, train.adam_beta2),
-        eps=train.adam_epsilon,
-        weight_decay=train.weight_decay,
+        lr=train.optimizer.learning_rate,
+        betas=(train.optimizer.beta1, train.optimizer.beta2),
+        eps=train.optimizer.epsilon,
+        weight_decay=train.optimizer.weight_decay,
     )
     scheduler = get_scheduler(
-        train.lr_scheduler,
+        train.lr_schedule.name,
         optimizer,
         num_warmup_steps=plan_steps(len(train_set), train, 1).warmup_steps,
         num_training_steps=steps,
@@ -152,7 +152,7 @@ def run_baseline(steps: int, out: Path) -> Times:
                     loss = model(**batch).loss
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+                        accelerator.clip_grad_norm_(model.parameters(), train.optimizer.max_grad_norm)
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad()

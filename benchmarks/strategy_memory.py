@@ -102,14 +102,14 @@ def training_config(model: str, code: Path, work: Path, steps: int) -> dict:
     else:
         config = _tiny_lora_config(code)
     train = config.setdefault("train", {})
-    for key in ("eval_every", "eval_every_epochs", "checkpoint_every", "checkpoint_every_epochs", "epochs"):
-        train.pop(key, None)
+    for section in ("eval", "checkpoint"):
+        train.setdefault(section, {})["every"] = None
+    train.setdefault("lr_schedule", {})["warmup"] = None
     train.update(
         seed=0,
-        max_steps=steps,
+        length={"steps": steps},
         gradient_accumulation_steps=1,
         mixed_precision="no",
-        warmup_steps=0,
         log_every=1,
     )
     config["log"] = {"tensorboard": False}

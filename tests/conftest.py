@@ -66,13 +66,12 @@ def fresh_accelerate_state():
 
 
 TINY_VIT_OVERRIDES = [
-    "train.epochs=1",
+    "train.length.epochs=1",
     "train.micro_batch_size=16",
-    "train.eval_every_epochs=null",
-    "train.checkpoint_every_epochs=null",
-    "train.warmup_ratio=null",
-    "train.warmup_steps=2",
-    "train.max_eval_batches=4",
+    "train.eval.every=null",
+    "train.checkpoint.every=null",
+    "train.lr_schedule.warmup.steps=2",
+    "train.eval.max_batches=4",
 ]
 
 
@@ -115,8 +114,26 @@ def write_deepspeed_json(base: str, path: Path, **zero_overrides) -> Path:
     return path
 
 
+def set_keys(config: dict, **sections: dict) -> dict:
+    """`config` with dotted keys set per section (`train={"length.steps": 8, "eval.every": None}`) as
+    command-line overrides set them: an override of one unit of a Cadence replaces it."""
+    import json
+
+    from framer_ds.config.cadence import cadence_paths
+    from framer_ds.config.loader import apply_overrides
+    from framer_ds.config.schema import RunConfigBase
+
+    overrides = [
+        f"{name}.{key}={json.dumps(value)}" for name, keys in sections.items() for key, value in keys.items()
+    ]
+    problems = apply_overrides(config, overrides, whole_sections=cadence_paths(RunConfigBase))
+    assert not problems, problems
+    return config
+
+
 def mlp_config(path: Path, run_dir: Path, **sections) -> Path:
-    """A YAML for the test-only MLP task (tests/framer_test_tasks.py)."""
+    """A YAML for the test-only MLP task (tests/framer_test_tasks.py), with `sections` set on top of it
+    (`set_keys`: dotted keys, e.g. `train={"length.steps": 8}`)."""
     import yaml
 
     config = {
@@ -127,17 +144,14 @@ def mlp_config(path: Path, run_dir: Path, **sections) -> Path:
         "data": {},
         "train": {
             "seed": 7,
-            "max_steps": 16,
+            "length": {"steps": 16},
             "micro_batch_size": 8,
             "gradient_accumulation_steps": 2,
-            "learning_rate": 1e-3,
-            "warmup_steps": 2,
-            "max_grad_norm": 1.0,
+            "optimizer": {"learning_rate": 1e-3, "max_grad_norm": 1.0},
+            "lr_schedule": {"warmup": {"steps": 2}},
         },
     }
-    for key, values in sections.items():
-        config.setdefault(key, {}).update(values)
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(set_keys(config, **sections)))
     return path
 
 
@@ -222,7 +236,7 @@ def launch_strategy_run(strategy: str, root: Path, name: str, **sections) -> Pat
     return run_dir
 
 
-REFERENCE_SECTIONS = {"train": {"checkpoint_every": 16, "eval_every": 16}}
+REFERENCE_SECTIONS = {"train": {"checkpoint.every.steps": 16, "eval.every.steps": 16}}
 
 
 @pytest.fixture(scope="session")

@@ -103,7 +103,12 @@ def test_the_minimal_task_in_architecture_md_trains(tmp_path, monkeypatch):
         "task": "sine",
         "output_dir": str(tmp_path / "run"),
         "data": {},
-        "train": {"max_steps": 60, "micro_batch_size": 32, "learning_rate": 1e-2, "eval_every": 30},
+        "train": {
+            "length": {"steps": 60},
+            "micro_batch_size": 32,
+            "optimizer": {"learning_rate": 1e-2},
+            "eval": {"every": {"steps": 30}},
+        },
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     result = run_training(load_run_config(tmp_path / "c.yaml"))

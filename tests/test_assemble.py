@@ -47,7 +47,8 @@ def test_training_and_eval_build_the_task_in_one_order_from_the_same_seed(tmp_pa
     from framer_ds.train.evaluate_export import evaluate_run
     from framer_ds.train.loop import run_training
 
-    config = _config(tmp_path, "test_phase_recording", max_steps=2, warmup_steps=0, eval_every=None)
+    train = {"length.steps": 2, "lr_schedule.warmup": None, "eval.every": None}
+    config = _config(tmp_path, "test_phase_recording", **train)
     PHASE_CALLS.clear()
     run_training(config)
     trained = list(PHASE_CALLS)

@@ -1,4 +1,4 @@
-"""train.best_metric: best/ holds the task's export at the best evaluation so far, best.json says which,
+"""train.eval.best_metric: best/ holds the task's export at the best evaluation so far, best.json says which,
 and the best value travels in every checkpoint so a resumed run never replaces best/ with a worse model.
 
 The test task's eval/score is scripted per evaluation (tests/framer_test_tasks.py, test_scripted_eval)."""
@@ -14,7 +14,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import read_metrics
+from conftest import read_metrics, set_keys
 from framer_ds.config.errors import ConfigError
 from framer_ds.engine.checkpoint import STATE_FILE, TrainerState, read_trainer_state
 from framer_ds.engine.resume.changes import resume_changes
@@ -23,8 +23,9 @@ from framer_ds.train import loop
 from framer_ds.train.actions import KeepBest
 
 
-def scripted_config(tmp_path: Path, name: str, script: list[float], **train) -> Path:
-    """A YAML for test_scripted_eval: evaluating and checkpointing every 2 steps, every checkpoint kept."""
+def scripted_config(tmp_path: Path, name: str, script: list[float], **sections: dict) -> Path:
+    """A YAML for test_scripted_eval: evaluating and checkpointing every 2 steps, every checkpoint kept;
+    `sections` set dotted keys on top (conftest.set_keys)."""
     config = {
         "imports": ["framer_test_tasks"],
         "task": "test_scripted_eval",
@@ -33,17 +34,15 @@ def scripted_config(tmp_path: Path, name: str, script: list[float], **train) -> 
         "data": {"num_samples": 128, "eval_samples": 16, "dim": 8, "eval_script": script},
         "train": {
             "seed": 7,
-            "max_steps": 8,
+            "length": {"steps": 8},
             "micro_batch_size": 8,
-            "learning_rate": 1e-2,
-            "eval_every": 2,
-            "checkpoint_every": 2,
-            "keep_last_checkpoints": 8,
-            **train,
+            "optimizer": {"learning_rate": 1e-2},
+            "eval": {"every": {"steps": 2}},
+            "checkpoint": {"every": {"steps": 2}, "keep_last": 8},
         },
     }
     path = tmp_path / name
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(set_keys(config, **sections)))
     return path
 
 
@@ -69,7 +68,9 @@ def assert_same_weights(a: Path, b: Path) -> None:
 @pytest.mark.parametrize(("mode", "best_step"), [("max", 6), ("min", 4)])
 def test_best_follows_the_metric(tmp_path, mode, best_step):
     script = [0.5, 0.3, 0.9, 0.4]  # evaluations at steps 2, 4, 6, 8
-    config = scripted_config(tmp_path, "c.yaml", script, best_metric="eval/score", best_mode=mode)
+    config = scripted_config(
+        tmp_path, "c.yaml", script, train={"eval.best_metric": "eval/score", "eval.best_mode": mode}
+    )
     train(config)
     run_dir = tmp_path / "run"
     value = script[best_step // 2 - 1]
@@ -104,10 +105,12 @@ def test_best_loads_as_the_tasks_export(tmp_path):
         tmp_path,
         "c.yaml",
         [1.0],
-        best_metric="eval/loss",
-        best_mode="min",
-        max_steps=2,
-        checkpoint_every=None,
+        train={
+            "eval.best_metric": "eval/loss",
+            "eval.best_mode": "min",
+            "length.steps": 2,
+            "checkpoint.every": None,
+        },
     )
     train(config)
     best = tmp_path / "run" / "best"
@@ -122,8 +125,10 @@ def test_best_survives_resume(tmp_path):
     """The resumed run compares with the best stored in the checkpoint: its evaluations at steps 6 (worse)
     and 8 (equal: not strictly better) leave best/ as step 4 wrote it. Without the stored value step 6
     would be the resumed run's first evaluation and replace it."""
-    config = scripted_config(tmp_path, "c.yaml", [0.5, 0.3], best_metric="eval/score", best_mode="min")
-    train(config, "train.max_steps=4")
+    config = scripted_config(
+        tmp_path, "c.yaml", [0.5, 0.3], train={"eval.best_metric": "eval/score", "eval.best_mode": "min"}
+    )
+    train(config, "train.length.steps=4")
     run_dir = tmp_path / "run"
     assert best_record(run_dir)["step"] == 4
     before = load_file(run_dir / "best" / "model.safetensors")
@@ -145,10 +150,12 @@ def test_best_survives_resume(tmp_path):
     assert [x["step"] for x in evals] == [2, 4, 6, 8]
 
     # Judged by another mode on resume: the change is listed, and the stored best no longer counts.
-    changed = load_run_config(config, ["train.best_mode=max", "train.resume=latest"])
+    changed = load_run_config(config, ["train.eval.best_mode=max", "train.resume=latest"])
     state = read_trainer_state(run_dir / "checkpoints" / "step_8")
     lines = resume_changes(run_dir / "checkpoints" / "step_8", changed, state, 1)
-    assert any(line.startswith("train.best_mode: 'min' -> 'max'") and "replaced" in line for line in lines)
+    assert any(
+        line.startswith("train.eval.best_mode: 'min' -> 'max'") and "replaced" in line for line in lines
+    )
     state.forget_best_unless("eval/score", "max")
     assert state.best_value is None and state.best_step is None
 
@@ -157,7 +164,10 @@ def test_resuming_from_before_best_sets_it_aside_with_the_abandoned_timeline(tmp
     """best/ exported at step 6, resumed from step 4: that best/ belongs to the abandoned timeline. Left in
     place it would stay (stale, better than anything stored) while the state holds step 4's value."""
     config = scripted_config(
-        tmp_path, "c.yaml", [0.5, 0.3, 0.1, 0.4], best_metric="eval/score", best_mode="min"
+        tmp_path,
+        "c.yaml",
+        [0.5, 0.3, 0.1, 0.4],
+        train={"eval.best_metric": "eval/score", "eval.best_mode": "min"},
     )
     train(config)
     run_dir = tmp_path / "run"
@@ -180,20 +190,24 @@ def test_a_checkpoint_from_before_best_tracking_loads(tmp_path):
 
 
 def test_best_metric_without_an_eval_set_is_a_config_error(tmp_path):
-    config = scripted_config(tmp_path, "c.yaml", [], best_metric="eval/loss", best_mode="min")
+    config = scripted_config(
+        tmp_path, "c.yaml", [], train={"eval.best_metric": "eval/loss", "eval.best_mode": "min"}
+    )
     with pytest.raises(ConfigError) as raised:
         train(config, "data.no_eval_set=true")
     problem = raised.value.problems[0]
-    assert problem.where == "train.best_metric" and "no eval set" in problem.message
+    assert problem.where == "train.eval.best_metric" and "no eval set" in problem.message
     assert not (tmp_path / "run" / "checkpoints").exists()  # failed before training
 
 
 def test_a_metric_the_task_does_not_report_fails_naming_those_it_does(tmp_path):
-    config = scripted_config(tmp_path, "c.yaml", [0.1], best_metric="eval/iou", best_mode="max")
+    config = scripted_config(
+        tmp_path, "c.yaml", [0.1], train={"eval.best_metric": "eval/iou", "eval.best_mode": "max"}
+    )
     with pytest.raises(ConfigError) as raised:
-        train(config, "train.max_steps=2")
+        train(config, "train.length.steps=2")
     message = str(raised.value)
-    assert "train.best_metric" in message and "'eval/iou'" in message
+    assert "train.eval.best_metric" in message and "'eval/iou'" in message
     assert "eval/loss, eval/score" in message
     assert not (tmp_path / "run" / "best").exists()
 
@@ -201,10 +215,18 @@ def test_a_metric_the_task_does_not_report_fails_naming_those_it_does(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "where", "words"),
     [
-        (["train.best_metric=iou", "train.best_mode=max"], "train.best_metric", "write 'eval/iou'"),
-        (["train.best_metric=eval/loss", "train.best_mode=highest"], "train.best_mode", "'max' or 'min'"),
-        (["train.best_metric=eval/loss"], "train.best_mode", "set best_mode to max"),
-        (["train.best_mode=min"], "train.best_mode", "no effect without best_metric"),
+        (
+            ["train.eval.best_metric=iou", "train.eval.best_mode=max"],
+            "train.eval.best_metric",
+            "write 'eval/iou'",
+        ),
+        (
+            ["train.eval.best_metric=eval/loss", "train.eval.best_mode=highest"],
+            "train.eval.best_mode",
+            "'max' or 'min'",
+        ),
+        (["train.eval.best_metric=eval/loss"], "train.eval.best_mode", "set best_mode to max"),
+        (["train.eval.best_mode=min"], "train.eval.best_mode", "no effect without best_metric"),
     ],
 )
 def test_best_config_errors(tmp_path, overrides, where, words):

@@ -115,19 +115,21 @@ def test_tasks_lists_vit_classification_with_its_summary(capsys):
 
 
 def test_validate_good_config(capsys):
-    rc, out, err = cli(capsys, "validate", QUICKSTART, "train.max_steps=20")
+    rc, out, err = cli(capsys, "validate", QUICKSTART, "train.length.steps=20")
     assert rc == 0, err
     assert out.startswith("OK: ") and "task vit_classification" in out
 
 
 def test_validate_bad_config_as_a_real_process(tmp_path):
     """Every problem on stderr, exit 1, no traceback, nothing on stdout."""
-    proc = run_module("validate", "configs/quickstart.yaml", "train.max_step=3", "train.mixed_precision=bf61")
+    proc = run_module(
+        "validate", "configs/quickstart.yaml", "train.micro_batch_siz=3", "train.mixed_precision=bf61"
+    )
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.startswith("error: 2 problem(s) in configs/quickstart.yaml:\n"), proc.stderr
-    assert "train.max_step: unknown key. Did you mean 'max_steps'" in proc.stderr
+    assert "train.micro_batch_siz: unknown key. Did you mean 'micro_batch_size'" in proc.stderr
     assert "train.mixed_precision: got 'bf61'" in proc.stderr
 
 
@@ -245,7 +247,7 @@ def test_misspelled_vit_config_field(quickstart_overrides, capsys):
 
 def test_existing_run_is_refused_then_overwrite_then_resume(quickstart_overrides, tmp_path, capsys):
     run = tmp_path / "run"
-    first = train_args(quickstart_overrides, "train.max_steps=1")
+    first = train_args(quickstart_overrides, "train.length.steps=1")
     rc, out, err = cli(capsys, *first)
     assert rc == 0, err
     metrics_before = (run / "metrics.jsonl").read_bytes()
@@ -260,7 +262,9 @@ def test_existing_run_is_refused_then_overwrite_then_resume(quickstart_overrides
     assert (run / "config.yaml").read_bytes() == config_before
     assert (run / "final" / "model.safetensors").stat().st_mtime_ns == weights_mtime
 
-    with_checkpoints = train_args(quickstart_overrides, "train.max_steps=2", "train.checkpoint_every=1")
+    with_checkpoints = train_args(
+        quickstart_overrides, "train.length.steps=2", "train.checkpoint.every.steps=1"
+    )
     rc, out, err = cli(capsys, *with_checkpoints, "--overwrite")
     assert rc == 0, err
     assert "done: 2 steps" in out
@@ -272,7 +276,10 @@ def test_existing_run_is_refused_then_overwrite_then_resume(quickstart_overrides
     rc, out, err = cli(
         capsys,
         *train_args(
-            quickstart_overrides, "train.max_steps=3", "train.checkpoint_every=1", "train.resume=latest"
+            quickstart_overrides,
+            "train.length.steps=3",
+            "train.checkpoint.every.steps=1",
+            "train.resume=latest",
         ),
     )
     assert rc == 0, err
@@ -284,7 +291,7 @@ def test_existing_run_is_refused_then_overwrite_then_resume(quickstart_overrides
 
 def test_a_data_error_leaves_no_run_behind(quickstart_overrides, tmp_path, capsys):
     root = image_folder(tmp_path / "data", train={"cat": 2, "dog": 2}, val={"cat": 2})
-    args = train_args(quickstart_overrides, *on_folder(root), "train.max_steps=1")
+    args = train_args(quickstart_overrides, *on_folder(root), "train.length.steps=1")
     rc, _, err = cli(capsys, *args)
     assert rc == 1 and "class 'dog' has a train/ directory but no val/" in err
     image_folder(root, train={}, val={"dog": 2})  # the user fixes the data and reruns
@@ -294,10 +301,10 @@ def test_a_data_error_leaves_no_run_behind(quickstart_overrides, tmp_path, capsy
 
 def test_resume_latest_without_a_checkpoint_does_not_clobber_the_run(quickstart_overrides, tmp_path, capsys):
     run = tmp_path / "run"
-    rc, _, err = cli(capsys, *train_args(quickstart_overrides, "train.max_steps=2"))
+    rc, _, err = cli(capsys, *train_args(quickstart_overrides, "train.length.steps=2"))
     assert rc == 0, err
     before = (run / "metrics.jsonl").read_bytes()
-    rc, _, err = cli(capsys, *train_args(quickstart_overrides, "train.max_steps=1", "train.resume=latest"))
+    rc, _, err = cli(capsys, *train_args(quickstart_overrides, "train.length.steps=1", "train.resume=latest"))
     assert (run / "metrics.jsonl").read_bytes() == before
     assert rc == 1 and "checkpoint" in err
 
@@ -309,19 +316,19 @@ def test_quickstart_three_steps_writes_the_run_directory(quickstart_overrides, t
     from framer_ds.tasks.run_config import load_run_config
 
     run = tmp_path / "run"
-    rc, out, err = cli(capsys, *train_args(quickstart_overrides, "train.max_steps=3"))
+    rc, out, err = cli(capsys, *train_args(quickstart_overrides, "train.length.steps=3"))
     assert rc == 0, err
     done = [line for line in out.splitlines() if line.startswith("done:")]
     assert done == [done[0]] and done[0].startswith("done: 3 steps, eval/accuracy=")
     assert done[0].endswith(f"outputs in {run}")
-    assert load_run_config(run / "config.yaml").train.max_steps == 3
+    assert load_run_config(run / "config.yaml").train.length.steps == 3
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "loss" in x] == [1, 2, 3]
     assert any("eval/accuracy" in x for x in lines)
     assert (run / "final" / "model.safetensors").stat().st_size > 0
     exported = json.loads((run / "final" / "config.json").read_text())
     assert exported["model_type"] == "vit" and len(exported["id2label"]) == 10
-    assert not (run / "checkpoints").exists()  # checkpoint_every=null
+    assert not (run / "checkpoints").exists()  # checkpoint.every=null
 
 
 @pytest.fixture
@@ -369,7 +376,7 @@ def test_wandb_offline_and_tensorboard_through_accelerate(
         capsys,
         *train_args(
             quickstart_overrides,
-            "train.max_steps=2",
+            "train.length.steps=2",
             "log.wandb.offline=true",
             "log.wandb.project=test",
             "log.tensorboard=true",
@@ -415,7 +422,7 @@ def test_gradient_checkpointing_really_checkpoints(quickstart_overrides, capsys,
         capsys,
         *train_args(
             quickstart_overrides,
-            "train.max_steps=2",
+            "train.length.steps=2",
             f"train.gradient_checkpointing={str(enabled).lower()}",
         ),
     )
@@ -432,13 +439,13 @@ def test_train_help_explains_overrides_and_where_every_key_is(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = capsys.readouterr().out
-    assert "train.max_steps=20" in out and "framer-ds config show TASK" in out and "docs/config.md" in out
+    assert "train.length.steps=20" in out and "framer-ds config show TASK" in out and "docs/config.md" in out
 
 
 def test_config_show_lists_every_key_with_default_and_description(capsys):
     assert main(["config", "show", "vit_classification"]) == 0
     out = capsys.readouterr().out
-    assert "train.eval_every_epochs: float | null = null" in out and "data.val_fraction" in out
+    assert "train.eval.every.epochs: float | null = null" in out and "data.val_fraction" in out
     assert main(["config", "show", "vit_clasification"]) == 1
     assert "Did you mean 'vit_classification'" in capsys.readouterr().err
 

@@ -34,10 +34,10 @@ def problems_of(path: Path, overrides: list[str] | None = None) -> list[str]:
 
 def test_quickstart_loads_with_overrides():
     config = load_run_config(
-        QUICKSTART, ["train.max_steps=20", "train.learning_rate=1e-4", "log.tensorboard=true"]
+        QUICKSTART, ["train.length.steps=20", "train.optimizer.learning_rate=1e-4", "log.tensorboard=true"]
     )
-    assert config.train.max_steps == 20
-    assert config.train.learning_rate == pytest.approx(1e-4)
+    assert config.train.length.steps == 20
+    assert config.train.optimizer.learning_rate == pytest.approx(1e-4)
     assert config.log.tensorboard is True
     assert config.task == "vit_classification"
 
@@ -49,25 +49,27 @@ def test_override_values_are_parsed_as_yaml():
 
 
 def test_malformed_override_is_reported():
-    assert "key.path=value" in problems_of(QUICKSTART, ["train.max_steps"])[0]
+    assert "key.path=value" in problems_of(QUICKSTART, ["train.length.steps"])[0]
 
 
 def test_problems_from_overrides_name_the_override():
     """A bad value typed on the command line is looked for there: the error says which override."""
     with pytest.raises(ConfigError) as info:
-        load_run_config(QUICKSTART, ["train.learning_rate=abc", "train.lrr=1", "train.epochs=0"])
+        load_run_config(
+            QUICKSTART, ["train.optimizer.learning_rate=abc", "train.lrr=1", "train.length.epochs=0"]
+        )
     lines = sorted(info.value.render().splitlines()[1:])
-    assert lines[0].startswith("  - train.epochs: got 0") and lines[0].endswith(
-        "(in override train.epochs=0)"
+    assert lines[0].startswith("  - train.length.epochs: got 0") and lines[0].endswith(
+        "(in override train.length.epochs=0)"
     )
-    assert lines[1].startswith("  - train.learning_rate: got 'abc'")
-    assert lines[1].endswith("(in override train.learning_rate=abc)")
-    assert lines[2].startswith("  - train.lrr: unknown key") and lines[2].endswith(
+    assert lines[1].startswith("  - train.lrr: unknown key") and lines[1].endswith(
         "(in override train.lrr=1)"
     )
+    assert lines[2].startswith("  - train.optimizer.learning_rate: got 'abc'")
+    assert lines[2].endswith("(in override train.optimizer.learning_rate=abc)")
     with pytest.raises(ConfigError) as from_file:
-        load_run_config(QUICKSTART, ["train.max_steps=3", "train.learning_rate=abc"])
-    assert "train.max_steps" not in from_file.value.render()  # a valid override is not blamed
+        load_run_config(QUICKSTART, ["train.length.steps=3", "train.optimizer.learning_rate=abc"])
+    assert "train.length.steps" not in from_file.value.render()  # a valid override is not blamed
 
 
 def test_override_into_a_value_is_reported():
@@ -85,20 +87,20 @@ def test_misspelled_key_suggests_the_right_one():
 def test_all_errors_reported_at_once():
     found = problems_of(
         QUICKSTART,
-        ["train.max_step=3", "train.mixed_precision=bf61", "train.micro_batch_size=zero", "taks=x"],
+        ["train.micro_batch_siz=3", "train.mixed_precision=bf61", "train.micro_batch_size=zero", "taks=x"],
     )
     joined = "\n".join(found)
     assert len(found) == 4, joined
-    assert "train.max_step: unknown key. Did you mean 'max_steps'" in joined
+    assert "train.micro_batch_siz: unknown key. Did you mean 'micro_batch_size'" in joined
     assert "train.mixed_precision: got 'bf61'" in joined and "'no', 'bf16' or 'fp16'" in joined
     assert "train.micro_batch_size: got 'zero'" in joined
     assert "taks: unknown key. Did you mean 'task'?" in joined
 
 
 def test_wrong_type_names_key_path(tmp_path):
-    found = problems_of(QUICKSTART, ["train.epochs=-1"])
+    found = problems_of(QUICKSTART, ["train.length.epochs=-1"])
     assert found == [
-        "train.epochs: got -1: Input should be greater than or equal to 1. (in override train.epochs=-1)"
+        "train.length.epochs: got -1: Input should be greater than 0. (in override train.length.epochs=-1)"
     ]
 
 
@@ -108,7 +110,7 @@ def test_unknown_task_suggests_registered(tmp_path):
 
 
 def test_missing_task_and_output_dir(tmp_path):
-    found = problems_of(write(tmp_path, "train: {epochs: 2}\n"))
+    found = problems_of(write(tmp_path, "train: {length: {epochs: 2}}\n"))
     joined = "\n".join(found)
     assert "task: required key is missing" in joined
     assert "output_dir: required key is missing" in joined
@@ -133,12 +135,12 @@ def test_resume_and_overwrite_conflict():
 
 
 def test_resolved_config_round_trips(tmp_path):
-    config = load_run_config(QUICKSTART, ["train.max_steps=7"])
+    config = load_run_config(QUICKSTART, ["train.length.steps=7"])
     path = tmp_path / "resolved.yaml"
     path.write_text(dump_run_config(config))
     again = load_run_config(path)
     assert again == config
-    assert yaml.safe_load(path.read_text())["train"]["max_steps"] == 7
+    assert yaml.safe_load(path.read_text())["train"]["length"] == {"steps": 7}
 
 
 def test_mixed_precision_no_survives_yaml_reading_it_as_false(tmp_path):
@@ -171,7 +173,7 @@ def _float_fields(model: type[BaseModel], seen: set[type] | None = None) -> Iter
 
 
 def test_no_float_field_of_any_task_accepts_nan_or_inf():
-    """`train.adam_epsilon=1e400` (inf) used to pass `gt=0`, train nothing and exit 0: every float field
+    """`train.optimizer.epsilon=1e400` (inf) used to pass `gt=0`, train nothing and exit 0: every float field
     of every registered task's config refuses NaN and inf (one rule on StrictModel)."""
     import framer_test_tasks  # noqa: F401  (the test tasks register too)
     from framer_ds.tasks.registry import available_tasks, get_task_class
@@ -184,11 +186,16 @@ def test_no_float_field_of_any_task_accepts_nan_or_inf():
             refused = [e for e in info.value.errors() if e["loc"][0] == name]
             assert refused and refused[0]["type"] == "finite_number", (section.__name__, name, refused)
             checked.add(f"{section.__name__}.{name}")
-    assert {"TrainConfig.adam_epsilon", "EdmOptions.p_std", "TextMixOptions.ratio_end"} <= checked
+    assert {
+        "OptimizerConfig.epsilon",
+        "Cadence.fraction",
+        "EdmOptions.p_std",
+        "TextMixOptions.ratio_end",
+    } <= checked
 
 
 def test_an_overflowing_float_is_named_with_the_fix():
-    found = problems_of(QUICKSTART, ["train.adam_epsilon=1e400", "train.learning_rate=.nan"])
+    found = problems_of(QUICKSTART, ["train.optimizer.epsilon=1e400", "train.optimizer.learning_rate=.nan"])
     assert len(found) == 2
     assert all("must be a finite number" in p for p in found)
-    assert {p.split(":")[0] for p in found} == {"train.adam_epsilon", "train.learning_rate"}
+    assert {p.split(":")[0] for p in found} == {"train.optimizer.epsilon", "train.optimizer.learning_rate"}

@@ -37,7 +37,7 @@ def quickstart(tmp_path: Path, *overrides: str) -> list[str]:
         "configs/quickstart.yaml",
         f"output_dir={tmp_path / 'run'}",
         *TINY_VIT_OVERRIDES,
-        "train.max_steps=2",
+        "train.length.steps=2",
         *overrides,
     ]
 

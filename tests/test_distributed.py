@@ -49,12 +49,12 @@ def test_two_process_run(strategy, tmp_path):
     proc = launch(
         strategy,
         run_dir,
-        "train.max_steps=4",
+        "train.length.steps=4",
         "train.gradient_accumulation_steps=2",
-        "train.checkpoint_every=2",
-        "train.eval_every=4",
-        "train.best_metric=eval/accuracy",
-        "train.best_mode=max",
+        "train.checkpoint.every.steps=2",
+        "train.eval.every.steps=4",
+        "train.eval.best_metric=eval/accuracy",
+        "train.eval.best_mode=max",
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     train_lines, eval_lines = read_metrics(run_dir)

@@ -124,7 +124,7 @@ def test_the_original_config_builds_four_blocks_per_stage_and_plans_without_data
         8,
         "fp16",
     )
-    assert train.checkpoint_every_epochs == 5 and task.config.log.tensorboard
+    assert train.checkpoint.every.epochs == 5 and task.config.log.tensorboard
     header = ORIGINAL.read_text().splitlines()[0]
     assert "--num_processes 16" in header and "configs/deepspeed/zero3_fp16.json" in header
     batch = task.example_batch(2)  # reads no data: /data/drivable does not exist here
@@ -362,7 +362,8 @@ def test_tiny_config_under_zero3_on_two_processes_gathers_exact_metrics(road_set
     run_dir = tmp_path / "run"
     cmd = accelerate_launch_cmd(
         *strategy_launch_args("zero3", tmp_path), "-m", "framer_ds", "train", str(TINY),
-        f"output_dir={run_dir}", "train.max_steps=24", "train.eval_every=12", "train.checkpoint_every=24",
+        f"output_dir={run_dir}", "train.length.steps=24", "train.eval.every.steps=12",
+        "train.checkpoint.every.steps=24",
         "train.gradient_checkpointing=true",
     )  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=540)

@@ -26,18 +26,18 @@ DRIVABLE = REPO / "configs" / "tasks" / "drivable_vit" / "tiny.yaml"
 TTS = REPO / "configs" / "tasks" / "tts_lm" / "tiny.yaml"
 
 # The final evaluation covers the whole held-out set (as `framer-ds eval` does), after a few steps.
-VIT_RUN = [*TINY_VIT_OVERRIDES, "train.max_steps=4", "train.max_eval_batches=null"]
+VIT_RUN = [*TINY_VIT_OVERRIDES, "train.length.steps=4", "train.eval.max_batches=null"]
 DRIVABLE_RUN = [
-    "train.max_steps=3",
-    "train.eval_every=null",
-    "train.checkpoint_every=null",
+    "train.length.steps=3",
+    "train.eval.every=null",
+    "train.checkpoint.every=null",
     "model.samples.every=0",
-    "train.warmup_steps=0",
+    "train.lr_schedule.warmup=null",
 ]
 TTS_RUN = [
-    "train.max_steps=2",
-    "train.eval_every=null",
-    "train.checkpoint_every=null",
+    "train.length.steps=2",
+    "train.eval.every=null",
+    "train.checkpoint.every=null",
     "model.samples.every=0",
 ]
 
@@ -201,7 +201,7 @@ def test_tts_eval_reproduces_the_final_evaluation_for_each_export_form(tmp_path,
     from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts
 
     ensure_tiny_tts()
-    run = train_run(TTS, tmp_path / "run", [*TTS_RUN, "train.learning_rate=1e-2", *form])
+    run = train_run(TTS, tmp_path / "run", [*TTS_RUN, "train.optimizer.learning_rate=1e-2", *form])
     logged = read_metrics(run)[1][-1]
     report = eval_report(run)
     assert {"eval/loss", "eval/loss_audio", "eval/audio_top1"} <= set(report["metrics"])

@@ -38,7 +38,7 @@ def slow_config(tmp_path: Path, **train) -> tuple[Path, Path]:
         tmp_path / "c.yaml",
         run_dir,
         data={"sleep_per_batch_s": 0.15},
-        train={"keep_last_checkpoints": 5, **train},
+        train={"checkpoint.keep_last": 5, **train},
     )
     return config, run_dir
 
@@ -114,7 +114,7 @@ def test_nan_loss_skips_the_step_and_training_continues(tmp_path, capsys):
     run_dir = tmp_path / "run"
     # single process, micro-batch 8 x accumulation 2: sample 3 poisons exactly one of the 32 windows of
     # epoch 0, so 31 counted steps consume the whole epoch and meet it exactly once.
-    config = mlp_config(tmp_path / "c.yaml", run_dir, data={"poison_ids": [3]}, train={"max_steps": 31})
+    config = mlp_config(tmp_path / "c.yaml", run_dir, data={"poison_ids": [3]}, train={"length.steps": 31})
     assert cli_main(["train", str(config)]) == 0
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     skipped = [x for x in lines if "nonfinite_skipped_steps" in x]
@@ -134,14 +134,14 @@ def test_repeated_nan_aborts_without_writing_poisoned_weights(tmp_path, capsys):
         tmp_path / "c.yaml",
         run_dir,
         data={"poison_ids": poison},
-        train={"checkpoint_every": 1, "max_consecutive_nonfinite": 3},
+        train={"checkpoint.every.steps": 1, "nonfinite.max_consecutive": 3},
     )
     assert cli_main(["train", str(config)]) == 1
     err = capsys.readouterr().err
     assert "non-finite loss (NaN/inf)" in err and "3 steps in a row" in err
     # no checkpoint to name: the advice says so and suggests a tenth of the learning rate (1e-3)
     assert f"There is no checkpoint in {run_dir / 'checkpoints'}" in err
-    assert "train.learning_rate=0.0001 --overwrite" in err
+    assert "train.optimizer.learning_rate=0.0001 --overwrite" in err
     assert not (run_dir / "final").exists()
     assert not list((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").exists() else True
 
@@ -151,7 +151,7 @@ def test_abort_policy_stops_at_the_first_nan(tmp_path, capsys):
         tmp_path / "c.yaml",
         tmp_path / "run",
         data={"poison_ids": [3]},
-        train={"nonfinite_loss": "abort", "max_steps": 32},
+        train={"nonfinite.policy": "abort", "length.steps": 32},
     )
     assert cli_main(["train", str(config)]) == 1
     assert "non-finite loss (NaN/inf) at optimizer step" in capsys.readouterr().err

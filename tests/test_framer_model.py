@@ -355,9 +355,9 @@ def test_zero3_two_process_controlnet_and_lora_export_is_complete(tmp_path):
         f"output_dir={tmp_path / 'run'}",
         "model.base.train_modules=both",
         "data.tracks.tracker=analytic",
-        "train.max_steps=2",
-        "train.eval_every=null",
-        "train.checkpoint_every=null",
+        "train.length.steps=2",
+        "train.eval.every=null",
+        "train.checkpoint.every=null",
         "data.val_fraction=0",
     ]
     cmd = accelerate_launch_cmd(
@@ -435,9 +435,9 @@ def test_controlnet_only_run_end_to_end(tmp_path, capsys):
     overrides = [
         f"output_dir={tmp_path / 'run'}",
         "model.base.train_modules=controlnet",
-        "train.max_steps=2",
+        "train.length.steps=2",
     ]
-    overrides += ["model.interp_eval.enabled=false", "train.eval_every=null", "model.samples.every=0"]
+    overrides += ["model.interp_eval.enabled=false", "train.eval.every=null", "model.samples.every=0"]
     config = load_run_config(FRAMER_TINY, overrides)
     run_training(config)
     final = tmp_path / "run" / "final"

@@ -154,9 +154,9 @@ def framer_final(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("framer") / "run"
     overrides = [
         f"output_dir={run_dir}",
-        "train.max_steps=1",
-        "train.eval_every=null",
-        "train.checkpoint_every=null",
+        "train.length.steps=1",
+        "train.eval.every=null",
+        "train.checkpoint.every=null",
     ]
     run_training(load_run_config(FRAMER_TINY, overrides))
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -15,7 +15,12 @@ pytestmark = pytest.mark.gpu
 def test_quickstart_bf16_on_gpu_logs_gpu_memory(quickstart_overrides, tmp_path):
     config = load_run_config(
         REPO / "configs" / "quickstart.yaml",
-        [*quickstart_overrides, "train.max_steps=20", "train.mixed_precision=bf16", "train.eval_every=20"],
+        [
+            *quickstart_overrides,
+            "train.length.steps=20",
+            "train.mixed_precision=bf16",
+            "train.eval.every.steps=20",
+        ],
     )
     run_training(config)
     train_lines, eval_lines = read_metrics(tmp_path / "run")

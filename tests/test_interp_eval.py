@@ -21,10 +21,11 @@ METRICS = ("psnr", "psnr_mid", "ssim", "psnr_ends", "flicker_ratio", "clip_dista
 pytestmark = pytest.mark.timeout(600)
 
 INTERP_ARGS = [
-    "train.max_steps=1",
-    "train.warmup_steps=5",  # the one step runs at warmup's lr 0: 1 and 2 processes evaluate the same model
-    "train.eval_every=null",
-    "train.checkpoint_every=null",
+    "train.length.steps=1",
+    # the one step runs at warmup's lr 0: 1 and 2 processes evaluate the same model
+    "train.lr_schedule.warmup.steps=5",
+    "train.eval.every=null",
+    "train.checkpoint.every=null",
     "model.samples.every=0",
     "model.interp_eval.enabled=true",
     "model.interp_eval.num_inference_steps=2",
@@ -65,8 +66,16 @@ def test_eval_command_reproduces_the_runs_final_evaluation(tmp_path, capsys, mon
     from framer_ds.cli.main import main
 
     run = tmp_path / "run"
-    overrides = [*INTERP_ARGS, "train.max_steps=3", "train.warmup_steps=0", "train.learning_rate=0.01"]
-    overrides += ["train.best_metric=eval/psnr", "train.best_mode=max"]  # a metric of its own keeps best/
+    overrides = [
+        *INTERP_ARGS,
+        "train.length.steps=3",
+        "train.lr_schedule.warmup=null",
+        "train.optimizer.learning_rate=0.01",
+    ]
+    overrides += [
+        "train.eval.best_metric=eval/psnr",
+        "train.eval.best_mode=max",
+    ]  # a metric of its own keeps best/
     config = load_run_config(TINY, [f"output_dir={run}", *overrides])
     run_training(config)
     logged = final_eval(run)
@@ -139,7 +148,12 @@ def test_interp_eval_from_the_latent_cache_matches_the_pixel_run(tmp_path, capsy
     cache = ["data.cache.enabled=true", f"data.cache.dir={tmp_path}/c"]
     lpips = [f"model.interp_eval.{k}={v}" for k, v in write_lpips_files(tmp_path).items()]  # eval/lpips too
     for name, extra in (("pixels", []), ("cached", cache)):
-        overrides = [f"output_dir={tmp_path / name}", *INTERP_ARGS, "train.max_steps=2", "train.eval_every=1"]
+        overrides = [
+            f"output_dir={tmp_path / name}",
+            *INTERP_ARGS,
+            "train.length.steps=2",
+            "train.eval.every.steps=1",
+        ]
         run_training(load_run_config(TINY, [*overrides, *lpips, *extra]))
         lines[name] = read_metrics(tmp_path / name)[1]
     out = capsys.readouterr().out
@@ -192,11 +206,11 @@ def test_framer_base_interp_eval_and_eval_command(tmp_path, capsys, monkeypatch)
         f"data.tracks.dir={tmp_path / 'tracks'}",
         "model.interp_eval.enabled=true",
         "model.interp_eval.num_inference_steps=2",
-        "train.max_steps=2",
-        "train.eval_every=null",
-        "train.checkpoint_every=null",
-        "train.learning_rate=0.01",
-        "train.warmup_steps=0",
+        "train.length.steps=2",
+        "train.eval.every=null",
+        "train.checkpoint.every=null",
+        "train.optimizer.learning_rate=0.01",
+        "train.lr_schedule.warmup=null",
     ]
     run_training(load_run_config(FRAMER_TINY, overrides))
     logged = final_eval(run)

@@ -21,16 +21,14 @@ from conftest import REPO, accelerate_launch_cmd, free_port, read_metrics, wait_
 
 QUICKSTART = "configs/quickstart.yaml"
 FEW_STEPS = [
-    "train.max_steps=4",
-    "train.epochs=1",
+    "train.length.steps=4",
     "train.micro_batch_size=16",
-    "train.eval_every_epochs=null",
-    "train.checkpoint_every_epochs=null",
-    "train.warmup_ratio=null",
-    "train.warmup_steps=2",
+    "train.eval.every=null",
+    "train.checkpoint.every=null",
+    "train.lr_schedule.warmup.steps=2",
 ]
 # Long enough that a stop signal lands mid-run; checkpoints only on the stop.
-MANY_STEPS = ["train.max_steps=2000", "train.eval_every_epochs=null", "train.checkpoint_every_epochs=null"]
+MANY_STEPS = ["train.length.steps=2000", "train.eval.every=null", "train.checkpoint.every=null"]
 PYTHON_BIN = Path(sys.executable).parent
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

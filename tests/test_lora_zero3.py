@@ -31,7 +31,10 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 def test_lora_adapter_from_zero3_is_complete_and_loads_with_peft(tmp_path, strategy):
     run_dir = tmp_path / "run"
     config = mlp_config(
-        tmp_path / "c.yaml", run_dir, model={"lora_rank": 4}, train={"max_steps": 6, "learning_rate": 1e-2}
+        tmp_path / "c.yaml",
+        run_dir,
+        model={"lora_rank": 4},
+        train={"length.steps": 6, "optimizer.learning_rate": 1e-2},
     )
     cmd = accelerate_launch_cmd(
         *strategy_launch_args(strategy, tmp_path), "-m", "framer_ds", "train", str(config)

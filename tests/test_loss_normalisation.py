@@ -34,7 +34,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, strategy_launch_args
+from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, set_keys, strategy_launch_args
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
 
@@ -56,6 +56,7 @@ EVAL_REL_TOL = sum_of_positive_terms_rtol(45 * 12)  # the eval set: 45 samples x
 
 
 def token_config(path: Path, run_dir: Path, task: str = "test_token_regression", **train) -> Path:
+    """`train`: dotted keys (conftest.set_keys): `micro_batch_size=8`, `**{"optimizer.max_grad_norm": 1}`."""
     config = {
         "imports": ["framer_test_tasks"],
         "task": task,
@@ -63,13 +64,15 @@ def token_config(path: Path, run_dir: Path, task: str = "test_token_regression",
         "data": {"record_dir": str(run_dir.parent / f"{run_dir.name}_ids")},
         "train": {
             "seed": 3,
-            "max_steps": STEPS,
-            "learning_rate": LEARNING_RATE,
-            "max_grad_norm": 1e6,  # log the norm, never clip: clipping would hide a scale error
-            "lr_scheduler": "constant",
-            **train,
+            "length": {"steps": STEPS},
+            "optimizer": {
+                "learning_rate": LEARNING_RATE,
+                "max_grad_norm": 1e6,  # log the norm, never clip: clipping would hide a scale error
+            },
+            "lr_schedule": {"name": "constant"},
         },
     }
+    set_keys(config, train=train)
     (run_dir.parent / f"{run_dir.name}_ids").mkdir(parents=True)
     path.write_text(yaml.safe_dump(config))
     return path
@@ -178,9 +181,9 @@ def test_ddp_gradients_as_bucket_views_clip_like_one_batch(tmp_path):
     """DDP keeps gradients as views into its all-reduce buckets (no second copy of every gradient): the
     accumulated (no_sync) and all-reduced gradients, their norm and the clipping they drive must still be
     those of one big batch. max_grad_norm is far below the norms, so every step clips."""
-    clip = {"max_grad_norm": 1e-3}
+    clip = {"optimizer.max_grad_norm": 1e-3}
     reference = train_in_process(tmp_path, "ref_clipped", micro_batch_size=32, **clip)
-    assert min(grad_norms(reference)) > 10 * clip["max_grad_norm"]
+    assert min(grad_norms(reference)) > 10 * clip["optimizer.max_grad_norm"]
     run_dir = tmp_path / "run"
     config = token_config(
         tmp_path / "c.yaml", run_dir, micro_batch_size=8, gradient_accumulation_steps=2, **clip

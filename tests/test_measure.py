@@ -19,7 +19,7 @@ def test_measured_launch_reads_every_step_above_the_imports(tmp_path, data_cache
 
     width, depth, dim = 256, 4, 32
     parameters = dim * width + width + (depth - 1) * (width * width + width) + width + 1
-    config = mlp_config(tmp_path / "c.yaml", tmp_path / "run", train={"max_steps": 4})
+    config = mlp_config(tmp_path / "c.yaml", tmp_path / "run", train={"length.steps": 4})
     env = measurement_env(data_cache, env=launch_env())  # launch_env: the test tasks on PYTHONPATH
     found = measure_launch(config, [], ["--num_processes", "1"], tmp_path / "m", env, REPO, 29731)
     assert (found.steps, found.processes) == (4, 1)

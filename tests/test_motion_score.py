@@ -99,7 +99,7 @@ def test_motion_bucket_from_data_conditions_each_clip_on_its_own_bucket(tmp_path
 
     tiny = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
     overrides = [f"output_dir={tmp_path / 'run'}", "model.motion_bucket=from_data", "model.samples.every=0"]
-    overrides += ["train.max_steps=2", "train.eval_every=null", "train.checkpoint_every=null"]
+    overrides += ["train.length.steps=2", "train.eval.every=null", "train.checkpoint.every=null"]
     if cached:  # each cache entry stores its bucket
         overrides += ["data.cache.enabled=true", f"data.cache.dir={tmp_path / 'cache'}"]
     config = load_run_config(tiny, overrides)

@@ -26,9 +26,10 @@ def logged_run(tmp_path_factory, data_cache) -> Path:
     root = tmp_path_factory.mktemp("report")
     (root / "logs").mkdir()
     overrides = [
-        f"output_dir={root / 'run'}", f"train.max_steps={STEPS}", "train.eval_every=6", "train.log_every=2",
-        "train.eval_every_epochs=null", "train.checkpoint_every_epochs=null", "train.micro_batch_size=16",
-        "train.max_eval_batches=4",
+        f"output_dir={root / 'run'}", f"train.length.steps={STEPS}", "train.eval.every.steps=6",
+        "train.log_every=2",
+        "train.checkpoint.every=null", "train.micro_batch_size=16",
+        "train.eval.max_batches=4",
     ]  # fmt: skip
     with (root / "logs" / "job-1.out").open("w") as log:
         command = [sys.executable, "-m", "framer_ds", "train", "configs/quickstart.yaml", *overrides]
@@ -144,7 +145,7 @@ def test_every_bar_print_of_a_logged_step_shows_that_steps_loss(tmp_path, monkey
     log_path = tmp_path / "job.out"
     with log_path.open("w") as log:
         monkeypatch.setattr(loop, "tqdm", lambda **kw: tqdm(**{**kw, "mininterval": 0, "file": log}))
-        overrides = [*quickstart_overrides, "train.max_steps=6", "train.log_every=2"]
+        overrides = [*quickstart_overrides, "train.length.steps=6", "train.log_every=2"]
         loop.run_training(load_run_config(REPO / "configs" / "quickstart.yaml", overrides))
     logged = {x["step"]: x["loss"] for x in read_history(tmp_path / "run").train}
     printed = {x["step"]: x["loss"] for x in read_history(log_path).train}

@@ -1,7 +1,7 @@
 """What a resumed run's config may change from the checkpoint's (`engine/resume/changes.py`): the model,
 the data, its order and position are refused (all differences at once) unless listed in
 `train.resume_allow_changes`; the rest is applied and listed; accumulation may change with the world size
-when the global batch stays; a checkpoint past `train.max_steps` is refused. No training: a checkpoint
+when the global batch stays; a checkpoint past `train.length.steps` is refused. No training: a checkpoint
 here is the resolved config.yaml a real one carries."""
 
 from __future__ import annotations
@@ -41,12 +41,14 @@ def test_the_same_config_changes_nothing(recorded):
 
 
 def test_a_harmless_change_is_applied_and_listed(recorded):
-    assert changes(recorded, "train.learning_rate=0.0005") == ["train.learning_rate: 0.001 -> 0.0005"]
+    assert changes(recorded, "train.optimizer.learning_rate=0.0005") == [
+        "train.optimizer.learning_rate: 0.001 -> 0.0005"
+    ]
 
 
 def test_changes_of_meaning_are_refused_all_at_once(recorded):
     with pytest.raises(ConfigError) as refused:
-        changes(recorded, "train.micro_batch_size=4", "train.seed=8", "train.learning_rate=0.0005")
+        changes(recorded, "train.micro_batch_size=4", "train.seed=8", "train.optimizer.learning_rate=0.0005")
     where = [p.where for p in refused.value.problems]
     assert where == ["train.micro_batch_size", "train.seed", "train.resume"]
     assert "train.resume_allow_changes" in refused.value.problems[-1].message
@@ -70,9 +72,9 @@ def test_accumulation_may_follow_the_world_size_when_the_global_batch_stays(reco
 
 def test_a_checkpoint_past_max_steps_is_refused(recorded):
     with pytest.raises(ConfigError) as refused:
-        changes(recorded, "train.max_steps=6")
-    assert [p.where for p in refused.value.problems] == ["train.max_steps"]
-    assert "Set train.max_steps to 8 or more" in str(refused.value)
+        changes(recorded, "train.length.steps=6")
+    assert [p.where for p in refused.value.problems] == ["train.length.steps"]
+    assert "Set train.length.steps to 8 or more" in str(refused.value)
 
 
 def test_a_checkpoint_without_its_config_is_not_checked_and_says_so(recorded):

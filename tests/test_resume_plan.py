@@ -25,12 +25,12 @@ TINY = {
     "model": {"width": 32, "depth": 2},
     "data": {"num_samples": 128, "eval_samples": 16, "dim": 8},
     "train": {
-        "max_steps": TOTAL_STEPS,
-        "warmup_steps": WARMUP,
+        "length.steps": TOTAL_STEPS,
+        "lr_schedule.warmup.steps": WARMUP,
         "gradient_accumulation_steps": 1,
-        "lr_scheduler": "linear",
-        "checkpoint_every": CHECKPOINT_STEP,
-        "eval_every": None,
+        "lr_schedule.name": "linear",
+        "checkpoint.every.steps": CHECKPOINT_STEP,
+        "eval.every": None,
     },
 }
 
@@ -61,14 +61,14 @@ def test_a_fresh_run_plans_nothing_and_restores_the_start(tmp_path):
 def test_a_plan_from_a_checkpoint_restores_it_at_the_running_learning_rate(trained, capsys):
     new_lr = 5e-4
     step_dir = trained.parent / "run" / "checkpoints" / f"step_{CHECKPOINT_STEP}"  # not the final step_6
-    config = load_run_config(trained, [f"train.resume={step_dir}", f"train.learning_rate={new_lr}"])
+    config = load_run_config(trained, [f"train.resume={step_dir}", f"train.optimizer.learning_rate={new_lr}"])
     accelerator = build_accelerator(config)
     heard: list[tuple[int, Path]] = []
     plan = ResumePlan.decide(accelerator, config, on_chosen=lambda *chosen: heard.append(chosen))
     assert plan.checkpoint == plan.load_from == step_dir and plan.step == CHECKPOINT_STEP
     assert heard == [(CHECKPOINT_STEP, step_dir)]
-    assert plan.changes == ("train.learning_rate: 0.001 -> 0.0005",)
-    assert "changed on resume: train.learning_rate: 0.001 -> 0.0005" in capsys.readouterr().out
+    assert plan.changes == ("train.optimizer.learning_rate: 0.001 -> 0.0005",)
+    assert "changed on resume: train.optimizer.learning_rate: 0.001 -> 0.0005" in capsys.readouterr().out
 
     task = get_task_class(config.task)(config)
     task.prepare_data()

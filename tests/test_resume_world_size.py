@@ -35,7 +35,7 @@ from framer_ds.engine.resume.world_size import rescale_data_position
 # A case launches up to three runs (the shared uninterrupted ones on first use): above the default 300 s.
 pytestmark = pytest.mark.timeout(900)
 REL_TOL = 1e-5
-TRAIN = {"max_steps": 8, "checkpoint_every": 4}
+TRAIN = {"length.steps": 8, "checkpoint.every.steps": 4}
 
 
 def launch(launch_args: list[str], config: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -18,9 +18,8 @@ QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 EPOCH_OVERRIDES = [
     *TINY_VIT_OVERRIDES,
     "train.gradient_accumulation_steps=2",
-    "train.eval_every_epochs=0.5",
-    "train.warmup_ratio=0.1",
-    "train.warmup_steps=0",
+    "train.eval.every.epochs=0.5",
+    "train.lr_schedule.warmup.fraction=0.1",
 ]
 
 

@@ -25,9 +25,9 @@ def vit_final(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("vit") / "run"
     overrides = [
         f"output_dir={run_dir}",
-        "train.max_steps=120",
-        "train.eval_every=null",
-        "train.max_eval_batches=2",
+        "train.length.steps=120",
+        "train.eval.every=null",
+        "train.eval.max_batches=2",
     ]
     run_training(load_run_config(REPO / "configs" / "quickstart.yaml", overrides))
     from accelerate.state import AcceleratorState, GradientState
@@ -46,7 +46,7 @@ def val_images(final: Path, count: int) -> list[Path]:
 def test_final_records_the_task_and_the_resolved_config(vit_final):
     record = json.loads((vit_final / EXPORT_RECORD).read_text())
     assert record["task"] == "vit_classification"
-    assert record["config"]["train"]["max_steps"] == 120
+    assert record["config"]["train"]["length"] == {"steps": 120}
     assert record["config"] == json.loads(
         json.dumps(load_run_config(vit_final.parent / "config.yaml").model_dump(mode="json"))
     )

@@ -13,6 +13,7 @@ import yaml
 
 from framer_ds.cli.main import build_parser, main
 from framer_ds.cli.run_commands import LAUNCH_FLAGS
+from framer_ds.config.cadence import Cadence
 from framer_ds.config.launch_check import check_launch_configs
 from framer_ds.launch.environment import hostfile_launch_problems
 from framer_ds.tasks.registry import get_task_class
@@ -76,10 +77,13 @@ def test_vit_large_imagenet_is_the_documented_fine_tuning_setting():
         8,
         4,
     )
-    assert train.gradient_checkpointing and train.keep_last_checkpoints == 3 and train.num_workers == 8
-    assert train.lr_scheduler == "cosine" and train.warmup_ratio > 0 and 1e-5 <= train.learning_rate <= 1e-4
-    assert train.eval_every_epochs == train.checkpoint_every_epochs == 0.25
-    assert train.max_eval_batches is None
+    assert train.gradient_checkpointing and train.checkpoint.keep_last == 3 and train.num_workers == 8
+    schedule, optimizer = train.lr_schedule, train.optimizer
+    assert (
+        schedule.name == "cosine" and schedule.warmup.fraction > 0 and 1e-5 <= optimizer.learning_rate <= 1e-4
+    )
+    assert train.eval.every == train.checkpoint.every == Cadence(epochs=0.25)
+    assert train.eval.max_batches is None
     assert config.log.wandb is not None and config.log.wandb.project == "framer_ds"
     assert config.log.tensorboard
     # Its paths do not exist on a dev box: the pre-flight check says so, with the download command.

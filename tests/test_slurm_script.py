@@ -58,7 +58,7 @@ def wait_for(path: Path, timeout: float = 20) -> None:
 def test_usr1_is_forwarded_and_the_job_requeued(tmp_path):
     env = setup_stubs(tmp_path)
     proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "train.max_steps=9"],
+        ["bash", str(SCRIPT), "train.length.steps=9"],
         cwd=REPO,
         env=env,
         text=True,
@@ -74,7 +74,7 @@ def test_usr1_is_forwarded_and_the_job_requeued(tmp_path):
     assert "--deepspeed_config_file configs/deepspeed/zero3.json" in args
     assert (
         "train.resume=latest" in args
-        and "train.max_steps=9" in args
+        and "train.length.steps=9" in args
         and f"output_dir={tmp_path / 'run'}" in args
     )
 

@@ -8,10 +8,11 @@ from typing import ClassVar
 import pytest
 
 from conftest import mlp_config
+from framer_ds.config.cadence import Cadence
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train import actions as actions_module
 from framer_ds.train import loop
-from framer_ds.train.actions import Cadence, StepAction, StepContext, Throughput
+from framer_ds.train.actions import StepAction, StepContext, Throughput
 
 
 class FakeClock:
@@ -52,9 +53,11 @@ class RecordAfterEval(StepAction):
 
 
 def test_a_new_behaviour_is_one_more_action(tmp_path: Path, monkeypatch):
-    config = mlp_config(tmp_path / "c.yaml", tmp_path / "run", train={"max_steps": 8, "eval_every": 4})
+    config = mlp_config(
+        tmp_path / "c.yaml", tmp_path / "run", train={"length.steps": 8, "eval.every.steps": 4}
+    )
     real = loop.default_actions
-    monkeypatch.setattr(loop, "default_actions", lambda run: [*real(run), RecordAfterEval(Cadence())])
+    monkeypatch.setattr(loop, "default_actions", lambda run: [*real(run), RecordAfterEval(None)])
     RecordAfterEval.seen = []
     result = loop.run_training(load_run_config(config))
     assert [step for step, _ in RecordAfterEval.seen] == [4, 8]
@@ -66,7 +69,7 @@ def test_a_new_behaviour_is_one_more_action(tmp_path: Path, monkeypatch):
     [
         ({}, ["log", "evaluate", "samples", "checkpoint"]),
         (
-            {"best_metric": "eval/loss", "best_mode": "min"},
+            {"eval.best_metric": "eval/loss", "eval.best_mode": "min"},
             ["log", "evaluate", "keep-best", "samples", "checkpoint"],
         ),
     ],
@@ -80,27 +83,37 @@ def test_keep_best_follows_the_evaluation_and_precedes_the_checkpoint(tmp_path: 
     assert [action.name for action in actions_module.default_actions(run)] == names
 
 
-@pytest.mark.parametrize(
-    ("every", "step", "done", "due"),
-    [
-        (4, 4, False, True),
-        (4, 5, False, False),
-        (4, 5, True, True),
-        (None, 5, True, False),
-        (0, 8, True, False),
-    ],
-)
-def test_every_n_steps_and_at_the_end(every, step, done, due):
-    class Probe(StepAction):
-        name = "probe"
+class Probe(StepAction):
+    name = "probe"
 
-        def run(self, ctx):  # pragma: no cover - only `due` is asked
-            raise AssertionError
+    def run(self, ctx):  # pragma: no cover - only `due` is asked
+        raise AssertionError
+
+
+def context(step: int, done: bool, before: float = 0.0, now: float = 0.0) -> StepContext:
+    """A step's context in a run of 10 optimizer steps per epoch, 40 in all."""
+    from types import SimpleNamespace
 
     ctx = StepContext.__new__(StepContext)
+    ctx.run = SimpleNamespace(plan=SimpleNamespace(updates_per_epoch=10, total_steps=40))
     ctx.state = type("S", (), {"global_step": step})()
-    ctx.done = done
-    assert Probe(Cadence(every)).due(ctx) is due
+    ctx.done, ctx.epoch_before, ctx.epoch_now = done, before, now
+    return ctx
+
+
+@pytest.mark.parametrize(
+    ("cadence", "step", "done", "due"),
+    [
+        (Cadence(steps=4), 4, False, True),
+        (Cadence(steps=4), 5, False, False),
+        (Cadence(steps=4), 5, True, True),
+        (Cadence(fraction=0.25), 10, False, True),  # a quarter of 40 steps
+        (Cadence(fraction=0.25), 12, False, False),
+        (None, 5, True, False),
+    ],
+)
+def test_on_its_cadence_and_at_the_end(cadence, step, done, due):
+    assert Probe(cadence).due(context(step, done)) is due
 
 
 @pytest.mark.parametrize(
@@ -115,9 +128,7 @@ def test_every_n_steps_and_at_the_end(every, step, done, due):
     ],
 )
 def test_every_half_epoch_fires_on_the_step_that_crosses_it(before, now, done, due):
-    ctx = StepContext.__new__(StepContext)
-    ctx.epoch_before, ctx.epoch_now, ctx.done = before, now, done
-    assert Cadence(epochs=0.5).due(ctx) is due
+    assert Probe(Cadence(epochs=0.5)).due(context(7, done, before, now)) is due
 
 
 def test_every_run_ends_its_accelerator_exactly_once(tmp_path: Path, monkeypatch):
@@ -133,7 +144,7 @@ def test_every_run_ends_its_accelerator_exactly_once(tmp_path: Path, monkeypatch
         real(accelerator, failed=failed)
 
     monkeypatch.setattr(loop, "end_accelerator", spy)
-    good = mlp_config(tmp_path / "good.yaml", tmp_path / "good", train={"max_steps": 2})
+    good = mlp_config(tmp_path / "good.yaml", tmp_path / "good", train={"length.steps": 2})
     loop.run_training(load_run_config(good))
     assert calls == [False]
     from accelerate.state import AcceleratorState, GradientState
@@ -144,7 +155,7 @@ def test_every_run_ends_its_accelerator_exactly_once(tmp_path: Path, monkeypatch
         tmp_path / "bad.yaml",
         tmp_path / "bad",
         data={"poison_ids": list(range(512))},
-        train={"nonfinite_loss": "abort"},
+        train={"nonfinite.policy": "abort"},
     )
     with pytest.raises(NonFiniteLossError):
         loop.run_training(load_run_config(bad))

@@ -165,7 +165,7 @@ def test_sigkill_mid_save_then_resume_repeats_the_uninterrupted_losses(runs, str
     one is never picked, and `resume: latest` reproduces the uninterrupted run from step 5 on."""
     run_dir = tmp_path / "run"
     config = mlp_config(
-        tmp_path / "c.yaml", run_dir, train={"checkpoint_every": 4, "keep_last_checkpoints": 3}
+        tmp_path / "c.yaml", run_dir, train={"checkpoint.every.steps": 4, "checkpoint.keep_last": 3}
     )
     cmd = accelerate_launch_cmd(
         *strategy_launch_args(strategy, tmp_path), "-m", "framer_ds", "train", str(config)

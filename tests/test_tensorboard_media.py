@@ -27,7 +27,11 @@ def events(tmp_path_factory) -> EventAccumulator:
         "output_dir": str(tmp_path / "run"),
         "model": {"width": 16, "depth": 2},
         "data": {"num_samples": 64, "eval_samples": 8, "dim": 4, "sample_every": 2, "eval_script": [0.7]},
-        "train": {"max_steps": 2, "micro_batch_size": 8, "best_metric": "eval/score", "best_mode": "max"},
+        "train": {
+            "length": {"steps": 2},
+            "micro_batch_size": 8,
+            "eval": {"best_metric": "eval/score", "best_mode": "max"},
+        },
         "log": {"tensorboard": True},
     }
     path = tmp_path / "c.yaml"

@@ -23,7 +23,7 @@ def run_script(tmp_path, **env_overrides) -> subprocess.CompletedProcess:
     venv_bin = Path(sys.executable).parent  # `python` in the script = this interpreter, with its packages
     env = {**os.environ, "PATH": f"{bin_dir}:{venv_bin}:{os.environ['PATH']}", **env_overrides}
     return subprocess.run(
-        ["bash", str(SCRIPT), TINY, "train.max_steps=7"],
+        ["bash", str(SCRIPT), TINY, "train.length.steps=7"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -53,7 +53,7 @@ def test_environment_overrides_really_take_effect(tmp_path):
         "data.height=128",
         "data.width=192",
         "data.num_frames=6",
-        "train.max_steps=7",
+        "train.length.steps=7",
     ):
         assert override in args, override
     assert args[args.index("train") + 1] == TINY

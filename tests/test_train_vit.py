@@ -26,18 +26,23 @@ def train(overrides: list[str]):
 
 def test_run_directory_contract(quickstart_overrides, tmp_path):
     result = train(
-        [*quickstart_overrides, "train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=3"]
+        [
+            *quickstart_overrides,
+            "train.length.steps=6",
+            "train.checkpoint.every.steps=2",
+            "train.eval.every.steps=3",
+        ]
     )
     run = tmp_path / "run"
     assert result.global_step == 6
-    assert load_run_config(run / "config.yaml").train.max_steps == 6  # resolved config reloads
+    assert load_run_config(run / "config.yaml").train.length.steps == 6  # resolved config reloads
     train_lines, eval_lines = read_metrics(run)
     assert [x["step"] for x in train_lines] == [1, 2, 3, 4, 5, 6]
     for line in train_lines:
         assert {"step", "loss", "lr", "samples_per_s", "memory/rss_gb"} <= set(line)
     assert [x["step"] for x in eval_lines] == [3, 6]
     assert {"eval/loss", "eval/accuracy"} <= set(eval_lines[-1])
-    # keep_last_checkpoints=2 (quickstart) keeps the newest two; no temp dirs remain.
+    # checkpoint.keep_last=2 (quickstart) keeps the newest two; no temp dirs remain.
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_4", "step_6"]
     assert json.loads((run / "checkpoints" / "step_6" / STATE_FILE).read_text())["global_step"] == 6
     # final/ is loadable the way a user loads it, and equals the trained weights.
@@ -49,7 +54,7 @@ def test_run_directory_contract(quickstart_overrides, tmp_path):
 
 
 def test_loss_decreases_on_fixed_seed(quickstart_overrides, tmp_path):
-    train([*quickstart_overrides, "train.max_steps=60", "train.learning_rate=3e-3"])
+    train([*quickstart_overrides, "train.length.steps=60", "train.optimizer.learning_rate=3e-3"])
     losses = [x["loss"] for x in read_metrics(tmp_path / "run")[0]]
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.75 * first, (first, last)
@@ -58,9 +63,9 @@ def test_loss_decreases_on_fixed_seed(quickstart_overrides, tmp_path):
 def test_refuses_to_overwrite_an_existing_run(quickstart_overrides, tmp_path):
     from framer_ds.config.errors import ConfigError
 
-    train([*quickstart_overrides, "train.max_steps=1"])
+    train([*quickstart_overrides, "train.length.steps=1"])
     with pytest.raises(ConfigError, match="already holds a run"):
-        train([*quickstart_overrides, "train.max_steps=1"])
+        train([*quickstart_overrides, "train.length.steps=1"])
 
 
 def test_pretrained_directory_with_adapted_label_count(quickstart_overrides, tmp_path):
@@ -81,7 +86,7 @@ def test_pretrained_directory_with_adapted_label_count(quickstart_overrides, tmp
     source.save_pretrained(pretrained)
     overrides = [
         *quickstart_overrides,
-        "train.max_steps=2",
+        "train.length.steps=2",
         "model.source.config=null",
         f"model.source.path={pretrained}",
     ]

@@ -46,7 +46,7 @@ def write_config(
         "output_dir": str(run_dir),
         "model": model or {"source": {"builtin": "tiny_llama"}},
         "data": {"max_seq_length": 512, "source": source, **data},
-        "train": {"max_steps": 2, "micro_batch_size": 2},
+        "train": {"length": {"steps": 2}, "micro_batch_size": 2},
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -323,7 +323,8 @@ def launch_tiny(strategy: str, root: Path, *overrides: str) -> Path:
     run_dir = root / "run"
     cmd = accelerate_launch_cmd(
         *strategy_launch_args(strategy, root), "-m", "framer_ds", "train", str(TINY), f"output_dir={run_dir}",
-        "train.max_steps=6", "train.eval_every=3", "train.checkpoint_every=3", "model.samples.every=6",
+        "train.length.steps=6", "train.eval.every.steps=3", "train.checkpoint.every.steps=3",
+        "model.samples.every=6",
         *overrides,
     )  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=840)
@@ -358,7 +359,11 @@ def test_lora_under_zero3_saves_trained_embeddings_and_head(tmp_path, tiny_tts):
     from transformers import AutoModelForCausalLM
 
     run_dir = launch_tiny(
-        "zero3", tmp_path, "model.lora.rank=4", "model.lora.export=adapter", "train.learning_rate=1e-2"
+        "zero3",
+        tmp_path,
+        "model.lora.rank=4",
+        "model.lora.export=adapter",
+        "train.optimizer.learning_rate=1e-2",
     )
     final = run_dir / "final"
     adapter = load_file(final / "adapter_model.safetensors")
@@ -378,8 +383,13 @@ def test_lora_merged_export_loads_plainly_and_scores_as_trained(tmp_path, tiny_t
     from transformers import AutoModelForCausalLM
 
     run_dir = tmp_path / "run"
-    overrides = [f"output_dir={run_dir}", "model.lora.rank=4", "train.max_steps=3", "model.samples.every=0"]
-    proc = framer_ds("train", TINY, *overrides, "train.learning_rate=1e-2")
+    overrides = [
+        f"output_dir={run_dir}",
+        "model.lora.rank=4",
+        "train.length.steps=3",
+        "model.samples.every=0",
+    ]
+    proc = framer_ds("train", TINY, *overrides, "train.optimizer.learning_rate=1e-2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     final = run_dir / "final"
     assert not (final / "adapter_config.json").exists()

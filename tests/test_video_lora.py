@@ -32,7 +32,9 @@ def tiny_config(tmp_path, *overrides):
 
 @pytest.mark.slow
 def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path, capsys):
-    config = tiny_config(tmp_path, "train.max_steps=20", "train.eval_every=10", "train.checkpoint_every=10")
+    config = tiny_config(
+        tmp_path, "train.length.steps=20", "train.eval.every.steps=10", "train.checkpoint.every.steps=10"
+    )
     run_training(config)
     run = tmp_path / "run"
     train_lines, eval_lines = read_metrics(run)
@@ -201,9 +203,9 @@ def test_zero3_offload_two_process_run_samples_and_saves_a_complete_adapter(tmp_
     same collective forwards) do not hang, and the adapter is still complete."""
     config_args = [
         f"output_dir={tmp_path / 'run'}",
-        "train.max_steps=2",
-        "train.eval_every=null",
-        "train.checkpoint_every=2",
+        "train.length.steps=2",
+        "train.eval.every=null",
+        "train.checkpoint.every.steps=2",
         "data.val_fraction=0",
         "model.samples.every=2",
         "model.samples.count=3",
@@ -255,9 +257,9 @@ def test_data_check_prints_the_report_and_fails_on_unusable_data(tmp_path, capsy
 def test_validation_samples_are_written_and_logged_to_wandb_offline(tmp_path):
     config = tiny_config(
         tmp_path,
-        "train.max_steps=4",
-        "train.eval_every=null",
-        "train.checkpoint_every=null",
+        "train.length.steps=4",
+        "train.eval.every=null",
+        "train.checkpoint.every=null",
         "model.samples.every=2",
         "model.samples.count=2",
         "model.samples.num_inference_steps=2",
@@ -288,9 +290,9 @@ def test_validation_samples_are_written_and_logged_to_wandb_offline(tmp_path):
 def test_latent_cache_trains_without_the_vae_once_built(tmp_path, monkeypatch):
     cache_dir = tmp_path / "latents"
     overrides = [
-        "train.max_steps=3",
-        "train.eval_every=3",
-        "train.checkpoint_every=null",
+        "train.length.steps=3",
+        "train.eval.every.steps=3",
+        "train.checkpoint.every=null",
         "data.cache.enabled=true",
         f"data.cache.dir={cache_dir}",
         "data.cache.clips_per_video=2",
@@ -339,9 +341,9 @@ def test_image_pair_layout_trains_interpolation(tmp_path):
         "data.layout=image_pairs",
         "data.num_frames=5",
         "model.fps=7",
-        "train.max_steps=6",
-        "train.eval_every=3",
-        "train.checkpoint_every=null",
+        "train.length.steps=6",
+        "train.eval.every.steps=3",
+        "train.checkpoint.every=null",
         "model.samples.every=6",
         "model.samples.num_inference_steps=2",
     )
@@ -381,7 +383,7 @@ def test_latent_cache_key_follows_what_decides_the_tensors(tmp_path):
         return task._cache_for(SimpleNamespace(mixed_precision="no"), train, "train", 1).key
 
     base = key()
-    assert key() == base and key("train.max_steps=7") == base  # training length does not matter
+    assert key() == base and key("train.length.steps=7") == base  # training length does not matter
     for changed in (
         "model.vae_tile_size=64",
         "data.hflip=false",
@@ -404,9 +406,9 @@ def test_image_to_video_adapter_merges_into_a_pipeline_that_runs(tmp_path, capsy
         tmp_path,
         "model.base.mode=image_to_video",
         "model.samples.every=0",
-        "train.max_steps=3",
-        "train.eval_every=null",
-        "train.checkpoint_every=null",
+        "train.length.steps=3",
+        "train.eval.every=null",
+        "train.checkpoint.every=null",
         "model.lora.include_feed_forward=true",
     )
     run_training(config)

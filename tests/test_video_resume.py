@@ -33,10 +33,10 @@ STEPS = 5
 # 4 micro-batches an epoch on one process, 4 per rank on two with micro-batch 1), and its steps cross
 # into the next epoch. No eval set and no samples: neither touches training, and both cost time.
 COMMON = [
-    f"train.max_steps={STEPS}",
-    "train.checkpoint_every=2",
-    "train.keep_last_checkpoints=5",
-    "train.eval_every=null",
+    f"train.length.steps={STEPS}",
+    "train.checkpoint.every.steps=2",
+    "train.checkpoint.keep_last=5",
+    "train.eval.every=null",
     "train.num_workers=0",
     "train.log_every=1",
     "data.val_fraction=0",

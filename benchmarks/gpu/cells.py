@@ -200,7 +200,7 @@ def measure_cell(cell: Cell, out_dir: Path, port: int, steps: int) -> dict[str, 
     from framer_ds.lab.bench import run_cell
     from framer_ds.lab.report import read_history
 
-    overrides = [*cell.overrides, "train.max_eval_batches=1", "train.log_every=1"]
+    overrides = [*cell.overrides, "train.eval.max_batches=1", "train.log_every=1"]
     row = run_cell(
         cell.config,
         overrides,

@@ -43,7 +43,9 @@ def main(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
         task.prepare_data()
     train_set, _ = task.build_datasets()
     model = task.build_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train.learning_rate, weight_decay=train.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=train.optimizer.learning_rate, weight_decay=train.optimizer.weight_decay
+    )
     loader = DataLoader(
         train_set,
         batch_size=train.micro_batch_size,
@@ -56,13 +58,13 @@ def main(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
     stamps: list[float] = []
     handle = register_optimizer_step_post_hook(lambda *_: stamps.append(time.perf_counter()))
     model.train()
-    while len(stamps) < train.max_steps:
+    while len(stamps) < train.length.steps:
         for batch in loader:
             loss = model(pixel_values=batch["pixel_values"], labels=batch["labels"]).loss
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if len(stamps) >= train.max_steps:
+            if len(stamps) >= train.length.steps:
                 break
     handle.remove()
     out_dir.mkdir(parents=True, exist_ok=True)

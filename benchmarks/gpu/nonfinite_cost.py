@@ -34,9 +34,9 @@ WARMUP = 5
 
 def overrides(work: Path, smoke: bool, steps: int) -> list[str]:
     common = [
-        f"train.max_steps={steps}",
-        "train.eval_every_epochs=null",
-        "train.checkpoint_every_epochs=null",
+        f"train.length.steps={steps}",
+        "train.eval.every=null",
+        "train.checkpoint.every=null",
         "train.gradient_accumulation_steps=4",
         f"output_dir={work}",
     ]

@@ -76,7 +76,7 @@ def hand_loop_rate(cell: Cell, out_dir: Path, port: int, steps: int) -> float:
         torch.cuda.is_available(),
         accelerate_dir=CONFIGS,
     )
-    overrides = [*cell.overrides, f"train.max_steps={steps}", f"output_dir={out_dir / 'hand_run'}"]
+    overrides = [*cell.overrides, f"train.length.steps={steps}", f"output_dir={out_dir / 'hand_run'}"]
     script = Path(__file__).with_name("hand_loop.py")
     command = accelerate_launch_command(args, port, script, [str(cell.config), str(out_dir), *overrides])
     env = measurement_env(default_cache_dir(), pythonpath=REPO)

@@ -94,5 +94,5 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     """CONFIG and its dotted overrides: every command that reads a training YAML takes them alike."""
     parser.add_argument("config", type=Path, help="training YAML (see configs/)")
     parser.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.max_steps=20"
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.length.steps=20"
     )

@@ -14,7 +14,7 @@ from framer_ds.train.preemption import EARLY_STOP
 
 OVERRIDES_HELP = """overrides:
   Any config key can be set after the config path as a dotted key=value; values are read as YAML:
-    framer-ds train CONFIG train.max_steps=20 train.learning_rate=1e-4 log.wandb=null
+    framer-ds train CONFIG train.length.steps=20 train.optimizer.learning_rate=1e-4 log.wandb=null
     framer-ds train CONFIG model.lora.rank=32 data.source.path=/data/clips train.resume=latest
   Every key, with its type, default and description:
     framer-ds config show TASK      (framer-ds tasks lists the tasks)

@@ -148,7 +148,7 @@ def check_plugin_values_match_train(acc: Cfg, src: str, train: TrainConfig | Non
     wanted = {
         "gradient_accumulation_steps": ("gradient_accumulation_steps", train.gradient_accumulation_steps)
     }
-    wanted["gradient_clipping"] = ("max_grad_norm", train.max_grad_norm)
+    wanted["gradient_clipping"] = ("optimizer.max_grad_norm", train.optimizer.max_grad_norm)
     return [
         _p(
             src,

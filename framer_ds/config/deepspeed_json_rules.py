@@ -20,7 +20,7 @@ from framer_ds.config.zero_fields import ZERO_BUFFER_KEYS, is_element_count
 AUTO_FROM_TRAIN: dict[str, str] = {
     "train_micro_batch_size_per_gpu": "train.micro_batch_size",
     "gradient_accumulation_steps": "train.gradient_accumulation_steps",
-    "gradient_clipping": "train.max_grad_norm",
+    "gradient_clipping": "train.optimizer.max_grad_norm",
 }
 
 

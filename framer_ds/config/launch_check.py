@@ -102,7 +102,7 @@ def _env_overrides(env: Mapping[str, str], train: TrainConfig) -> Problems:
             "gradient_accumulation_steps",
             train.gradient_accumulation_steps,
         ),
-        ("ACCELERATE_GRADIENT_CLIPPING", "max_grad_norm", train.max_grad_norm),
+        ("ACCELERATE_GRADIENT_CLIPPING", "optimizer.max_grad_norm", train.optimizer.max_grad_norm),
     ):
         value = env.get(var, "auto")
         if value != "auto" and value != str(want) and value != str(float(want)):

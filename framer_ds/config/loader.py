@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +69,20 @@ def output_dir_early(path: Path, overrides: Sequence[str]) -> Path | None:
         return None
 
 
-def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[ConfigProblem]:
-    """Apply `a.b.c=value` overrides in place (values parsed as YAML: 20, 1e-4, null, [1, 2], true)."""
+def apply_overrides(
+    raw: dict[str, Any], overrides: Sequence[str], whole_sections: Collection[str] = ()
+) -> list[ConfigProblem]:
+    """Apply `a.b.c=value` overrides in place (values parsed as YAML: 20, 1e-4, null, [1, 2], true).
+
+    An override of one key of a section in `whole_sections` (dotted paths, e.g. the Cadences:
+    `train.length`) replaces that section: `train.length.steps=4` on `length: {epochs: 3}` means 4 steps,
+    not "steps and epochs both set"."""
     problems = []
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             problems.append(
-                ConfigProblem(item, "override must look like key.path=value, e.g. train.max_steps=20")
+                ConfigProblem(item, "override must look like key.path=value, e.g. train.length.steps=20")
             )
             continue
         try:
@@ -88,7 +94,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[Confi
         parts = key.strip().split(".")
         for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
-            if child is None:
+            if child is None or ".".join(parts[: depth + 1]) in whole_sections:
                 child = node[part] = {}
             if not isinstance(child, dict):
                 where = ".".join(parts[: depth + 1])
@@ -104,7 +110,7 @@ def attribute_to_overrides(
     problems: Sequence[ConfigProblem], overrides: Sequence[str]
 ) -> list[ConfigProblem]:
     """Name the command-line override behind each problem it caused: a user who typed
-    `train.learning_rate=abc` looks for it on the command line, not in the YAML file."""
+    `train.optimizer.learning_rate=abc` looks for it on the command line, not in the YAML file."""
     keys = {item.partition("=")[0].strip(): item for item in overrides if "=" in item}
     attributed = []
     for problem in problems:

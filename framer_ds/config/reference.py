@@ -18,7 +18,8 @@ from framer_ds.config.loader import section_models
 
 @dataclass(frozen=True)
 class FieldReference:
-    """One key (`train.learning_rate`): type, default ('required' when it has none), limits, description."""
+    """One key (`train.optimizer.learning_rate`): type, default ('required' when it has none), limits,
+    description."""
 
     key: str
     type: str

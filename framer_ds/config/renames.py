@@ -11,7 +11,10 @@ Each config section declares its own renames next to its fields, relative to its
     class TrainConfig(StrictModel):
         renamed_keys: ClassVar[dict[str, str]] = {"max_steps": "length.steps"}
 
-`schema_renames(schema)` collects them over the whole schema as dotted paths from the root.
+`schema_renames(schema)` collects them over the whole schema as dotted paths from the root. What is not a
+pure move (two keys that became one value, such as `max_steps` + `epochs` -> `length`) is the new
+section's `migrate_recorded` hook, run after the moves on a recorded config (`migrate_recorded` here) and
+on the one key a user's "renamed to" line shows.
 
 Two shapes beyond a plain move: a key may become a section of its own (`model.base: framer` ->
 `model.base.name`; the old key is the one holding a plain value, not the new section), and a section whose
@@ -22,6 +25,7 @@ configs hold it) it is dropped, having nothing left to lose (a top-level section
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -72,35 +76,83 @@ def _drop_retired_sections(tree: dict[str, Any], renames: dict[str, str]) -> Non
             del parent[key]
 
 
-def renamed_key_problems(raw: dict[str, Any], renames: dict[str, str]) -> list[ConfigProblem]:
-    """One problem per old key present in a user's config, naming the key to write instead."""
+def _as_yaml(value: Any) -> str:
+    """A value as the user writes it in YAML (`null`, `true`, `'cosine'`), not as Python prints it."""
+    if value is None or isinstance(value, bool | list | dict):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _what_to_write(old: str, new: str, value: Any, schema: type[BaseModel] | None) -> tuple[str, Any]:
+    """The key and value the old one becomes, found by migrating it alone as a recorded config is: a
+    pair's unused half (`eval_every: null`) becomes `eval.every: null`, not `eval.every.steps: null`."""
+    if schema is None:
+        return new, value
+    tree = migrate_recorded(_put({}, old, value), schema)
+    node, path = tree, []
+    for part in new.split("."):
+        if not isinstance(node, dict) or part not in node:
+            break
+        node = node[part]
+        path.append(part)
+    return (".".join(path), node) if path else (new, value)
+
+
+def renamed_key_problems(
+    raw: dict[str, Any], renames: dict[str, str], schema: type[BaseModel] | None = None
+) -> list[ConfigProblem]:
+    """One problem per old key present in a user's config, naming the key (and, given the `schema`, the
+    value after any migration its section makes) to write instead."""
     problems = []
     for old, new in renames.items():
         parent, key = _lookup(raw, old)
         if _old_key_in(parent, key, old, new):
+            where, value = _what_to_write(old, new, parent[key], schema)
             problems.append(
-                ConfigProblem(old, f"was renamed to {new}; write `{new}: {parent[key]!r}` instead")
+                ConfigProblem(old, f"was renamed to {new}; write `{where}: {_as_yaml(value)}` instead")
             )
     return problems
 
 
+def _put(tree: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """`tree` with `value` at `dotted` unless a value is there already, making the missing sections."""
+    node = tree
+    *parents, last = dotted.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node.setdefault(last, value)
+    return tree
+
+
 def move_renamed_keys(raw: dict[str, Any], renames: dict[str, str]) -> dict[str, Any]:
-    """A copy of a config with every old key's value moved to its new key (an explicit new key wins):
-    what an older framer_ds recorded reads as this version's config, and a user's old key is validated
-    where it lives now (besides being reported by `renamed_key_problems`)."""
+    """A copy of a recorded config with every old key's value moved to its new key (an explicit new key
+    wins): what an older framer_ds wrote reads as this version's config."""
     moved = copy.deepcopy(raw)
     for old, new in renames.items():
         parent, key = _lookup(moved, old)
-        if not _old_key_in(parent, key, old, new):
-            continue
-        value = parent.pop(key)
-        node = moved
-        *parents, last = new.split(".")
-        for part in parents:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = node[part] = {}
-            node = child
-        node.setdefault(last, value)
+        if _old_key_in(parent, key, old, new):
+            _put(moved, new, parent.pop(key))
     _drop_retired_sections(moved, renames)
     return moved
+
+
+def _run_migration_hooks(tree: Any, schema: type[BaseModel]) -> Any:
+    """Each section's `migrate_recorded` over the part of `tree` it holds, innermost sections first."""
+    if isinstance(tree, dict):
+        tree = dict(tree)
+        for name, field in schema.model_fields.items():
+            sections = section_models(field.annotation)
+            if name in tree and sections:
+                tree[name] = _run_migration_hooks(tree[name], sections[0])
+    hook = getattr(schema, "migrate_recorded", None)
+    return tree if hook is None else hook(tree)
+
+
+def migrate_recorded(raw: dict[str, Any], schema: type[BaseModel]) -> dict[str, Any]:
+    """A config framer_ds recorded (a checkpoint's, an export's), read as this version's: renamed keys
+    moved, then the sections' own migrations for what is not a pure move (see
+    `StrictModel.migrate_recorded`)."""
+    return _run_migration_hooks(move_renamed_keys(raw, schema_renames(schema)), schema)

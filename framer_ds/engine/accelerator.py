@@ -11,7 +11,7 @@ Facts this encodes (docs/architecture.md, "Accelerate + DeepSpeed"):
   fp32). `static_graph` stays off: it saves no memory, and it forbids a graph that changes between
   iterations, which the Task protocol does not ask tasks to promise.
 - The training YAML is the single source of truth: precision and accumulation are passed explicitly,
-  and DeepSpeed's "auto" gradient clipping is filled from `train.max_grad_norm` (accelerate would
+  and DeepSpeed's "auto" gradient clipping is filled from `train.optimizer.max_grad_norm` (accelerate would
   otherwise fill 1.0).
 """
 
@@ -83,7 +83,7 @@ def build_accelerator(config: RunConfigBase, collective_timeout_s: int = 1800) -
     )
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None and plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
-        plugin.deepspeed_config["gradient_clipping"] = config.train.max_grad_norm
+        plugin.deepspeed_config["gradient_clipping"] = config.train.optimizer.max_grad_norm
     return accelerator
 
 

@@ -40,7 +40,7 @@ class TrainerState:
     batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     samples_seen: int = 0
     world_size: int = 1  # processes that wrote the checkpoint (a ZeRO checkpoint is sharded by it)
-    # The best evaluation so far (train.best_metric), so a resumed run replaces best/ only with a better
+    # The best evaluation so far (train.eval.best_metric), so a resumed run replaces best/ only with a better
     # model. Checkpoints written before these fields existed load with them unset.
     best_metric: str | None = None  # the metric and mode the value was judged by: another one on resume
     best_mode: str | None = None  # makes the stored value meaningless, and it is forgotten
@@ -90,13 +90,13 @@ def save_checkpoint(
     state: TrainerState,
     extra_artifacts: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write a checkpoint atomically on all ranks; prune to the newest `train.keep_last_checkpoints`.
+    """Write a checkpoint atomically on all ranks; prune to the newest `train.checkpoint.keep_last`.
     Call on EVERY rank.
 
     `extra_artifacts(tmp_dir)` runs on every rank before the rename (e.g. a task writes its LoRA adapter
     next to the resumable state), so it is published together with the checkpoint or not at all. The
     resolved config (what a resume compares against) and the manifest (written last) go in too."""
-    output_dir, keep_last = Path(config.output_dir), config.train.keep_last_checkpoints
+    output_dir, keep_last = Path(config.output_dir), config.train.checkpoint.keep_last
     root = checkpoints_root(output_dir)
     final = root / f"step_{state.global_step}"
     staging = staging_dir(final)  # one name every rank agrees on: each writes its shard into it

@@ -191,7 +191,7 @@ def set_aside_newer(out: Path, step: int) -> list[Path]:
 
 
 def _best_step(out: Path) -> int:
-    """The step `best/` was exported at (train.best_metric), or -1 when there is none."""
+    """The step `best/` was exported at (train.eval.best_metric), or -1 when there is none."""
     try:
         return int(json.loads((out / "best" / "best.json").read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):

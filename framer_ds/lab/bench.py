@@ -29,10 +29,8 @@ from framer_ds.storage.locations import default_cache_dir
 
 MiB = 2**20
 RUN_OVERRIDES = (
-    "train.checkpoint_every=null",
-    "train.checkpoint_every_epochs=null",
-    "train.eval_every=null",  # evaluated once, at the end: the final eval metric of the row
-    "train.eval_every_epochs=null",
+    "train.checkpoint.every=null",
+    "train.eval.every=null",  # evaluated once, at the end: the final eval metric of the row
     "log.wandb=null",  # the bench logs one summary run, not one run per cell
 )
 
@@ -127,7 +125,7 @@ def run_cell(
     gpu = torch.cuda.is_available()
     cell = out_dir / f"{strategy}_n{processes}"
     shutil.rmtree(cell, ignore_errors=True)  # a cell run again starts clean (its worker records, its run)
-    run_overrides = [*overrides, *RUN_OVERRIDES, f"train.max_steps={steps}", f"output_dir={cell / 'run'}"]
+    run_overrides = [*overrides, *RUN_OVERRIDES, f"train.length.steps={steps}", f"output_dir={cell / 'run'}"]
     env = measurement_env(default_cache_dir())
     if profile:
         env[PROFILE_ENV] = "1"

@@ -11,7 +11,7 @@ DOC_HEADER = """# Config reference
 
 Generated from the schemas by `framer-ds config docs --write docs/config.md` (a test fails when this
 file is stale). `framer-ds config show TASK` prints the same for one task in a terminal. Any key can
-be overridden on the command line with a dotted path: `framer-ds train CONFIG train.max_steps=20
+be overridden on the command line with a dotted path: `framer-ds train CONFIG train.length.steps=20
 model.lora.rank=32`. Unknown keys are errors, with a "did you mean" suggestion.
 
 Where a model or a data set comes from is a `source` section holding exactly one of `path`, `builtin`

@@ -8,6 +8,7 @@ and raised together as one `ConfigError`, each naming the key path and the fix.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from framer_ds import __version__
+from framer_ds.config.cadence import cadence_paths
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.loader import (
     apply_overrides,
@@ -24,6 +26,7 @@ from framer_ds.config.loader import (
     read_yaml_mapping,
 )
 from framer_ds.config.renames import (
+    migrate_recorded,
     move_renamed_keys,
     renamed_key_problems,
     schema_renames,
@@ -51,14 +54,11 @@ def import_task_modules(modules: Sequence[str]) -> list[ConfigProblem]:
     return problems
 
 
-def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: bool = False) -> RunConfigBase:
-    """Validate a raw mapping against the schema of the task it names; raise all problems at once.
-
-    A key renamed since is an error naming the new key in a config a user wrote; in a config framer_ds
-    `recorded` (a checkpoint's or an export's) it is moved to its new name, so old runs stay usable."""
+def _schema_of(raw: dict[str, Any]) -> tuple[type[BaseModel], list[ConfigProblem]]:
+    """The schema of the task `raw` names (after importing its `imports:`), or the shared base with
+    the problem that it names none or an unknown one."""
     problems = import_task_modules(raw.get("imports") or [])
     task_name = raw.get("task")
-    schema: type[BaseModel] = RunConfigBase
     if task_name is None:
         problems.append(
             ConfigProblem(
@@ -68,13 +68,25 @@ def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: b
     elif not isinstance(task_name, str) or not is_registered(task_name):
         problems.append(unknown_task_problem(str(task_name)))
     else:
-        schema = get_task_class(task_name).config_class()
+        return get_task_class(task_name).config_class(), problems
+    return RunConfigBase, problems
+
+
+def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: bool = False) -> RunConfigBase:
+    """Validate a raw mapping against the schema of the task it names; raise all problems at once.
+
+    A key renamed since is an error naming the new key in a config a user wrote; in a config framer_ds
+    `recorded` (a checkpoint's or an export's) it is moved to its new name, so old runs stay usable."""
+    schema, problems = _schema_of(raw)
     renames = schema_renames(schema)
-    if not recorded:
-        problems += renamed_key_problems(raw, renames)
-    # Validated at their new place either way: an old key is reported once, as renamed, and neither as
-    # unknown nor as its new section missing (`model.source` when `pretrained_model_name_or_path` is set).
-    raw = move_renamed_keys(raw, renames)
+    if recorded:
+        raw = migrate_recorded(raw, schema)
+    else:
+        problems += renamed_key_problems(raw, renames, schema)
+        # Validated at their new place: an old key is reported once, as renamed, and neither as unknown
+        # nor as its new section missing (`model.source` when `pretrained_model_name_or_path` is set).
+        # Only moved: the sections' migrations of recorded configs would hide a user's real conflict.
+        raw = move_renamed_keys(raw, renames)
     candidate = (
         raw if schema is not RunConfigBase else {k: v for k, v in raw.items() if k not in ("model", "data")}
     )
@@ -88,10 +100,14 @@ def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: b
 
 
 def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfigBase:
-    """Read, override, validate (all problems at once)."""
+    """Read, override, validate (all problems at once). An override of one unit of a Cadence replaces
+    it (`train.length.steps=4` on `length: {epochs: 3}`): the Cadences' paths come from the schema of
+    the task the overrides leave named."""
     path = Path(path)
     raw = read_yaml_mapping(path)
-    problems = apply_overrides(raw, overrides)
+    trial = copy.deepcopy(raw)
+    apply_overrides(trial, overrides)  # only to learn the task, and so the schema, they leave named
+    problems = apply_overrides(raw, overrides, whole_sections=cadence_paths(_schema_of(trial)[0]))
     try:
         config = validate_run_config(raw, str(path))
     except ConfigError as exc:
@@ -103,7 +119,12 @@ def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfi
 
 def resolved_value(config: RunConfigBase, dotted_key: str) -> str:
     """One value of a validated config as a shell script reads it: paths and scalars as text, sections
-    and lists as JSON. An unknown key gets the schema's "did you mean"."""
+    and lists as JSON. An unknown key gets the schema's "did you mean". A renamed key (a script
+    written for an older version) is told the new name."""
+    renamed = schema_renames(type(config)).get(dotted_key)
+    if renamed is not None:
+        problem = ConfigProblem(dotted_key, f"was renamed to {renamed}; ask for that key instead")
+        raise ConfigError([problem], "config get")
     value: Any = config
     for depth, part in enumerate(dotted_key.split(".")):
         fields = type(value).model_fields if isinstance(value, BaseModel) else {}

@@ -21,8 +21,8 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from framer_ds.config.cadence import Cadence
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.config.schema import TrainConfig
 from framer_ds.engine.checkpoint import (
     TrainerState,
     newest_checkpoint,
@@ -102,41 +102,25 @@ class StepContext:
         return Path(self.run.config.output_dir)
 
 
-@dataclass(frozen=True)
-class Cadence:
-    """Every `steps` optimizer steps, or every `epochs` epochs (fractions allowed), plus after the last
-    step; never when neither is set. An epoch cadence fires on the step that crosses the next multiple
-    of `epochs`, so it lands at the same point of the data on 1 or 16 processes, where a step count
-    converted once would drift by rounding (22 of 45 steps is not half an epoch)."""
-
-    steps: int | None = None
-    epochs: float | None = None
-
-    def due(self, ctx: StepContext) -> bool:
-        if self.epochs is not None:
-            before, now = ctx.epoch_before / self.epochs, ctx.epoch_now / self.epochs
-            return ctx.done or math.floor(now + 1e-9) > math.floor(before + 1e-9)
-        return bool(self.steps) and (ctx.done or ctx.state.global_step % self.steps == 0)
-
-    def describe(self, updates_per_epoch: int, otherwise: str) -> str:
-        if self.epochs is not None:
-            return f"every {self.epochs:g} epochs (about {self.epochs * updates_per_epoch:.3g} steps)"
-        if self.steps:
-            return f"every {self.steps} steps ({self.steps / updates_per_epoch:.3g} epochs)"
-        return otherwise
-
-
 class StepAction(ABC):
-    """Runs after an optimizer step when `due`; `run` happens on every rank."""
+    """Runs after an optimizer step when `due`; `run` happens on every rank.
+
+    `cadence` (framer_ds.config.cadence: steps, epochs or a fraction of the run) makes it due on that
+    cadence and after the last step; None, never on a schedule (an action may decide `due` itself)."""
 
     name: str
     counts_as_training_time = False  # most actions pause the throughput clock
 
-    def __init__(self, cadence: Cadence):
+    def __init__(self, cadence: Cadence | None):
         self.cadence = cadence
 
     def due(self, ctx: StepContext) -> bool:
-        return self.cadence.due(ctx)
+        if self.cadence is None:
+            return False
+        plan = ctx.run.plan
+        return ctx.done or self.cadence.fires(
+            ctx.state.global_step, ctx.epoch_before, ctx.epoch_now, plan.updates_per_epoch, plan.total_steps
+        )
 
     @abstractmethod
     def run(self, ctx: StepContext) -> None: ...
@@ -205,7 +189,7 @@ class Evaluate(StepAction):
     def run(self, ctx: StepContext) -> None:
         run = ctx.run
         ctx.eval_metrics = evaluate(
-            run.accelerator, run.task, run.model, run.eval_loader, run.config.train.max_eval_batches
+            run.accelerator, run.task, run.model, run.eval_loader, run.config.train.eval.max_batches
         )
         ctx.evaluated_at = ctx.state.global_step
         ctx.logger.log(ctx.eval_metrics, ctx.state.global_step)
@@ -217,7 +201,7 @@ BEST_RECORD = "best.json"
 
 
 class KeepBest(StepAction):
-    """After an evaluation that beats every earlier one on `train.best_metric` (strictly; the first
+    """After an evaluation that beats every earlier one on `train.eval.best_metric` (strictly; the first
     always does), `best/` becomes the task's export of the model as it is now, plus `best.json` (step,
     metric, value, mode), published atomically like `final/`. The best value lives in TrainerState, so
     it is in every checkpoint and a resumed run replaces `best/` only with a better model."""
@@ -225,7 +209,7 @@ class KeepBest(StepAction):
     name = "keep-best"
 
     def __init__(self, metric: str, mode: str):
-        super().__init__(Cadence())
+        super().__init__(None)
         self.metric, self.mode = metric, mode
 
     def due(self, ctx: StepContext) -> bool:
@@ -238,9 +222,9 @@ class KeepBest(StepAction):
             raise ConfigError(
                 [
                     ConfigProblem(
-                        "train.best_metric",
+                        "train.eval.best_metric",
                         f"{self.metric!r} is not among the metrics task {ctx.run.task.name!r} evaluates "
-                        f"(at step {step}: {available}); set train.best_metric to one of them",
+                        f"(at step {step}: {available}); set train.eval.best_metric to one of them",
                     )
                 ],
                 "the run's config",
@@ -343,28 +327,20 @@ class SaveCheckpoint(StepAction):
             raise Preempted(step, ctx.signal_name() or "a stop signal on another rank", path)
 
 
-def evaluation_cadence(train: TrainConfig) -> Cadence:
-    return Cadence(train.eval_every, train.eval_every_epochs)
-
-
-def checkpoint_cadence(train: TrainConfig) -> Cadence:
-    return Cadence(train.checkpoint_every, train.checkpoint_every_epochs)
-
-
 def default_actions(run: TrainingRun) -> list[StepAction]:
     """In order: the log line first (it covers the step just taken), the best model right after the
     evaluation it follows, the checkpoint last (it captures what the others did, the best value
     included, and a stop signal ends the run there)."""
     train = run.config.train
-    keep_best = (
-        [KeepBest(train.best_metric, train.best_mode or "max")] if train.best_metric is not None else []
-    )
+    best = train.eval
+    keep_best = [KeepBest(best.best_metric, best.best_mode or "max")] if best.best_metric is not None else []
+    sample_every = run.task.sample_every()
     return [
-        LogMetrics(Cadence(train.log_every)),
-        Evaluate(evaluation_cadence(train)),
+        LogMetrics(Cadence(steps=train.log_every)),
+        Evaluate(train.eval.every),
         *keep_best,
-        WriteSamples(Cadence(run.task.sample_every())),
-        SaveCheckpoint(checkpoint_cadence(train)),
+        WriteSamples(Cadence(steps=sample_every) if sample_every else None),
+        SaveCheckpoint(train.checkpoint.every),
     ]
 
 

@@ -163,8 +163,8 @@ class NonFiniteTracker:
                 + (f", {self.consecutive} steps in a row" if self.policy == "skip" else "")
                 + ". "
                 + divergence_advice(self.output_dir, self.learning_rate)
-                + " Also consider warmup (train.warmup_steps), bf16 instead of fp16, or checking the data; "
-                "train.nonfinite_loss / train.max_consecutive_nonfinite set the policy."
+                + " Also consider warmup (train.lr_schedule.warmup), bf16 instead of fp16, or checking the "
+                "data; train.nonfinite.policy / train.nonfinite.max_consecutive set the policy."
             )
 
 
@@ -173,7 +173,7 @@ def divergence_advice(output_dir: Path, learning_rate: float) -> str:
     or optimizer state (SaveCheckpoint checks before saving), so the newest one on disk is the newest
     finite one, and `train.resume=latest` picks it."""
     newest = newest_checkpoint(output_dir)
-    lower = f"train.learning_rate={learning_rate / 10:g}"
+    lower = f"train.optimizer.learning_rate={learning_rate / 10:g}"
     if newest is None:
         return (
             f"There is no checkpoint in {output_dir / 'checkpoints'} to resume from; start again with a "

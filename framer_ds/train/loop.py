@@ -122,7 +122,7 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
             raise NonFiniteWeightsError(
                 f"after the last optimizer step ({state.global_step}) {finite.describe()}; final/ was "
                 "not exported from them. "
-                + divergence_advice(Path(config.output_dir), config.train.learning_rate)
+                + divergence_advice(Path(config.output_dir), config.train.optimizer.learning_rate)
             )
     finally:
         logger.close()
@@ -157,10 +157,10 @@ def _train(
     )
     actions = default_actions(run)
     nonfinite = NonFiniteTracker(
-        train_cfg.nonfinite_loss,
-        train_cfg.max_consecutive_nonfinite,
+        train_cfg.nonfinite.policy,
+        train_cfg.nonfinite.max_consecutive,
         Path(run.config.output_dir),
-        train_cfg.learning_rate,
+        train_cfg.optimizer.learning_rate,
     )
     step = OptimizerStep(run, lambda: stop.requested)
     run.model.train()

@@ -81,14 +81,14 @@ def training_loaders(
 
 def _check_best_metric(task: Task, train_cfg: TrainConfig, eval_set: Dataset | None) -> None:
     """A best checkpoint needs evaluations: refused before the slow phases, not at the first eval."""
-    if eval_set is None and train_cfg.best_metric is not None:
+    if eval_set is None and train_cfg.eval.best_metric is not None:
         raise ConfigError(
             [
                 ConfigProblem(
-                    "train.best_metric",
-                    f"is {train_cfg.best_metric!r} but task {task.name!r} built no eval set, so there is no "
-                    "best evaluation to keep: give the task validation data (see its data options) or set "
-                    "train.best_metric=null",
+                    "train.eval.best_metric",
+                    f"is {train_cfg.eval.best_metric!r} but task {task.name!r} built no eval set, so there "
+                    "is no best evaluation to keep: give the task validation data (see its data options) or "
+                    "set train.eval.best_metric=null",
                 )
             ],
             "the run's config",
@@ -112,15 +112,15 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = torch.optim.AdamW(
         trainable,
-        lr=train_cfg.learning_rate,
-        betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
-        eps=train_cfg.adam_epsilon,
-        weight_decay=train_cfg.weight_decay,
+        lr=train_cfg.optimizer.learning_rate,
+        betas=(train_cfg.optimizer.beta1, train_cfg.optimizer.beta2),
+        eps=train_cfg.optimizer.epsilon,
+        weight_decay=train_cfg.optimizer.weight_decay,
         fused=fused_adam_supported(accelerator.device, trainable),
     )
     train_loader, eval_loader = training_loaders(task, train_cfg, train_set, eval_set)
     plan = plan_steps(len(train_set), train_cfg, accelerator.num_processes)
-    scheduler = build_lr_scheduler(train_cfg.lr_scheduler, optimizer, plan.warmup_steps, plan.total_steps)
+    scheduler = build_lr_scheduler(train_cfg.lr_schedule.name, optimizer, plan.warmup_steps, plan.total_steps)
     if eval_loader is not None:
         model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
             model, optimizer, train_loader, eval_loader, scheduler

@@ -1,6 +1,6 @@
-"""How many optimizer steps a run takes, computed before `prepare` so the LR schedule can be built;
-warmup given as a share of the steps is resolved here, once the data and the number of processes
-are known, so a config means the same on 1, 2 or 16 processes."""
+"""How many optimizer steps a run takes, computed before `prepare` so the LR schedule can be built:
+the run's length and its warmup (Cadences: steps, epochs or a share of the run) are resolved here, once
+the data and the number of processes are known, so a config means the same on 1, 2 or 16 processes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class StepPlan:
     updates_per_epoch: int  # optimizer steps per epoch
     total_steps: int
     global_batch: int  # samples per optimizer step across all ranks
-    warmup_steps: int = 0  # from train.warmup_steps or train.warmup_ratio
+    warmup_steps: int = 0  # train.lr_schedule.warmup in optimizer steps
 
 
 def plan_steps(num_samples: int, train: TrainConfig, world_size: int) -> StepPlan:
@@ -35,12 +35,12 @@ def plan_steps(num_samples: int, train: TrainConfig, world_size: int) -> StepPla
             ]
         )
     updates_per_epoch = math.ceil(batches_per_epoch / train.gradient_accumulation_steps)
-    total = train.max_steps if train.max_steps is not None else train.epochs * updates_per_epoch
-    warmup = math.ceil(total * train.warmup_ratio) if train.warmup_ratio is not None else train.warmup_steps
+    total = train.length.resolve(updates_per_epoch)
+    warmup = train.lr_schedule.warmup
     return StepPlan(
         batches_per_epoch,
         updates_per_epoch,
         total,
         train.global_batch_size(world_size),
-        warmup_steps=warmup,
+        warmup_steps=warmup.resolve(updates_per_epoch, total) if warmup is not None else 0,
     )

@@ -140,7 +140,7 @@ class OptimizerStep:
                 elif boundary and uses_deepspeed(accelerator):
                     self._close_poisoned_deepspeed_window(step)
                 if boundary and not poisoned:
-                    max_norm = run.config.train.max_grad_norm
+                    max_norm = run.config.train.optimizer.max_grad_norm
                     if max_norm > 0:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
                     run.optimizer.step()

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from framer_ds.config.cadence import Cadence
 from framer_ds.config.schema import TrainConfig
 from framer_ds.engine.accelerator import describe_strategy
 from framer_ds.engine.checkpoint import TrainerState
-from framer_ds.train.actions import checkpoint_cadence, evaluation_cadence
 from framer_ds.train.run import TrainingRun
+from framer_ds.train.schedule import StepPlan
 
 
 def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None) -> dict[str, Any]:
@@ -33,10 +34,10 @@ def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None
         "total parameters": run.total_parameters,
         **({"DeepSpeed buffers": run.zero_buffers.describe()} if run.zero_buffers is not None else {}),
         "warmup steps": plan.warmup_steps,
-        "evaluate": evaluation_cadence(train).describe(plan.updates_per_epoch, "at the end")
+        "evaluate": _cadence(train.eval.every, plan, "at the end")
         if run.eval_loader is not None
         else "never (no eval set)",
-        "checkpoint": checkpoint_cadence(train).describe(plan.updates_per_epoch, "only on a stop signal"),
+        "checkpoint": _cadence(train.checkpoint.every, plan, "only on a stop signal"),
         "keep best": _best_tracking(train, state),
         "start": f"step {state.global_step} from {resumed_from}"
         if resumed_from is not None
@@ -45,11 +46,16 @@ def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None
     return summary
 
 
+def _cadence(cadence: Cadence | None, plan: StepPlan, otherwise: str) -> str:
+    return otherwise if cadence is None else cadence.describe(plan.updates_per_epoch, plan.total_steps)
+
+
 def _best_tracking(train: TrainConfig, state: TrainerState) -> str:
-    if train.best_metric is None:
-        return "off (train.best_metric not set)"
-    tracked = f"best/ at the {'highest' if train.best_mode == 'max' else 'lowest'} {train.best_metric}"
-    judged_alike = (state.best_metric, state.best_mode) == (train.best_metric, train.best_mode)
+    best = train.eval
+    if best.best_metric is None:
+        return "off (train.eval.best_metric not set)"
+    tracked = f"best/ at the {'highest' if best.best_mode == 'max' else 'lowest'} {best.best_metric}"
+    judged_alike = (state.best_metric, state.best_mode) == (best.best_metric, best.best_mode)
     if judged_alike and state.best_value is not None:
         return f"{tracked} (so far {state.best_value:.6g} at step {state.best_step})"
     return tracked

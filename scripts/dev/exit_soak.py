@@ -55,7 +55,12 @@ def _write_case(directory: Path, trackers: str, max_steps: int) -> tuple[Path, P
         "model": {"lora_rank": 4},
         "data": {},
         "log": log,
-        "train": {"seed": 7, "max_steps": max_steps, "micro_batch_size": 8, "learning_rate": 1e-2},
+        "train": {
+            "seed": 7,
+            "length": {"steps": max_steps},
+            "micro_batch_size": 8,
+            "optimizer": {"learning_rate": 1e-2},
+        },
     }
     config_path = directory / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))

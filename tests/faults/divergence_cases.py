@@ -28,9 +28,11 @@ def nonfinite_tensors(checkpoint: Path) -> int:
     return sum(not bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
-def diverging(tmp: Path, name: str = "run", task_data: dict | None = None, **train) -> tuple[Path, Path]:
+def diverging(
+    tmp: Path, name: str = "run", task_data: dict | None = None, train: dict | None = None
+) -> tuple[Path, Path]:
     data = {**SMALL["data"], "bad_grad_after_batches": 2 * POISONED_STEP - 1, **(task_data or {})}
-    settings = {"max_steps": 12, "checkpoint_every": 2, "keep_last_checkpoints": 2, **train}
+    settings = {"length.steps": 12, "checkpoint.every.steps": 2, "checkpoint.keep_last": 2, **(train or {})}
     return mlp(tmp, name, model=SMALL["model"], data=data, train=settings)
 
 
@@ -52,12 +54,12 @@ def divergence_keeps_the_finite_checkpoints(tmp: Path) -> str:
     assert [nonfinite_tensors(p) for p in kept] == [0, 0]
     newest = run / "checkpoints" / "step_6"
     assert f"The newest finite checkpoint is {newest} (step 6" in ran.err, ran.err[-2000:]
-    assert "train.resume=latest train.learning_rate=0.0001" in ran.err, ran.err[-2000:]
+    assert "train.resume=latest train.optimizer.learning_rate=0.0001" in ran.err, ran.err[-2000:]
     resumed = cli(
         "train",
         str(config),
         "train.resume=latest",
-        "train.learning_rate=1e-4",
+        "train.optimizer.learning_rate=1e-4",
         "data.bad_grad_after_batches=0",  # the "fix" that lets this resume train on
         "train.resume_allow_changes=[data.bad_grad_after_batches]",
     )
@@ -76,10 +78,12 @@ def divergence_never_exports_best_or_final(tmp: Path) -> str:
     config, run = diverging(
         tmp,
         task_data={"eval_script": [1.0, 2.0, 3.0, 4.0]},
-        max_steps=POISONED_STEP,
-        eval_every=2,
-        best_metric="eval/score",
-        best_mode="max",
+        train={
+            "length.steps": POISONED_STEP,
+            "eval.every.steps": 2,
+            "eval.best_metric": "eval/score",
+            "eval.best_mode": "max",
+        },
     )
     ran = cli("train", str(config), "task=test_scripted_eval")
     assert ran.rc == 1, (ran.rc, ran.err[-2000:])
@@ -122,7 +126,7 @@ def divergence_under_ddp_skips_the_save_on_every_rank(tmp: Path) -> str:
     "finishes and final/ is exported from its finite weights",
 )
 def an_overflowing_optimizer_state_is_not_checkpointed(tmp: Path) -> str:
-    config, run = diverging(tmp, task_data={"bad_grad": "huge"}, max_grad_norm=0.0)
+    config, run = diverging(tmp, task_data={"bad_grad": "huge"}, train={"optimizer.max_grad_norm": 0.0})
     ran = cli("train", str(config))
     assert ran.rc == 0, ran.err[-2000:]
     for step in (8, 10, 12):

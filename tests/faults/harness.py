@@ -103,6 +103,6 @@ def ddp_train_cmd(config: Path, *overrides: str) -> list[str]:
 
 def run_with_checkpoints_at_4_and_8(tmp: Path) -> tuple[Path, Path, Path, Path]:
     """(config, run, step_4, step_8): a finished 8-step run that checkpointed at steps 4 and 8."""
-    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 4, "keep_last_checkpoints": 3})
+    config, run = mlp(tmp, train={"length.steps": 8, "checkpoint.every.steps": 4, "checkpoint.keep_last": 3})
     assert cli("train", str(config)).rc == 0
     return config, run, run / "checkpoints" / "step_4", run / "checkpoints" / "step_8"

@@ -31,7 +31,7 @@ from conftest import (
 )
 def a_second_run_is_refused(tmp: Path) -> str:
     # ~10 s of training: the second run must start while the first still runs
-    config, run = mlp(tmp, data={"sleep_per_batch_s": 0.3}, train={"checkpoint_every": 4})
+    config, run = mlp(tmp, data={"sleep_per_batch_s": 0.3}, train={"checkpoint.every.steps": 4})
     first = start_process(framer_ds("train", str(config)))
     try:
         wait_for_step(run, 1, first)
@@ -99,7 +99,7 @@ def a_run_dir_that_is_not_shared_is_refused(tmp: Path) -> str:
 def a_signal_during_start_up_can_be_requeued(tmp: Path) -> str:
     from framer_ds.train.faults import EXIT_PREEMPTED
 
-    config, run = mlp(tmp, data={"startup_sleep_s": 60.0}, train={"max_steps": 4})
+    config, run = mlp(tmp, data={"startup_sleep_s": 60.0}, train={"length.steps": 4})
     proc = start_process(framer_ds("train", str(config), "train.resume=latest"))
     for line in proc.stdout:
         if "building datasets" in line:

@@ -1,5 +1,5 @@
 """Fault cases: what a run does with bad input and interruptions around its start (non-finite values,
-signals in the first seconds, resuming past max_steps, a checkpoint without its manifest, a config
+signals in the first seconds, resuming past length.steps, a checkpoint without its manifest, a config
 error found during start-up, an old preemption marker). The heartbeat-lock race is in test_run_lock.py."""
 
 from __future__ import annotations
@@ -18,18 +18,20 @@ from framer_ds.train.preemption import EXIT_PREEMPTED, PREEMPTED_MARKER
 
 
 @case(
-    "train.adam_epsilon=1e400 (reads as inf) and train.learning_rate=.nan",
+    "train.optimizer.epsilon=1e400 (reads as inf) and train.optimizer.learning_rate=.nan",
     "both refused together as not finite, before anything is written (inf used to pass, train nothing "
     "and exit 0)",
 )
 def non_finite_floats_are_refused(tmp: Path) -> str:
     config, run = mlp(tmp)
-    bad = cli("train", str(config), "train.adam_epsilon=1e400", "train.learning_rate=.nan")
+    bad = cli("train", str(config), "train.optimizer.epsilon=1e400", "train.optimizer.learning_rate=.nan")
     assert bad.rc == 1, bad.err[-2000:]
-    for key in ("train.adam_epsilon: got inf", "train.learning_rate: got nan"):
+    for key in ("train.optimizer.epsilon: got inf", "train.optimizer.learning_rate: got nan"):
         assert key in bad.err and "must be a finite number" in bad.err, bad.err
     assert not run.exists()
-    return "exit 1, '2 problem(s)': adam_epsilon got inf, learning_rate got nan: must be a finite number"
+    return (
+        "exit 1, '2 problem(s)': optimizer.epsilon got inf, optimizer.learning_rate got nan: must be finite"
+    )
 
 
 # --- resuming -----------------------------------------------------------------------------------------
@@ -43,9 +45,9 @@ def non_finite_floats_are_refused(tmp: Path) -> str:
 def a_checkpoint_without_its_manifest_is_skipped(tmp: Path) -> str:
     config, run, step_4, step_8 = run_with_checkpoints_at_4_and_8(tmp)
     (step_8 / "manifest.json").unlink()
-    explicit = cli("train", str(config), f"train.resume={step_8}", "train.max_steps=10")
+    explicit = cli("train", str(config), f"train.resume={step_8}", "train.length.steps=10")
     assert explicit.rc == 1 and "manifest.json is missing" in explicit.err, explicit.err[-2000:]
-    latest = cli("train", str(config), "train.resume=latest", "train.max_steps=10")
+    latest = cli("train", str(config), "train.resume=latest", "train.length.steps=10")
     assert latest.rc == 0, latest.err[-3000:]
     skipped = next(line for line in latest.out.splitlines() if "skipped step_8" in line)
     assert "manifest.json is missing" in skipped and f"resumed from {step_4}" in latest.out, latest.out
@@ -63,18 +65,18 @@ def _snapshot(run: Path) -> dict[str, bytes]:
 
 
 @case(
-    "resume=latest from a step_8 checkpoint with train.max_steps=6",
+    "resume=latest from a step_8 checkpoint with train.length.steps=6",
     "refused naming both numbers and the fix; nothing in the run directory changes (it used to export "
     "final/ labelled as trained to step 6 from step-8 weights)",
 )
 def resuming_past_max_steps_is_refused(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 4})
+    config, run = mlp(tmp, train={"length.steps": 8, "checkpoint.every.steps": 4})
     assert cli("train", str(config)).rc == 0
     before = _snapshot(run)
-    short = cli("train", str(config), "train.resume=latest", "train.max_steps=6")
+    short = cli("train", str(config), "train.resume=latest", "train.length.steps=6")
     assert short.rc == 1, short.err[-2000:]
-    message = next(line for line in short.err.splitlines() if "train.max_steps" in line)
-    assert "is 6" in message and "step 8" in message and "Set train.max_steps to 8 or more" in message
+    message = next(line for line in short.err.splitlines() if "train.length.steps" in line)
+    assert "is 6" in message and "step 8" in message and "Set train.length.steps to 8 or more" in message
     assert _snapshot(run) == before
     return f"exit 1, '{message.strip().removeprefix('- ')[:90]}...'; run directory unchanged"
 
@@ -103,12 +105,12 @@ def a_late_config_error_leaves_no_run_behind(tmp: Path) -> str:
     "the Slurm script requeued it)",
 )
 def a_resumed_run_clears_the_old_preemption_marker(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 4})
+    config, run = mlp(tmp, train={"length.steps": 8, "checkpoint.every.steps": 4})
     assert cli("train", str(config)).rc == 0
     step_8 = run / "checkpoints" / "step_8"
     for resume in (str(step_8), "latest"):
         (run / PREEMPTED_MARKER).write_text(json.dumps({"step": 8, "signal": "SIGTERM"}))
-        resumed = cli("train", str(config), f"train.resume={resume}", "train.max_steps=10")
+        resumed = cli("train", str(config), f"train.resume={resume}", "train.length.steps=10")
         assert resumed.rc == 0, resumed.err[-2000:]
         assert not (run / PREEMPTED_MARKER).exists(), resume
     return "train.resume=PATH and train.resume=latest both removed preempted.json"
@@ -138,7 +140,9 @@ def a_signal_at_any_moment_of_start_up_is_a_preemption(tmp: Path) -> str:
     delays = {0.05: signal.SIGTERM, 0.3: signal.SIGUSR1, 1.0: signal.SIGTERM, 2.0: signal.SIGUSR1}
     runs, procs, sent = {}, {}, {}
     for delay in delays:  # all at once: four start-ups on a busy machine, as a requeue storm would be
-        config, runs[delay] = mlp(tmp, f"run_{delay}", data={"startup_sleep_s": 60.0}, train={"max_steps": 4})
+        config, runs[delay] = mlp(
+            tmp, f"run_{delay}", data={"startup_sleep_s": 60.0}, train={"length.steps": 4}
+        )
         procs[delay] = (
             start_process(framer_ds("train", str(config), "train.resume=latest")),
             time.monotonic(),

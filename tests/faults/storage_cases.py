@@ -83,7 +83,7 @@ def tmpfs(directory: Path, options: str) -> Iterator[Path]:
     "traceback; step_1 still verifies, the partial step_2 is gone, and after space is freed the run resumes",
 )
 def a_full_disk_keeps_the_previous_checkpoint(tmp: Path) -> str:
-    config, _ = mlp(tmp, train={"max_steps": 2, "checkpoint_every": 1})
+    config, _ = mlp(tmp, train={"length.steps": 2, "checkpoint.every.steps": 1})
     with tmpfs(tmp / "disk", "size=4m") as disk:
         run = disk / "run"
         full = cli("train", str(config), f"output_dir={run}")
@@ -107,7 +107,7 @@ def a_full_disk_keeps_the_previous_checkpoint(tmp: Path) -> str:
     "one line naming output_dir and the reason, exit 1, no traceback (was FileExistsError / OSError)",
 )
 def an_unwritable_output_dir_is_one_line(tmp: Path) -> str:
-    config, _ = mlp(tmp, train={"max_steps": 1})
+    config, _ = mlp(tmp, train={"length.steps": 1})
     (tmp / "dangling").symlink_to(tmp / "unmounted")
     dangling = cli("train", str(config), f"output_dir={tmp / 'dangling'}")
     with tmpfs(tmp / "ro", "ro,size=1m") as read_only:
@@ -146,7 +146,7 @@ def broken_videos_are_named_at_start(tmp: Path) -> str:
         "data.source.builtin=null",
         f"data.source.path={root}",
     ]
-    argv += ["train.max_steps=1", "train.eval_every=null", "train.checkpoint_every=null"]
+    argv += ["train.length.steps=1", "train.eval.every=null", "train.checkpoint.every=null"]
     argv += ["model.samples.every=0", "data.val_fraction=0"]
     refused = cli(*argv)
     assert refused.rc == 1 and "2 of 6 video files (33%) are unusable" in refused.err, refused.err[-3000:]
@@ -173,10 +173,12 @@ def broken_videos_are_named_at_start(tmp: Path) -> str:
     multi_process=True,
 )
 def a_zero2_checkpoint_resumed_under_zero3(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 2, "checkpoint_every": 2})
+    config, run = mlp(tmp, train={"length.steps": 2, "checkpoint.every.steps": 2})
     zero2 = launch(strategy_launch_args("zero2", tmp), config)
     assert zero2.returncode == 0, zero2.stderr[-3000:]
-    resumed = launch(strategy_launch_args("zero3", tmp), config, "train.resume=latest", "train.max_steps=4")
+    resumed = launch(
+        strategy_launch_args("zero3", tmp), config, "train.resume=latest", "train.length.steps=4"
+    )
     assert resumed.returncode != 0, resumed.stdout[-2000:]
     lines = [line for line in resumed.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 2 and lines[0] == lines[1], resumed.stderr[-4000:]  # one line per rank

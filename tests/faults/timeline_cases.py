@@ -16,19 +16,19 @@ from conftest import (
 
 
 @case(
-    "resume from step_6 while step_8 exists, checkpoint every step, keep_last_checkpoints=1",
+    "resume from step_6 while step_8 exists, checkpoint every step, checkpoint.keep_last=1",
     "the new step_7 is kept; the abandoned step_7, step_8 and final/ move to checkpoints/abandoned/; "
     "`latest` picks the new step_7",
 )
 def rollback_resume_keeps_the_new_timeline(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 8, "checkpoint_every": 1, "keep_last_checkpoints": 10})
+    config, run = mlp(tmp, train={"length.steps": 8, "checkpoint.every.steps": 1, "checkpoint.keep_last": 10})
     assert cli("train", str(config)).rc == 0
     resumed = cli(
         "train",
         str(config),
         f"train.resume={run}/checkpoints/step_6",
-        "train.max_steps=7",
-        "train.keep_last_checkpoints=1",
+        "train.length.steps=7",
+        "train.checkpoint.keep_last=1",
     )
     assert resumed.rc == 0, resumed.err[-3000:]
     kept = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
@@ -53,7 +53,7 @@ def rollback_resume_keeps_the_new_timeline(tmp: Path) -> str:
 def replacing_final_never_leaves_neither(tmp: Path) -> str:
     from framer_ds.storage import atomic
 
-    config, run = mlp(tmp, train={"max_steps": 4, "checkpoint_every": 2})
+    config, run = mlp(tmp, train={"length.steps": 4, "checkpoint.every.steps": 2})
     assert cli("train", str(config)).rc == 0
     old_weights = (run / "final" / "model.safetensors").read_bytes()
     real_replace = os.replace
@@ -65,13 +65,13 @@ def replacing_final_never_leaves_neither(tmp: Path) -> str:
 
     atomic.os.replace = crash_when_publishing_final
     try:
-        crashed = cli("train", str(config), "train.resume=latest", "train.max_steps=6")
+        crashed = cli("train", str(config), "train.resume=latest", "train.length.steps=6")
     finally:
         atomic.os.replace = real_replace
     assert crashed.rc != 0
     (aside,) = run.glob(".old_final.*")
     assert (aside / "model.safetensors").read_bytes() == old_weights and not (run / "final").exists()
-    again = cli("train", str(config), "train.resume=latest", "train.max_steps=6")
+    again = cli("train", str(config), "train.resume=latest", "train.length.steps=6")
     assert again.rc == 0, again.err[-3000:]
     assert (run / "final" / "model.safetensors").is_file() and not list(run.glob(".old_final.*"))
     return f"after the crash: {aside.name}/ holds the old weights; the rerun published final/ and removed it"
@@ -87,12 +87,12 @@ def damaged_checkpoints_are_named_and_skipped(tmp: Path) -> str:
     weights = step_8 / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     (step_4 / "evil.pkl").write_bytes(b"not written by the run")
-    explicit = cli("train", str(config), f"train.resume={step_8}", "train.max_steps=10")
+    explicit = cli("train", str(config), f"train.resume={step_8}", "train.length.steps=10")
     assert explicit.rc == 1 and "model.safetensors" in explicit.err and "truncated" in explicit.err
-    extra = cli("train", str(config), f"train.resume={step_4}", "train.max_steps=10")
+    extra = cli("train", str(config), f"train.resume={step_4}", "train.length.steps=10")
     assert extra.rc == 1 and "evil.pkl is not in the manifest" in extra.err, extra.err[-2000:]
     (step_4 / "evil.pkl").unlink()
-    latest = cli("train", str(config), "train.resume=latest", "train.max_steps=10")
+    latest = cli("train", str(config), "train.resume=latest", "train.length.steps=10")
     assert latest.rc == 0, latest.err[-3000:]
     assert "skipped step_8" in latest.out and f"resumed from {step_4}" in latest.out
     assert train_steps(run) == list(range(1, 11))
@@ -109,7 +109,7 @@ def damaged_checkpoints_are_named_and_skipped(tmp: Path) -> str:
 def metrics_rewrite_is_atomic(tmp: Path) -> str:
     from framer_ds.storage import atomic
 
-    config, run = mlp(tmp, train={"max_steps": 4, "checkpoint_every": 2, "keep_last_checkpoints": 3})
+    config, run = mlp(tmp, train={"length.steps": 4, "checkpoint.every.steps": 2, "checkpoint.keep_last": 3})
     assert cli("train", str(config)).rc == 0
     before = (run / "metrics.jsonl").read_text()
     real_fsync = atomic.fsync_path
@@ -136,20 +136,22 @@ def metrics_rewrite_is_atomic(tmp: Path) -> str:
 
 
 @case(
-    "resume with train.learning_rate halved",
+    "resume with train.optimizer.learning_rate halved",
     "applied (the LR curve continues at half) and logged as 'changed on resume'; config.yaml says so",
 )
 def a_new_learning_rate_is_applied(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 6, "checkpoint_every": 2, "keep_last_checkpoints": 5})
+    config, run = mlp(tmp, train={"length.steps": 6, "checkpoint.every.steps": 2, "checkpoint.keep_last": 5})
     assert cli("train", str(config)).rc == 0
     original = {line["step"]: line["lr"] for line in read_metrics(run)[0]}
-    resumed = cli("train", str(config), f"train.resume={run}/checkpoints/step_2", "train.learning_rate=5e-4")
+    resumed = cli(
+        "train", str(config), f"train.resume={run}/checkpoints/step_2", "train.optimizer.learning_rate=5e-4"
+    )
     assert resumed.rc == 0, resumed.err[-3000:]
-    assert "changed on resume: train.learning_rate: 0.001 -> 0.0005" in resumed.out
+    assert "changed on resume: train.optimizer.learning_rate: 0.001 -> 0.0005" in resumed.out
     after = {line["step"]: line["lr"] for line in read_metrics(run)[0]}
     for step in (3, 4, 5, 6):
         assert abs(after[step] - original[step] / 2) <= 1e-12, (step, after[step], original[step])
-    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["learning_rate"] == 5e-4
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["optimizer"]["learning_rate"] == 5e-4
     return f"lr at step 3: {original[3]:.3g} before, {after[3]:.3g} after; logged; config.yaml 0.0005"
 
 
@@ -158,7 +160,7 @@ def a_new_learning_rate_is_applied(tmp: Path) -> str:
     "refused before training, both differences listed at once; nothing in the run directory changes",
 )
 def a_breaking_change_is_refused(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 4, "checkpoint_every": 2})
+    config, run = mlp(tmp, train={"length.steps": 4, "checkpoint.every.steps": 2})
     assert cli("train", str(config)).rc == 0
     before = (run / "metrics.jsonl").read_text()
     refused = cli(
@@ -174,7 +176,7 @@ def a_breaking_change_is_refused(tmp: Path) -> str:
         "train.resume=latest",
         "data.num_samples=256",
         "train.resume_allow_changes=[data.num_samples]",
-        "train.max_steps=5",
+        "train.length.steps=5",
     )
     assert allowed.rc == 0, allowed.err[-2000:]
     return "exit 1 listing train.micro_batch_size 8 -> 4 and data.num_samples 512 -> 256; allowed when listed"
@@ -185,10 +187,10 @@ def a_breaking_change_is_refused(tmp: Path) -> str:
     "the run resumes and warns that it is no longer exactly reproducible",
 )
 def missing_rng_state_resumes_with_a_warning(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 4, "checkpoint_every": 2})
+    config, run = mlp(tmp, train={"length.steps": 4, "checkpoint.every.steps": 2})
     assert cli("train", str(config)).rc == 0
     (run / "checkpoints" / "step_4" / "random_states_0.pkl").unlink()
-    resumed = cli("train", str(config), "train.resume=latest", "train.max_steps=6")
+    resumed = cli("train", str(config), "train.resume=latest", "train.length.steps=6")
     assert resumed.rc == 0, resumed.err[-3000:]
     assert "random_states_0.pkl is missing" in resumed.out and "no longer exactly reproducible" in resumed.out
     return "resumed at step 4 with: 'random_states_0.pkl is missing: ... no longer exactly reproducible'"

@@ -13,7 +13,7 @@ from faults.harness import case, cli, environment, mlp
     "none of them survive: the new run shows only its own curves and markers",
 )
 def overwrite_leaves_nothing_of_the_old_run(tmp: Path) -> str:
-    config, run = mlp(tmp, train={"max_steps": 2}, log={"tensorboard": True})
+    config, run = mlp(tmp, train={"length.steps": 2}, log={"tensorboard": True})
     assert cli("train", str(config)).rc == 0
     (run / "preempted.json").write_text("{}")
     (run / "wandb" / "offline-run-old").mkdir(parents=True)
@@ -32,7 +32,7 @@ def overwrite_leaves_nothing_of_the_old_run(tmp: Path) -> str:
     "~ becomes the home directory (no directory named '~'); the unset variable is named in an error",
 )
 def paths_expand_home_and_variables(tmp: Path) -> str:
-    config, _ = mlp(tmp, train={"max_steps": 1})
+    config, _ = mlp(tmp, train={"length.steps": 1})
     with environment(HOME=str(tmp / "home")):
         ran = cli("train", str(config), "output_dir=~/runs/x")
     assert ran.rc == 0, ran.err[-2000:]
@@ -43,17 +43,19 @@ def paths_expand_home_and_variables(tmp: Path) -> str:
 
 
 @case(
-    "train.max_steps=true, train.epochs=2.5, log.tensorboard=1",
+    "train.length.steps=true, train.micro_batch_size=2.5, log.tensorboard=1",
     "three type errors reported together; none silently coerced (true used to become 1)",
 )
 def wrong_types_are_errors(tmp: Path) -> str:
     config, _ = mlp(tmp)
-    bad = cli("validate", str(config), "train.max_steps=true", "train.epochs=2.5", "log.tensorboard=1")
+    bad = cli(
+        "validate", str(config), "train.length.steps=true", "train.micro_batch_size=2.5", "log.tensorboard=1"
+    )
     assert bad.rc == 1
-    for key in ("train.max_steps", "train.epochs", "log.tensorboard"):
+    for key in ("train.length.steps", "train.micro_batch_size", "log.tensorboard"):
         assert f"{key}: got" in bad.err, bad.err
     assert "3 problem(s)" in bad.err
-    return "exit 1, '3 problem(s)': train.max_steps, train.epochs, log.tensorboard"
+    return "exit 1, '3 problem(s)': train.length.steps, train.micro_batch_size, log.tensorboard"
 
 
 @case(

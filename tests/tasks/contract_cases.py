@@ -27,16 +27,14 @@ def run_overrides(
     """The shared `train:` keys of every contract run: `steps` optimizer steps, a checkpoint every
     `checkpoint_every` steps (all of them kept, so a run can be cut back to its first checkpoint), a
     loss line every step, one evaluation (at the end, which the loop always does when there is an eval
-    set), `workers` DataLoader workers, and `train.resume=latest` when `resume`. The epoch cadences of
-    a config (quickstart's) are cleared: a cadence is given in steps or in epochs, not both."""
+    set), `workers` DataLoader workers, and `train.resume=latest` when `resume`. Setting a cadence's
+    steps replaces a config's epochs (quickstart's)."""
     return [
         f"output_dir={output_dir}",
-        f"train.max_steps={steps}",
-        f"train.checkpoint_every={checkpoint_every}",
-        "train.checkpoint_every_epochs=null",
-        f"train.keep_last_checkpoints={steps}",
-        "train.eval_every=null",
-        "train.eval_every_epochs=null",
+        f"train.length.steps={steps}",
+        f"train.checkpoint.every.steps={checkpoint_every}",
+        f"train.checkpoint.keep_last={steps}",
+        "train.eval.every=null",
         "train.log_every=1",
         f"train.num_workers={workers}",
         *(["train.resume=latest"] if resume else []),

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.loader import parse_yaml
-from framer_ds.config.renames import move_renamed_keys, schema_renames
+from framer_ds.config.renames import migrate_recorded
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.checkpoint import CHECKPOINT_CONFIG, TrainerState
 
@@ -26,7 +26,7 @@ FROZEN = ("task", "model", "data", "train.micro_batch_size", "train.seed", "trai
 NOT_COMPARED = ("output_dir", "overwrite_output_dir", "train.resume", "train.resume_allow_changes", "imports")
 ACCUMULATION = "train.gradient_accumulation_steps"
 # What the best value in the checkpoint was judged by: another metric or mode makes it meaningless.
-BEST_TRACKING = ("train.best_metric", "train.best_mode")
+BEST_TRACKING = ("train.eval.best_metric", "train.eval.best_mode")
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -44,10 +44,11 @@ def _under(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
 
 
 def _recorded_config(path: Path, schema: type[RunConfigBase]) -> dict[str, Any]:
-    """The checkpoint's config as this version reads it: renamed keys moved, then validated by the run's
-    schema, so that a migration which is more than a move compares equal (an old `config: {}` beside a
-    model path is no `source.config`); as moved where it no longer validates (its differences are listed)."""
-    moved = move_renamed_keys(parse_yaml(path.read_text()) or {}, schema_renames(schema))
+    """The checkpoint's config as this version reads it: renamed keys moved and migrated, then
+    validated by the run's schema, so that a migration which is more than a move compares equal (an old
+    `config: {}` beside a model path is no `source.config`); as moved where it no longer validates (its
+    differences are listed)."""
+    moved = migrate_recorded(parse_yaml(path.read_text()) or {}, schema)
     try:
         return schema.model_validate(moved).model_dump(mode="json")
     except ValidationError:
@@ -106,23 +107,24 @@ def resume_changes(
 
 
 def _past_max_steps(checkpoint: Path, config: RunConfigBase, state: TrainerState) -> list[ConfigProblem]:
-    """A checkpoint already past `train.max_steps` cannot be trained back to it: the run used to export
-    final/ as if trained to max_steps from weights trained further. Checked before anything is written."""
-    limit = config.train.max_steps
+    """A checkpoint already past `train.length.steps` cannot be trained back to it: the run used to
+    export final/ as if trained to that length from weights trained further. Checked before anything is
+    written."""
+    limit = config.train.length.steps
     if limit is None or state.global_step <= limit:
         return []
     return [
         ConfigProblem(
-            "train.max_steps",
+            "train.length.steps",
             f"is {limit} but {checkpoint} is at step {state.global_step}: a resumed run cannot end before "
-            f"its checkpoint. Set train.max_steps to {state.global_step} or more, or resume from a "
+            f"its checkpoint. Set train.length.steps to {state.global_step} or more, or resume from a "
             f"checkpoint at step {limit} or earlier (train.resume=PATH; output_dir/checkpoints/step_N)",
         )
     ]
 
 
 def _best_tracking_note(config: RunConfigBase) -> str:
-    if config.train.best_metric is None:
+    if config.train.eval.best_metric is None:
         return " (best/ stays as it is and is no longer updated)"
     return (
         " (the best value in the checkpoint was judged otherwise: best/ is replaced at the next evaluation)"

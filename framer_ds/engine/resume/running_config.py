@@ -24,14 +24,14 @@ def apply_running_config(
     live = getattr(optimizer, "optimizer", optimizer)
     for group in live.param_groups:
         group.update(
-            weight_decay=train.weight_decay,
-            betas=(train.adam_beta1, train.adam_beta2),
-            eps=train.adam_epsilon,
+            weight_decay=train.optimizer.weight_decay,
+            betas=(train.optimizer.beta1, train.optimizer.beta2),
+            eps=train.optimizer.epsilon,
         )
     lambdas = getattr(inner, "lr_lambdas", None)
     if lambdas is None:  # not a LambdaLR: keep what was restored
         return
-    inner.base_lrs = [train.learning_rate] * len(live.param_groups)
+    inner.base_lrs = [train.optimizer.learning_rate] * len(live.param_groups)
     lrs = [base * fn(inner.last_epoch) for base, fn in zip(inner.base_lrs, lambdas, strict=True)]
     for group, lr in zip(live.param_groups, lrs, strict=True):
         group["lr"] = lr

@@ -40,8 +40,8 @@ class OverlayOptions(StrictModel):
     every: int | None = Field(
         None,
         ge=0,
-        description="Optimizer steps between overlays (and one at the end); null = train.eval_every (so "
-        "at each eval; set it when evaluating by epochs); 0 = never.",
+        description="Optimizer steps between overlays (and one at the end); null = train.eval.every in "
+        "steps (so at each eval; set it when evaluating by epochs or a fraction); 0 = never.",
     )
     count: int = Field(2, ge=1, description="Validation samples drawn, the first ones of the eval set.")
 

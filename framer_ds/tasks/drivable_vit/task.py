@@ -174,8 +174,12 @@ class DrivableVitTask(PlanningHooks, Task):
     # --- overlays and export -------------------------------------------------------------------------
 
     def sample_every(self) -> int:
+        """`model.samples.every`, or else the evaluation's cadence when it is given in steps."""
         every = self.config.model.samples.every
-        return every if every is not None else (self.config.train.eval_every or 0)
+        if every is not None:
+            return every
+        evaluation = self.config.train.eval.every
+        return (evaluation.steps or 0) if evaluation is not None else 0
 
     @torch.no_grad()
     def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
