@@ -166,6 +166,9 @@ def test_every_renamed_train_key_names_its_new_key_and_the_line_works(old, new, 
     value = OLD_VALUES[old]
     raw = yaml.safe_load(QUICKSTART.read_text())
     raw["train"][old] = value
+    if old in PARTNER:  # the partner at its new place: the old key is validated where it moved to
+        section, key = PARTNER[old][0].split(".")
+        raw["train"].setdefault(section, {})[key] = PARTNER[old][1]
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError) as info:
@@ -273,3 +276,16 @@ def test_config_get_of_a_renamed_key_names_the_new_one():
         "train.max_steps: was renamed to train.length.steps; ask for that key instead"
     ]
     assert json.loads(resolved_value(load_run_config(QUICKSTART), "train.length")) == {"epochs": 30}
+
+
+def test_an_old_steps_and_epochs_pair_reads_as_the_old_code_read_it(tmp_path):
+    """`max_steps: 5` + `epochs: 2` (the old shape, max_steps winning): both keys get their line and
+    nothing else; moved into `length` together they would add "set exactly one of steps, epochs"."""
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["train"].pop("length", None)
+    raw["train"].update({"max_steps": 5, "epochs": 2})
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path)
+    assert [p.where for p in info.value.problems] == ["train.max_steps", "train.epochs"]

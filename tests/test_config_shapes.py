@@ -7,6 +7,7 @@ before the change, written by scripts/dev/make_recorded_configs.py)."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,8 @@ def _old_shape(dumped: dict[str, Any], renames: dict[str, str]) -> tuple[dict[st
         for part in parents:
             node = node.setdefault(part, {})
         node[last] = value
-        lines.append(f"{old_key}: was renamed to {new_key}; write `{new_key}: {value!r}` instead")
+        shown = json.dumps(value) if value is None or isinstance(value, bool | list | dict) else repr(value)
+        lines.append(f"{old_key}: was renamed to {new_key}; write `{new_key}: {shown}` instead")  # YAML
     return old, lines
 
 
@@ -181,7 +183,12 @@ def test_the_shipped_configs_exercise_every_rename():
         covered.setdefault(current.task, set()).update(line.split(":")[0] for line in lines)
     for task in available_tasks():
         if task in covered:
-            assert covered[task] == set(schema_renames(get_task_class(task).config_class())), task
+            task_renames = {
+                key
+                for key in schema_renames(get_task_class(task).config_class())
+                if not key.startswith("train.")
+            }  # train:'s renames are every task's: tests/test_config_renames.py covers each of them
+            assert {key for key in covered[task] if not key.startswith("train.")} == task_renames, task
 
 
 RECORDED_CONFIGS = sorted(RECORDED.glob("*.yaml"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Collection
 from typing import Any
 
 from pydantic import BaseModel
@@ -127,14 +128,29 @@ def _put(tree: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     return tree
 
 
-def move_renamed_keys(raw: dict[str, Any], renames: dict[str, str]) -> dict[str, Any]:
-    """A copy of a recorded config with every old key's value moved to its new key (an explicit new key
-    wins): what an older framer_ds wrote reads as this version's config."""
+def move_renamed_keys(
+    raw: dict[str, Any], renames: dict[str, str], whole_sections: Collection[str] = ()
+) -> dict[str, Any]:
+    """A copy of a config with every old key's value moved to its new key (an explicit new key wins):
+    what an older framer_ds recorded reads as this version's config, and a user's old key is validated
+    where it lives now (besides being reported by `renamed_key_problems`).
+
+    `whole_sections` (a user's config: the Cadences) are sections one value fills: an old key moves into
+    one only while it is absent, and a null old unit does not, so `max_steps: 5` beside `length: {epochs:
+    2}`, or an old `max_steps` + `epochs` pair, reads as the old code read it (the first one set wins)
+    instead of adding "set exactly one" to the "renamed to" lines."""
     moved = copy.deepcopy(raw)
     for old, new in renames.items():
         parent, key = _lookup(moved, old)
-        if _old_key_in(parent, key, old, new):
-            _put(moved, new, parent.pop(key))
+        if not _old_key_in(parent, key, old, new):
+            continue
+        value = parent.pop(key)
+        section = next((p for p in whole_sections if new.startswith(f"{p}.")), None)
+        if section is not None:
+            holder, name = _lookup(moved, section)
+            if value is None or (holder is not None and holder.get(name) is not None):
+                continue
+        _put(moved, new, value)
     _drop_retired_sections(moved, renames)
     return moved
 

@@ -86,7 +86,7 @@ def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: b
         # Validated at their new place: an old key is reported once, as renamed, and neither as unknown
         # nor as its new section missing (`model.source` when `pretrained_model_name_or_path` is set).
         # Only moved: the sections' migrations of recorded configs would hide a user's real conflict.
-        raw = move_renamed_keys(raw, renames)
+        raw = move_renamed_keys(raw, renames, whole_sections=cadence_paths(schema))
     candidate = (
         raw if schema is not RunConfigBase else {k: v for k, v in raw.items() if k not in ("model", "data")}
     )
