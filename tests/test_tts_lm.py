@@ -472,3 +472,14 @@ def test_fresh_model_from_config_with_text_mix_and_checkpointing(tmp_path, tiny_
     special = task.assets.special
     assert sequence.input_ids[0] == special.start_of_text and sequence.input_ids[-1] == special.end_of_text
     assert sequence.labels == sequence.input_ids  # text rows are learned whole, whatever loss_on says
+
+
+def test_encode_audio_under_several_processes_is_refused_not_repeated():
+    """`data encode-audio` took the launcher's shard and ignored it: 4 processes each encoded every file
+    into the same cache. It encodes in one process; any other start is one line naming the fix."""
+    from framer_ds.config.errors import ConfigError
+    from framer_ds.tasks.tts_lm.commands import COMMANDS
+
+    (encode,) = [c for c in COMMANDS if c.name == "encode-audio"]
+    with pytest.raises(ConfigError, match=r"process 1 of 4: it encodes in one process.*without a launcher"):
+        encode.run(None, (1, 4))  # refused before the task is touched

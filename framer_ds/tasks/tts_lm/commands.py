@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.tasks.registry import TaskCommand
 
 if TYPE_CHECKING:
@@ -14,7 +15,20 @@ if TYPE_CHECKING:
 
 
 def _encode_audio(task: TtsLmTask, shard: tuple[int, int]) -> str:
-    """Encodes every manifest not yet cached, in this one process (`shard` unused: start it once)."""
+    """Encodes every manifest not yet cached, in this one process. Under a launcher that starts several
+    processes each would encode everything into the same cache: refused, not silently repeated."""
+    index, count = shard
+    if count > 1:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "data encode-audio",
+                    f"started as process {index} of {count}: it encodes in one process (the codec batches "
+                    "the files itself); run `framer-ds data encode-audio CONFIG` once, without a launcher",
+                )
+            ],
+            "the launch",
+        )
     return task.encode_data()
 
 
