@@ -435,7 +435,7 @@ def test_the_length_grouped_order_covers_the_training_set_it_is_given(tmp_path, 
     from framer_ds.tasks.tts_lm.samplers import LengthGroupedSampler
     from framer_ds.tasks.tts_lm.task import ItemDataset
 
-    task = load_task(write_config(tmp_path / "c.yaml", tmp_path / "run", builtin="tiny_speech"))
+    task = load_task(write_config(tmp_path / "c.yaml", tmp_path / "run", source={"builtin": "tiny_speech"}))
     train, _ = task.build_datasets()
     part = ItemDataset([train[i] for i in range(6)])
     sampler = task.train_sampler(part)
