@@ -1,6 +1,7 @@
 """Run under `accelerate launch` (2 processes, ZeRO): poison a tensor that only ONE rank holds and write
-what `agreed_finiteness` returns on each rank to `<out_dir>/finite_rank<N>.json` (tests/test_finite_state.py
-reads them). A file per rank, not a printed line: two ranks' lines on one shared stdout can interleave."""
+what `agreed_finiteness` returns on each rank to `<out_dir>/finite_rank<N>.json`
+(tests/engine/test_finite_state.py reads them). A file per rank, not a printed line: two ranks' lines
+on one shared stdout can interleave."""
 
 from __future__ import annotations
 

@@ -250,7 +250,7 @@ COMMANDS = (
     ),
 )
 """What this module contributes to `framer-ds data` when an entry point of the group
-`framer_ds.task_commands` names it (tests/test_task_registry.py)."""
+`framer_ds.task_commands` names it (tests/tasks/test_task_registry.py)."""
 
 
 class TokenModelConfig(StrictModel):

@@ -16,11 +16,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 ON_CUDA = [
     "tests/test_gpu.py",
-    "tests/test_strategy_equivalence.py",
-    "tests/test_svd_objective.py",
-    "tests/test_train_vit.py",
-    "tests/test_tts_lm.py",
-    "tests/test_video_lora.py",
+    "tests/engine/test_strategy_equivalence.py",
+    "tests/tasks/video_lora/test_svd_objective.py",
+    "tests/tasks/vit_classification/test_train_vit.py",
+    "tests/tasks/tts_lm/test_tts_lm.py",
+    "tests/tasks/video_lora/test_video_lora.py",
 ]
 
 

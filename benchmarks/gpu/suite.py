@@ -3,7 +3,8 @@
 Run it through `bash benchmarks/gpu/run.sh [--smoke] [--only STEP,...] [--out DIR] [--write FILE]`
 (which first installs the carried wheels the machine lacks). Each step runs in its own process group
 under its own time limit, so a crash or a hang costs that step only and the table says what happened.
-`--smoke` runs every step at tiny sizes on a CPU: CI proves the suite itself works (tests/test_gpu_suite.py).
+`--smoke` runs every step at tiny sizes on a CPU: CI proves the suite itself works
+(tests/lab/test_gpu_suite.py).
 `--write docs/benchmarks.md` replaces that file's "GPU suite" section and keeps the raw lines under
 benchmarks/results/.
 """
@@ -32,7 +33,7 @@ sys.path[:0] = [str(HERE), str(REPO / "benchmarks")]  # cells, assets; planner_a
 SECTION = "## GPU suite"
 RESULTS_DIR = REPO / "benchmarks" / "results"
 FAIL_ENV = "FRAMER_DS_GPU_SUITE_FAIL"
-"""Set to a step's name, that step's process fails at once (tests/test_gpu_suite.py)."""
+"""Set to a step's name, that step's process fails at once (tests/lab/test_gpu_suite.py)."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The multipliers are transformers' (`get_cosine_schedule_with_warmup`, `get_linear_schedule_with_warmup`,
 `get_constant_schedule_with_warmup`), written here with the same arithmetic so every value is bit for bit
-theirs (tests/test_lr_schedule.py compares them). Why not call `transformers.get_scheduler`:
+theirs (tests/train/test_lr_schedule.py compares them). Why not call `transformers.get_scheduler`:
 `transformers.optimization` imports `trainer_utils`, which imports all of peft and transformers' model
 code, ~4 s of CPU on every rank of every launch for tasks that use neither; and its "constant" silently
 ignores `num_warmup_steps`, so a warmup did nothing with `train.lr_schedule.name: constant`.

@@ -7,7 +7,7 @@ shifted by `audio_start + k * codebook_size` so each slot has its own id range. 
 lossless; a generation that breaks the layout (a token outside its slot's range, a partial frame, a
 non-audio token inside the speech) is reported with its position, never silently decoded into noise;
 `deinterleave` handles each case as Orpheus's own decoder does or says why not
-(tests/test_orpheus_parity.py).
+(tests/tasks/tts_lm/test_orpheus_parity.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A fine-tune that conditions differently from the pipeline (a plain interpolate instead of the antialiased
 resize, scaled conditioning latents, fps instead of fps-1, ...) trains a model the stock pipeline then
-feeds different inputs. Each function names the pipeline code it mirrors; tests/test_svd_objective.py
-checks them against the pipeline's own methods on a tiny model.
+feeds different inputs. Each function names the pipeline code it mirrors;
+tests/tasks/video_lora/test_svd_objective.py checks them against the pipeline's own methods on a tiny model.
 
 Frames are float tensors in [-1, 1] (the range `video_processor.preprocess` produces). The frozen encoders
 run under `torch.no_grad()`: nothing here is trained, and no graph is kept for them.

@@ -14,7 +14,7 @@ from framer_ds.config.errors import ConfigError
 from framer_ds.launch.environment import use_deepspeed_json
 from framer_ds.launch.hostfile import Host, load_hosts, parse_hostfile, select_hosts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str, name: str = "hostfile") -> Path:

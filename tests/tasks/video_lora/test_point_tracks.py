@@ -1,7 +1,7 @@
 """Point tracks and Framer's trajectory heatmaps (`controlnet_cond`): the raster against a golden array
 built from Framer's formula, tracks through stride/crop/resize/flip against the synthetic clips'
 analytic positions, point selection, `framer-ds data tracks`, and the items (trackers, windows and the
-store: tests/test_track_store.py)."""
+store: tests/tasks/video_lora/test_track_store.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from framer_ds.tasks.video_lora.data.track_heatmaps import (
 )
 from framer_ds.tasks.video_lora.data.video_clips import ClipPlacement, CropBox, apply_crop_box, crop_box
 
-FRAMER_TINY = Path(__file__).resolve().parents[1] / "configs" / "tasks" / "video_lora" / "framer_tiny.yaml"
+FRAMER_TINY = Path(__file__).resolve().parents[3] / "configs" / "tasks" / "video_lora" / "framer_tiny.yaml"
 
 # --- the golden heatmap ----------------------------------------------------------------------------
 

@@ -5,9 +5,9 @@ gradient accumulation scaled so the global batch is unchanged (2 processes x acc
 1 process x accumulation 4 == 32 samples per optimizer step), and checks steps 5..8 against the
 uninterrupted 2-process run.
 
-Tolerance: 1e-5 relative, the same as tests/test_strategy_equivalence.py. With the same global batch the
-resumed run trains on the same samples with the same restored weights, Adam moments, step count and LR;
-only the floating-point summation order of the gradient differs (4 micro-batches summed in one process
+Tolerance: 1e-5 relative, the same as tests/engine/test_strategy_equivalence.py. With the same global
+batch the resumed run trains on the same samples with the same restored weights, Adam moments, step count
+and LR; only the floating-point summation order of the gradient differs (4 micro-batches summed in one process
 vs 2 per rank then an all-reduce). Measured on CPU fp32 (ZeRO-2 and ZeRO-3 2->1, ZeRO-2 and DDP 1->2):
 at most 7.9e-8 relative (one float32 ulp, step 5 of the 2->1 cases; all other steps bit-identical), and
 the 2->1 resumed losses are bit-identical to an uninterrupted 1-process run: the difference is the world

@@ -16,7 +16,7 @@ from framer_ds.config.errors import ConfigError
 from framer_ds.config.loader import apply_overrides, dump_run_config
 from framer_ds.tasks.run_config import load_run_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 

@@ -15,7 +15,7 @@ from framer_ds.config.launch_check import check_launch_configs, check_runtime_en
 from framer_ds.config.launch_files import load_json_config, load_yaml_file
 from framer_ds.config.schema import TrainConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED_JSONS = sorted((REPO / "configs" / "deepspeed").glob("*.json"))
 SHIPPED_YAMLS = sorted((REPO / "configs").glob("accelerate_*.yaml"))
 GOOD_DS: dict[str, Any] = {

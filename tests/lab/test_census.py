@@ -13,7 +13,7 @@ from framer_ds.lab.census import census_of, config_census, task_census
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIGS = [
     "configs/quickstart.yaml",
     "configs/tasks/video_lora/tiny.yaml",

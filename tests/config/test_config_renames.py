@@ -31,7 +31,7 @@ from framer_ds.tasks.run_config import (
 )
 from framer_ds.train import loop
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 

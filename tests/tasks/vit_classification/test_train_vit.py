@@ -16,7 +16,7 @@ from framer_ds.engine.checkpoint import STATE_FILE
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 

@@ -1,6 +1,7 @@
 """Trackers, their windows and the track store: CoTracker's wiring (a stand-in with its interface;
 the package is not on PyPI), the windows every clip fits in, the store's files and what a damaged or
-missing one says (tests/test_point_tracks.py covers tracks through clips, heatmaps and the items)."""
+missing one says (tests/tasks/video_lora/test_point_tracks.py covers tracks through clips, heatmaps and
+the items)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from framer_ds.engine.zero_buffers import (
     size_zero_buffers,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sizes(trainable: int, frozen: int = 0, numels: tuple[int, ...] | None = None) -> ParameterSizes:

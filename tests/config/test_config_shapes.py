@@ -20,7 +20,7 @@ from framer_ds.config.renames import schema_renames
 from framer_ds.tasks.registry import available_tasks, get_task_class
 from framer_ds.tasks.run_config import load_run_config, validate_run_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 RECORDED = REPO / "tests" / "data" / "recorded_configs"
 SHIPPED = sorted(p for p in CONFIGS.rglob("*.yaml") if "task" in (yaml.safe_load(p.read_text()) or {}))
@@ -187,7 +187,7 @@ def test_the_shipped_configs_exercise_every_rename():
                 key
                 for key in schema_renames(get_task_class(task).config_class())
                 if not key.startswith("train.")
-            }  # train:'s renames are every task's: tests/test_config_renames.py covers each of them
+            }  # train:'s renames are every task's: tests/config/test_config_renames.py covers each of them
             assert {key for key in covered[task] if not key.startswith("train.")} == task_renames, task
 
 
