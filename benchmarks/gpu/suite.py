@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ class Step:
     title: str
     limit_s: int
     smoke_limit_s: int
-    run: Callable[[Path, bool], list[dict[str, Any]]]
+    run: Callable[[Path, bool], Iterable[dict[str, Any]]]  # records, written one by one as they come
 
 
 def _tests(work: Path, smoke: bool) -> list[dict[str, Any]]:
@@ -50,16 +50,18 @@ def _tests(work: Path, smoke: bool) -> list[dict[str, Any]]:
     return run_tests(work, smoke)
 
 
-def _cells(step: str) -> Callable[[Path, bool], list[dict[str, Any]]]:
-    def run(work: Path, smoke: bool) -> list[dict[str, Any]]:
+def _cells(step: str) -> Callable[[Path, bool], Iterator[dict[str, Any]]]:
+    """Each cell's record as soon as it is measured: a step stopped at its limit (or a device lease that
+    ends) keeps the cells it finished (a list returned at the end lost all of them, 2026-11-26)."""
+
+    def run(work: Path, smoke: bool) -> Iterator[dict[str, Any]]:
         from cells import CELLS, measure_cell, steps_for
 
         port = 29600 + os.getpid() % 200
-        records = []
         for index, cell in enumerate(c for c in CELLS[step](work, smoke) if c.smoke or not smoke):
-            records.append(measure_cell(cell, work / f"{step}_{index}", port + index, steps_for(smoke)))
-            print(json.dumps(records[-1]), flush=True)
-        return records
+            record = measure_cell(cell, work / f"{step}_{index}", port + index, steps_for(smoke))
+            print(json.dumps(record), flush=True)
+            yield record
 
     return run
 

@@ -44,12 +44,31 @@ def gathered_trainable_state_dict(
     if uses_zero3(accelerator):
         import deepspeed
 
+        release_prefetched(accelerator, model)
         with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
             state = {name: p.detach().cpu().clone() for name, p in named}
     else:
         state = {name: p.detach().cpu().clone() for name, p in named}
     check_not_empty(state, "trainable parameters")
     return state
+
+
+def release_prefetched(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """Under ZeRO-3, wait for the parameters DeepSpeed prefetched and release every parameter.
+
+    Why: ZeRO-3 gathers the next modules' parameters ahead of use, asynchronously, and only a backward
+    pass (its `reset_step`) settles them. After an eval or sampling forward some parameters can still
+    be in flight, and gathering them for a save then dies in DeepSpeed's "Cannot partition a param in
+    flight" assertion. Measured: every ZeRO-3 LoRA run at the real SVD size on an H200 (2026-11-26,
+    docs/benchmarks.md "GPU suite") failed so at its final export. DeepSpeed's own
+    `empty_partition_cache` waits for in-flight gathers and partitions everything. Call on EVERY rank.
+    """
+    engine = model if hasattr(model, "empty_partition_cache") else None
+    if engine is None:
+        wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+        engine = getattr(wrapped, "engine", None)
+    if engine is not None and uses_zero3(accelerator):
+        engine.empty_partition_cache()
 
 
 def check_not_empty(state: dict[str, torch.Tensor], what: str) -> None:
@@ -67,6 +86,7 @@ def save_pretrained_gathered(accelerator: Accelerator, model: torch.nn.Module, o
     Uses accelerate's consolidation, which gathers parameter by parameter onto rank 0 only (under
     ZeRO-3 it needs `stage3_gather_16bit_weights_on_model_save: true`, as the shipped JSONs set).
     """
+    release_prefetched(accelerator, model)
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         check_not_empty(state_dict, "the model")
@@ -78,6 +98,7 @@ def save_pretrained_gathered(accelerator: Accelerator, model: torch.nn.Module, o
 
 def save_module_gathered(accelerator: Accelerator, model: torch.nn.Module, path: Path) -> None:
     """A plain (non-HF) module's full state dict as one safetensors file. Call on EVERY rank."""
+    release_prefetched(accelerator, model)
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         check_not_empty(state_dict, "the model")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -95,3 +96,26 @@ def test_install_wheels_skips_what_the_machine_has(tmp_path: Path) -> None:
         check=True,
     )
     assert "installed nothing" in again.stdout
+
+
+def test_a_step_keeps_the_cells_it_measured_before_it_dies(tmp_path: Path, monkeypatch) -> None:
+    """A step stopped at its limit (or by the end of a device lease) keeps its finished cells: on an H200
+    (2026-11-26) a step killed after 7 of 9 cells lost all 7, because records were written at its end."""
+    monkeypatch.syspath_prepend(str(GPU_BENCH))
+    import cells
+    import suite
+
+    def measure(cell, out_dir, port, steps):
+        if cell.name == "second":
+            raise SystemExit("killed at the step's limit")
+        return {"name": cell.name, "ok": True}
+
+    two = [SimpleNamespace(name=name, smoke=False) for name in ("first", "second")]
+    monkeypatch.setitem(cells.CELLS, "video_lora", lambda work, smoke: two)
+    monkeypatch.setattr(cells, "measure_cell", measure)
+    results = tmp_path / "results.jsonl"
+    with pytest.raises(SystemExit):
+        suite.run_one_step("video_lora", tmp_path / "work", False, results)
+    assert [json.loads(line) for line in results.read_text().splitlines()] == [
+        {"step": "video_lora", "name": "first", "ok": True}
+    ]
