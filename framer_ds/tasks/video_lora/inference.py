@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.engine.export import read_export_json
@@ -101,6 +101,13 @@ class VideoSampleCommandOptions(SampleCommandOptions):
         "the ControlNet runs (Framer's controlnet_step_range); default: the export's "
         "model.base.controlnet_step_range.",
     )
+
+    @field_validator("motion_bucket")
+    @classmethod
+    def _bucket_range(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and not 0 <= value <= 255:
+            raise ValueError(f"a motion bucket is 0..255 (or auto), got {value}")
+        return value
 
 
 def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:

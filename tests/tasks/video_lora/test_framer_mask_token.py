@@ -99,6 +99,12 @@ def test_a_trained_token_is_exported_in_every_layout_and_resumes_exactly(tmp_pat
         torch.testing.assert_close(load_framer_unet(unet_dir).mask_token.detach(), trained, rtol=0, atol=0)
     assert torch.equal(load_file(tmp_path / "peft" / MASK_TOKEN_FILE)["mask_token"], trained)
 
+    # `framer-ds eval` loads the export into the model build_model makes: the trained token included
+    task = VideoLoraTask(load_run_config(FRAMER_TINY, [f"output_dir={tmp_path / 'eval'}", *light]))
+    model = task.build_model()
+    task.load_export(model, final)
+    assert torch.equal(model.mask_token.detach(), trained)
+
     # resume from step 2: the same losses, and the same token at the end, bit for bit
     resumed = resumable_copy(tmp_path / "full", tmp_path / "resumed")
     _train(FRAMER_TINY, [f"output_dir={resumed}", *COMMON, *light, "train.resume=latest"])

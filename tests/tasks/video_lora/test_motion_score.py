@@ -175,10 +175,10 @@ def sample_at_the_input_frames_motion(tmp_path, metadata, seen, capsys):
     )
     # an explicit number wins; the renamed flag still works
     seen.clear()
-    assert (
-        main([*args, "--out", str(tmp_path / "fixed.mp4"), "--steps", "1", "--motion-bucket-id", "90"]) == 0
-    )
+    fixed = [*args, "--out", str(tmp_path / "fixed.mp4"), "--steps", "1", "--motion-bucket-id", "90"]
+    assert main([*fixed, "--no-frames"]) == 0
     assert {int(m) for m in seen} == {90}
+    assert (tmp_path / "sample_frames").is_dir() and not (tmp_path / "fixed_frames").exists()
     assert json.loads((tmp_path / "fixed.json").read_text())["motion_bucket_source"] == "--motion-bucket"
 
 
