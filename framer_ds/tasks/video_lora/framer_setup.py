@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import Tensor
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
@@ -189,7 +190,8 @@ class FramerSetup:
 
     def export(self, accelerator, model: torch.nn.Module, out_dir: Path) -> dict[str, Any]:
         """final/: the UNet's peft adapter at the top (`PeftModel.from_pretrained(framer_unet, final)`)
-        when a LoRA trains, the whole ControlNet in `controlnet/` when it trains. Every rank (gathers
+        when a LoRA trains, the whole ControlNet in `controlnet/` when it trains, the mask_token in
+        `MASK_TOKEN_FILE` when it trains. Every rank (gathers
         under ZeRO-3); returns the metadata entries that describe it."""
         state = gathered_trainable_state_dict(accelerator, model)
         framer_model = accelerator.unwrap_model(model)
@@ -200,8 +202,6 @@ class FramerSetup:
                 check_not_empty(adapter, "the UNet LoRA")
                 framer_model.unet.save_pretrained(out_dir, state_dict=adapter, safe_serialization=True)
             if self.options.train_mask_token:
-                from safetensors.torch import save_file
-
                 token = state.get("mask_token")
                 check_not_empty({"mask_token": token} if token is not None else {}, "the mask_token")
                 save_file(
@@ -217,8 +217,6 @@ class FramerSetup:
                     raise RuntimeError(f"internal: ControlNet export lacks {sorted(missing)[:3]}")
                 # diffusers' save_pretrained has no state_dict argument (it would write ZeRO-3's empty
                 # partitions): the config and the gathered tensors, in its file layout
-                from safetensors.torch import save_file
-
                 folder = out_dir / CONTROLNET_DIR
                 framer_model.controlnet.save_config(folder)
                 tensors = {k: v.contiguous() for k, v in weights.items()}
