@@ -32,9 +32,30 @@ def _unwrap_optional(annotation: Any) -> Any:
     return annotation
 
 
+def _number_or_word(annotation: Any) -> dict[str, Any] | None:
+    """`int | Literal["auto"]` (optionally `| None`): a flag that takes a number or one of the words,
+    e.g. `--motion-bucket 90` or `--motion-bucket auto`; None for any other type."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None
+    members = [a for a in typing.get_args(annotation) if a is not type(None)]
+    words = [w for m in members if typing.get_origin(m) is Literal for w in typing.get_args(m)]
+    numbers = [m for m in members if m in (int, float)]
+    if len(numbers) != 1 or len(members) != 2 or not words:
+        return None
+
+    def parse(text: str) -> Any:
+        return text if text in words else numbers[0](text)
+
+    parse.__name__ = f"{numbers[0].__name__} or {'/'.join(map(str, words))}"  # argparse's error names it
+    return {"type": parse, "metavar": f"{{N,{','.join(map(str, words))}}}"}
+
+
 def _argument_kwargs(annotation: Any) -> dict[str, Any]:
     """argparse settings for one field type: lists take several values, fixed tuples that many, Literals
-    become choices."""
+    become choices, a number-or-word union takes either."""
+    either = _number_or_word(annotation)
+    if either is not None:
+        return either
     annotation = _unwrap_optional(annotation)
     origin = typing.get_origin(annotation)
     if annotation is bool:
@@ -58,13 +79,16 @@ def _argument_kwargs(annotation: Any) -> dict[str, Any]:
 
 
 def build_options_parser(model: type[BaseModel], prog: str, description: str) -> argparse.ArgumentParser:
-    """One flag per field (`top_k` -> `--top-k`); help shows the description and the default."""
+    """One flag per field (`top_k` -> `--top-k`); help shows the description and the default. A field's
+    `json_schema_extra={"old_flags": [...]}` keeps the flags it was renamed from working."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     for name, field in model.model_fields.items():
         kwargs = _argument_kwargs(field.annotation)
         default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)})"
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         parser.add_argument(
             _flag(name),
+            *extra.get("old_flags", ()),
             dest=name,
             default=None,  # unset flags fall back to the model's default, never argparse's
             required=field.is_required(),

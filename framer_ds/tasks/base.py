@@ -157,6 +157,13 @@ class Task(ABC):
         replays the same order; e.g. length-grouped batches or a mixing ratio."""
         return None
 
+    def optimizer_groups(self, model: torch.nn.Module) -> list[dict[str, Any]] | None:
+        """The optimizer's param groups, `[{"params": [...], "lr": ...}, ...]`, when some trainable
+        parameters need their own learning rate (e.g. a full-rank embedding beside a LoRA); the groups
+        cover every trainable parameter once, a group without "lr" takes train.optimizer.learning_rate,
+        and the schedule scales each group alike. None (the default): one group of all of them."""
+        return None
+
     @abstractmethod
     def training_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | TrainingLoss:
         """Scalar loss for one micro-batch: its mean, or with `loss_reduction = "sum"` its sum over the

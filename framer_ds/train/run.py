@@ -95,6 +95,21 @@ def _check_best_metric(task: Task, train_cfg: TrainConfig, eval_set: Dataset | N
         )
 
 
+def param_groups(
+    task: Task, model: torch.nn.Module, trainable: list[torch.nn.Parameter], learning_rate: float
+) -> list[dict]:
+    """The task's param groups (`Task.optimizer_groups`) or one group; each carries `lr_scale`, its
+    learning rate over train.optimizer.learning_rate, which resume re-applies (`apply_running_config`)
+    so a group's rate follows the config that runs, like the main one."""
+    groups = task.optimizer_groups(model) or [{"params": trainable}]
+    grouped = [p for group in groups for p in group["params"]]
+    if len(grouped) != len(trainable) or {id(p) for p in grouped} != {id(p) for p in trainable}:
+        raise RuntimeError(
+            f"internal: task {task.name!r}'s optimizer groups do not hold every trainable parameter once"
+        )
+    return [{**group, "lr_scale": group.get("lr", learning_rate) / learning_rate} for group in groups]
+
+
 def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBase) -> TrainingRun:
     train_cfg = config.train
     parts = assemble(task, accelerator, lambda _, eval_set: _check_best_metric(task, train_cfg, eval_set))
@@ -111,7 +126,7 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision, per_node)
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = torch.optim.AdamW(
-        trainable,
+        param_groups(task, model, trainable, train_cfg.optimizer.learning_rate),
         lr=train_cfg.optimizer.learning_rate,
         betas=(train_cfg.optimizer.beta1, train_cfg.optimizer.beta2),
         eps=train_cfg.optimizer.epsilon,

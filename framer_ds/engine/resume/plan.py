@@ -24,7 +24,7 @@ from framer_ds.config.schema import RunConfigBase, TrainConfig
 from framer_ds.engine.checkpoint import TrainerState, read_trainer_state
 from framer_ds.engine.resume.changes import resume_changes
 from framer_ds.engine.resume.choice import decide_checkpoint
-from framer_ds.engine.resume.running_config import apply_running_config
+from framer_ds.engine.resume.running_config import apply_running_config, lr_scales
 from framer_ds.engine.resume.strategy import directory_to_load
 from framer_ds.engine.resume.world_size import adapt_to_world_size
 
@@ -84,9 +84,10 @@ class ResumePlan:
         size. A fresh run's plan loads nothing and returns TrainerState()."""
         if self.load_from is None:
             return TrainerState()
+        scales = lr_scales(optimizer)  # the running config's, before the checkpoint's replace them
         accelerator.load_state(str(self.load_from))
         state = read_trainer_state(self.load_from)
-        apply_running_config(optimizer, scheduler, train)
+        apply_running_config(optimizer, scheduler, train, scales)
         state = adapt_to_world_size(accelerator, state, self.load_from, train, batches_per_epoch)
         if accelerator.is_main_process:
             print(f"resumed from {self.checkpoint} at step {state.global_step}", flush=True)

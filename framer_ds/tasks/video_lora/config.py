@@ -181,6 +181,19 @@ class VideoLoraModelConfig(StrictModel):
         "data/motion_score.py) mapped to 0..255 by the training set's quantiles, so the model keeps the "
         "motion control a fixed 127 erases.",
     )
+    train_mask_token: bool = Field(
+        False,
+        description="Framer bases: train Framer's mask_token (the learned conditioning latent of every "
+        "missing frame) full-rank beside the LoRA/ControlNet; saved in checkpoints and final/ "
+        "(mask_token.safetensors) and written into the Framer and merged exports. false keeps the "
+        "released token (Framer's own fine-tuning behaviour). Refused on an SVD base (it has no token).",
+    )
+    mask_token_lr: float | None = Field(
+        None,
+        gt=0,
+        description="The mask_token's own learning rate (a second optimizer param group, following the "
+        "same schedule); null = train.optimizer.learning_rate. Needs train_mask_token: true.",
+    )
     dropout_image: float = Field(0.1, ge=0, le=1, description="P(zero image embedding), for CFG.")
     dropout_latents: float = Field(0.1, ge=0, le=1, description="P(zero conditioning latents), for CFG.")
     vae_chunk_size: int = Field(
@@ -207,6 +220,21 @@ class VideoLoraModelConfig(StrictModel):
         if isinstance(value, int) and not 0 <= value <= 255:
             raise ValueError(f"a motion bucket is 0..255 (or from_data), got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _mask_token_needs_framer(self) -> VideoLoraModelConfig:
+        """A flag that cannot act is refused, naming the fix (not silently ignored)."""
+        if self.train_mask_token and self.base.name != "framer":
+            raise ValueError(
+                f"model.train_mask_token: model.base.name {self.base.name!r} has no mask_token (only "
+                "Framer's UNet has one); set model.base.name: framer or train_mask_token: false"
+            )
+        if self.mask_token_lr is not None and not self.train_mask_token:
+            raise ValueError(
+                "model.mask_token_lr is set but model.train_mask_token is false, so nothing uses it; set "
+                "model.train_mask_token: true or drop mask_token_lr"
+            )
+        return self
 
     @property
     def context_order(self) -> TemporalContextOrder:

@@ -1,7 +1,7 @@
 """`framer-ds export RUN/final --format FORMAT --out DIR`: one adapter, written for each loader.
 
 - `peft`: the adapter as training wrote it (`PeftModel.from_pretrained`), copied with its metadata
-  (and a Framer run's trained `controlnet/`).
+  (and a Framer run's trained `controlnet/` and `mask_token.safetensors`).
 - `merged`: the LoRA merged into the base UNet (a diffusers pipeline for image-to-video, the UNet
   alone for interpolation), `inference.export_merged`; a base with its own UNet class (Framer)
   registers its own writer in `MERGED_BY_BASE`.
@@ -28,12 +28,18 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import StrictModel
 from framer_ds.storage.atomic import building_dir, publish_dir
 from framer_ds.tasks.video_lora.comfyui_keys import comfyui_lora_state_dict
-from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR
+from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR, MASK_TOKEN_FILE
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_merged, read_adapter_metadata
 
 FORMAT_NAMES = ("peft", "merged", "comfyui", "framer")
 COMFYUI_FILE = "svd_lora_comfyui.safetensors"
-PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json", EXPORT_METADATA, "README.md")
+PEFT_FILES = (
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    EXPORT_METADATA,
+    "README.md",
+    MASK_TOKEN_FILE,
+)
 PEFT_DIRS = (CONTROLNET_DIR,)  # a Framer run's trained ControlNet
 
 
@@ -117,6 +123,8 @@ def export_peft(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
         parts.append(f"the peft adapter (PeftModel.from_pretrained(unet, {str(out)!r}))")
     if (out / CONTROLNET_DIR).is_dir():
         parts.append(f"the trained ControlNet ({CONTROLNET_DIR}/)")
+    if (out / MASK_TOKEN_FILE).is_file():
+        parts.append(f"the trained mask_token ({MASK_TOKEN_FILE})")
     written = " and ".join(parts) or f"the metadata only ({adapter_dir} holds no trained weights)"
     return f"wrote {out}: {written}"
 

@@ -25,7 +25,7 @@ from framer_ds.tasks.video_lora.export_formats import (
     publish_export,
     register_export_format,
 )
-from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR
+from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR, read_mask_token
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, read_adapter_metadata
 
 
@@ -48,8 +48,9 @@ def _framer_run(adapter_dir: Path, options: VideoExportCommandOptions, fmt: str)
     return metadata, Path(options.base or metadata["framer_path"]), out
 
 
-def _merged_framer_unet(adapter_dir: Path, metadata: dict, base: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """Framer's UNet (9 input channels + mask_token) with the run's LoRA merged in, in `dtype`."""
+def merged_framer_unet(adapter_dir: Path, metadata: dict, base: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """Framer's UNet (9 input channels + mask_token) with the run's LoRA merged in and its trained
+    mask_token (`model.train_mask_token`) in place of the base's, in `dtype`."""
     from peft import PeftModel
 
     from framer_ds.tasks.video_lora.models.framer_model import load_framer_unet
@@ -57,6 +58,9 @@ def _merged_framer_unet(adapter_dir: Path, metadata: dict, base: Path, dtype: to
     unet = load_framer_unet(base / "unet")
     if metadata.get("has_adapter"):
         unet = PeftModel.from_pretrained(unet, adapter_dir).merge_and_unload()
+    if metadata.get("has_mask_token"):
+        with torch.no_grad():
+            unet.mask_token.copy_(read_mask_token(adapter_dir).reshape(unet.mask_token.shape))
     return _in_dtype(unet, dtype)
 
 
@@ -71,7 +75,7 @@ def export_framer(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
 
     metadata, base, out = _framer_run(adapter_dir, options, "framer")
     dtype = getattr(torch, options.dtype)
-    unet = _merged_framer_unet(adapter_dir, metadata, base, dtype)
+    unet = merged_framer_unet(adapter_dir, metadata, base, dtype)
     trained_controlnet = Path(adapter_dir) / CONTROLNET_DIR
     controlnet = load_framer_controlnet(
         trained_controlnet if metadata.get("has_controlnet") else base / "controlnet"
@@ -82,6 +86,7 @@ def export_framer(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
         shutil.copy2(Path(adapter_dir) / EXPORT_METADATA, staging / EXPORT_METADATA)
     publish_export(staging, out)
     merged = "LoRA merged" if metadata.get("has_adapter") else "UNet unchanged"
+    merged += ", trained mask_token" if metadata.get("has_mask_token") else ""
     source = "trained" if metadata.get("has_controlnet") else f"copied from {base}"
     return (
         f"wrote {out}: unet/ ({merged}, 9 input channels + mask_token) and controlnet/ ({source}) in "
@@ -93,13 +98,14 @@ def export_framer_merged(adapter_dir: Path, options: VideoExportCommandOptions) 
     """`--format merged` for a Framer run: Framer's UNet with the LoRA merged (what the merged export of
     an SVD interpolation run is, on Framer's UNet); the ControlNet lives in `--format framer`."""
     metadata, base, out = _framer_run(adapter_dir, options, "merged")
-    if not metadata.get("has_adapter"):
+    if not metadata.get("has_adapter") and not metadata.get("has_mask_token"):
         raise _problem(
             "--format",
             f"{adapter_dir} trained only the ControlNet (model.base.train_modules controlnet): there is no "
-            "LoRA to merge; use --format framer (unet/ + the trained controlnet/) or --format peft.",
+            "LoRA to merge; use --format framer (unet/ + the trained controlnet/) or --format peft "
+            "(or train the mask_token too: model.train_mask_token).",
         )
-    unet = _merged_framer_unet(adapter_dir, metadata, base, getattr(torch, options.dtype))
+    unet = merged_framer_unet(adapter_dir, metadata, base, getattr(torch, options.dtype))
     with building_dir(out) as staging:
         unet.save_pretrained(staging, safe_serialization=True)
         (staging / EXPORT_METADATA).write_text(json.dumps({**metadata, "merged": True}, indent=2))

@@ -17,23 +17,17 @@ from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR
 def framer_sampler_parts(adapter_dir: Path, metadata: dict[str, Any], device: str, dtype: torch.dtype):
     """(SamplerParts with a FramerModel as the denoiser, FramerSampling) for the export in `adapter_dir`."""
     from diffusers import AutoencoderKLTemporalDecoder, EulerDiscreteScheduler
-    from peft import PeftModel
     from transformers import CLIPVisionModelWithProjection
 
     from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts
     from framer_ds.tasks.video_lora.diffusion.svd_conditioning import vae_dtype
     from framer_ds.tasks.video_lora.diffusion.temporal_context import set_temporal_context_order
+    from framer_ds.tasks.video_lora.framer_export import merged_framer_unet
     from framer_ds.tasks.video_lora.inference import export_context_order
-    from framer_ds.tasks.video_lora.models.framer_model import (
-        FramerModel,
-        load_framer_controlnet,
-        load_framer_unet,
-    )
+    from framer_ds.tasks.video_lora.models.framer_model import FramerModel, load_framer_controlnet
 
     base, svd = Path(metadata["framer_path"]), Path(metadata["base_model"])
-    unet = load_framer_unet(base / "unet")
-    if metadata.get("has_adapter"):
-        unet = PeftModel.from_pretrained(unet, adapter_dir).merge_and_unload()
+    unet = merged_framer_unet(adapter_dir, metadata, base, torch.float32)  # + a trained mask_token
     trained = Path(adapter_dir) / CONTROLNET_DIR
     controlnet = load_framer_controlnet(trained if metadata.get("has_controlnet") else base / "controlnet")
     model = FramerModel(unet, controlnet, unet.mask_token).to(device, dtype).eval()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import Tensor
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
@@ -31,6 +32,8 @@ from framer_ds.tasks.video_lora.encoding import EncodedClip
 
 FRAMER_SUBFOLDERS = ("unet", "controlnet")
 CONTROLNET_DIR = "controlnet"
+MASK_TOKEN_FILE = "mask_token.safetensors"
+"""final/'s trained mask_token (`model.train_mask_token`): {"mask_token": [1,1,C,1,1]}, Framer's key."""
 
 
 class FramerSetup:
@@ -110,8 +113,17 @@ class FramerSetup:
             unet = apply_lora(unet, self.options.lora, train_conv_in=False)  # freezes the UNet
         else:
             unet.requires_grad_(False)
-        self.model = FramerModel(unet, controlnet, mask_token)
+        self.model = FramerModel(unet, controlnet, mask_token, self.options.train_mask_token)
         return self.model
+
+    def optimizer_groups(self, model: torch.nn.Module) -> list[dict[str, Any]] | None:
+        """With `model.mask_token_lr`: the trained mask_token in a param group of its own at that
+        learning rate (the schedule scales it as the main one); None: one group for everything."""
+        if self.options.mask_token_lr is None:
+            return None
+        token = model.mask_token
+        rest = [p for p in model.parameters() if p.requires_grad and p is not token]
+        return [{"params": rest}, {"params": [token], "lr": self.options.mask_token_lr}]
 
     def sampling(self, controlnet_cond: Tensor | None = None):
         """Sampling in training (validation samples, interp_eval): Framer's conditioning with the model's
@@ -178,7 +190,8 @@ class FramerSetup:
 
     def export(self, accelerator, model: torch.nn.Module, out_dir: Path) -> dict[str, Any]:
         """final/: the UNet's peft adapter at the top (`PeftModel.from_pretrained(framer_unet, final)`)
-        when a LoRA trains, the whole ControlNet in `controlnet/` when it trains. Every rank (gathers
+        when a LoRA trains, the whole ControlNet in `controlnet/` when it trains, the mask_token in
+        `MASK_TOKEN_FILE` when it trains. Every rank (gathers
         under ZeRO-3); returns the metadata entries that describe it."""
         state = gathered_trainable_state_dict(accelerator, model)
         framer_model = accelerator.unwrap_model(model)
@@ -188,6 +201,12 @@ class FramerSetup:
                 adapter = {k.removeprefix("unet."): v for k, v in state.items() if k.startswith("unet.")}
                 check_not_empty(adapter, "the UNet LoRA")
                 framer_model.unet.save_pretrained(out_dir, state_dict=adapter, safe_serialization=True)
+            if self.options.train_mask_token:
+                token = state.get("mask_token")
+                check_not_empty({"mask_token": token} if token is not None else {}, "the mask_token")
+                save_file(
+                    {"mask_token": token.contiguous()}, str(out_dir / MASK_TOKEN_FILE), {"format": "pt"}
+                )
             if self.trains_controlnet:
                 weights = {
                     k.removeprefix("controlnet."): v for k, v in state.items() if k.startswith("controlnet.")
@@ -198,8 +217,6 @@ class FramerSetup:
                     raise RuntimeError(f"internal: ControlNet export lacks {sorted(missing)[:3]}")
                 # diffusers' save_pretrained has no state_dict argument (it would write ZeRO-3's empty
                 # partitions): the config and the gathered tensors, in its file layout
-                from safetensors.torch import save_file
-
                 folder = out_dir / CONTROLNET_DIR
                 framer_model.controlnet.save_config(folder)
                 tensors = {k: v.contiguous() for k, v in weights.items()}
@@ -213,6 +230,7 @@ class FramerSetup:
             "controlnet_step_range": list(self.framer.controlnet_step_range),
             "has_adapter": self.trains_lora,
             "has_controlnet": self.trains_controlnet,
+            "has_mask_token": self.options.train_mask_token,
         }
 
     def load_export(self, model: torch.nn.Module, export_dir: Path) -> None:
@@ -223,7 +241,12 @@ class FramerSetup:
         export_dir = Path(export_dir)
         adapter = export_dir / "adapter_model.safetensors"
         weights = export_dir / CONTROLNET_DIR / "diffusion_pytorch_model.safetensors"
-        wanted = [(self.trains_lora, adapter), (self.trains_controlnet, weights)]
+        token = export_dir / MASK_TOKEN_FILE
+        wanted = [
+            (self.trains_lora, adapter),
+            (self.trains_controlnet, weights),
+            (self.options.train_mask_token, token),
+        ]
         missing = [str(p.relative_to(export_dir)) for needed, p in wanted if needed and not p.is_file()]
         if missing:
             problem = ConfigProblem(
@@ -236,3 +259,21 @@ class FramerSetup:
             load_peft_adapter(model.unet, export_dir)
         if self.trains_controlnet:
             model.controlnet.load_state_dict(load_file(weights), strict=True)
+        if self.options.train_mask_token:
+            with torch.no_grad():
+                model.mask_token.copy_(read_mask_token(export_dir).reshape(model.mask_token.shape))
+
+
+def read_mask_token(export_dir: Path) -> Tensor:
+    """The trained mask_token of an export (`MASK_TOKEN_FILE`), with a clear error when it is absent."""
+    from safetensors.torch import load_file
+
+    path = Path(export_dir) / MASK_TOKEN_FILE
+    if not path.is_file():
+        problem = ConfigProblem(
+            str(export_dir),
+            f"its metadata says the run trained the mask_token but {MASK_TOKEN_FILE} is missing: pass a "
+            "complete final/ or best/ of the run",
+        )
+        raise ConfigError([problem], "loading the export")
+    return load_file(str(path))["mask_token"]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.engine.export import read_export_json
@@ -54,8 +54,12 @@ class VideoSampleCommandOptions(SampleCommandOptions):
     fps: float | None = Field(
         None, gt=0, description="fps conditioning and output rate; default: the trained fps."
     )
-    motion_bucket_id: int | None = Field(
-        None, ge=0, le=255, description="SVD's motion conditioning; default: the trained value."
+    motion_bucket: int | Literal["auto"] | None = Field(
+        None,
+        description="SVD's motion conditioning, 0..255, or 'auto': estimated from the first and last "
+        "frames with the motion score training used (a run trained with model.motion_bucket: from_data, "
+        "whose export records the score quantiles). Default: auto for such a run, else the trained value.",
+        json_schema_extra={"old_flags": ["--motion-bucket-id"]},
     )
     noise_aug: float = Field(
         0.02, ge=0, description="Noise added to the conditioning frames (SVD's noise_aug_strength)."
@@ -68,6 +72,11 @@ class VideoSampleCommandOptions(SampleCommandOptions):
     )
     num_frames: int | None = Field(None, ge=2, description="Frames to generate; default: the trained count.")
     decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
+    frames: bool = Field(
+        True,
+        description="Also write each frame as a PNG in <out stem>_frames/ (lossless, for frame-by-frame "
+        "comparison); --no-frames skips them (they take many times the mp4's space at large sizes).",
+    )
     guidance_schedule: GuidanceScheduleName = Field(
         "linear",
         description="Guidance over the frames: 'linear' ramps min -> max from first to last frame (SVD); "
@@ -92,6 +101,13 @@ class VideoSampleCommandOptions(SampleCommandOptions):
         "the ControlNet runs (Framer's controlnet_step_range); default: the export's "
         "model.base.controlnet_step_range.",
     )
+
+    @field_validator("motion_bucket")
+    @classmethod
+    def _bucket_range(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and not 0 <= value <= 255:
+            raise ValueError(f"a motion bucket is 0..255 (or auto), got {value}")
+        return value
 
 
 def read_adapter_metadata(adapter_dir: Path) -> dict[str, Any]:
@@ -276,7 +292,9 @@ def load_sampler_parts(
 
 
 def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str:
-    """Write one video from the adapter in `adapter_dir`; returns the line to print."""
+    """Write one video from the adapter in `adapter_dir` (plus its frames as PNGs and `<stem>.json`, the
+    seed and every conditioning value: `sample_record.py`); prints those values before the denoising
+    starts and returns the closing line."""
     from framer_ds.data.progress import sampling_progress
     from framer_ds.tasks.video_lora.data.video_write import (
         H264,
@@ -285,6 +303,12 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
         write_video,
     )
     from framer_ds.tasks.video_lora.diffusion.sampling import sample_video
+    from framer_ds.tasks.video_lora.sample_record import (
+        describe,
+        motion_bucket_choice,
+        sample_record,
+        write_sample_record,
+    )
 
     device = options.resolved_device()
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
@@ -295,7 +319,17 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
     last = load_frame(options.last_image, *size, device, options.resize) if options.last_image else None
     fps = options.fps or metadata.get("fps") or DEFAULT_FPS
     num_frames = options.num_frames or metadata["num_frames"]
+    motion = motion_bucket_choice(options.motion_bucket, metadata, first, last, num_frames)
     parts, framer = load_sampler_parts(adapter_dir, metadata, options, num_frames, device, dtype)
+    settings = {"num_frames": num_frames, "height": size[0], "width": size[1], "fps": fps, **motion}
+    if framer is not None:
+        settings.update(
+            controlnet_scale=framer.conditioning_scale, controlnet_step_range=list(framer.step_range)
+        )
+    record = sample_record(
+        adapter_dir, metadata, options, {**settings, "device": device, "dtype": str(dtype)}
+    )
+    print(describe(record), flush=True)
     with sampling_progress(options.steps, "sample") as bar:
         frames = sample_video(
             parts,
@@ -303,9 +337,7 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
             last,
             num_frames,
             fps,
-            options.motion_bucket_id
-            if options.motion_bucket_id is not None
-            else metadata["motion_bucket_id"],
+            motion["motion_bucket"],
             noise_aug_strength=options.noise_aug,
             num_inference_steps=options.steps,
             min_guidance_scale=options.min_guidance,
@@ -318,10 +350,12 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
         )
     pixels = to_uint8_frames(frames)
     codec = write_video(options.out, pixels, fps)
-    frames_folder = write_frame_pngs(options.out, pixels)
+    frames_note = f"; the frames as PNGs in {write_frame_pngs(options.out, pixels)}" if options.frames else ""
+    record_file = write_sample_record(options.out, {**record, "video": str(options.out), "codec": codec})
     return (
         f"wrote {options.out} ({'H.264' if codec == H264 else codec}): {len(pixels)} frames at "
-        f"{size[1]}x{size[0]}, conditioned on {fps:g} fps; the frames as PNGs in {frames_folder}"
+        f"{size[1]}x{size[0]}, conditioned on {fps:g} fps, motion bucket {motion['motion_bucket']}, seed "
+        f"{options.seed}{frames_note}; settings in {record_file}"
     )
 
 

@@ -177,6 +177,10 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
         # Framer's or diffusers' (diffusion/temporal_context.py), for both bases
         return set_temporal_context_order(model, self.config.model.context_order)
 
+    def optimizer_groups(self, model: torch.nn.Module) -> list[dict] | None:
+        """A Framer run's mask_token at `model.mask_token_lr` (framer_setup.py); otherwise one group."""
+        return self.framer.optimizer_groups(model) if self.framer is not None else None
+
     def setup_frozen(self, accelerator) -> None:
         """With the latent cache on, the VAE and encoder load only if the cache must be (re)built or
         samples drawn, and never stay on the device during training."""

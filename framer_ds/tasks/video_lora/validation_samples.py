@@ -26,6 +26,7 @@ from framer_ds.tasks.video_lora.config import SampleOptions
 from framer_ds.tasks.video_lora.data.video_index import VIDEO_EXTENSIONS
 from framer_ds.tasks.video_lora.data.video_write import to_uint8_frames, write_frame_pngs, write_video
 from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts, sample_video
+from framer_ds.tasks.video_lora.sample_record import write_sample_record
 
 
 @dataclass
@@ -78,6 +79,24 @@ def _with_heatmaps(
 def _file_name(index: int, name: str) -> str:
     stem = str(Path(name).with_suffix("")) if Path(name).suffix.lower() in VIDEO_EXTENSIONS else name
     return f"{index:02d}_{re.sub(r'[^A-Za-z0-9._-]+', '_', stem)[:80]}.mp4"
+
+
+def _record(
+    source: SampleInput, index: int, options: SampleOptions, num_frames: int, motion_bucket_id: int
+) -> dict:
+    """What this validation video conditioned on (`<name>.json` beside it, as `framer-ds sample` writes):
+    a clip of a from_data run moves at its own bucket (the clip's motion score, the measure that the
+    sampler's `--motion-bucket auto` applies to the given frames), others at the configured one."""
+    own = source.motion_bucket is not None
+    return {
+        "input": source.name,
+        "seed": options.seed + index,
+        "num_frames": num_frames,
+        "fps": source.fps,
+        "motion_bucket": source.motion_bucket if own else motion_bucket_id,
+        "motion_bucket_source": "the clip's motion score (from_data)" if own else "model.motion_bucket",
+        **options.sampling_kwargs(),
+    }
 
 
 def write_sample_round(
@@ -133,5 +152,6 @@ def write_sample_round(
         path = out_dir / _file_name(index, source.name)
         write_video(path, pixels, source.fps)
         write_frame_pngs(path, pixels)  # <name>_frames/frame_000.png ...: to compare frame by frame
+        write_sample_record(path, _record(source, index, options, num_frames, motion_bucket_id))
         written.append(path)
     return written

@@ -350,10 +350,11 @@ def test_validate_names_what_a_framer_run_lacks(tmp_path):
 def test_zero3_two_process_controlnet_and_lora_export_is_complete(tmp_path):
     """train_modules both with point heatmaps from data.tracks, under ZeRO-3 with every tensor partitioned:
     final/ holds the whole ControlNet, gathered (loads strictly, trained away from the base), beside the
-    LoRA adapter."""
+    LoRA adapter and the trained mask_token (gathered too: ZeRO-3 partitions it like any parameter)."""
     args = [
         f"output_dir={tmp_path / 'run'}",
         "model.base.train_modules=both",
+        "model.train_mask_token=true",
         "data.tracks.tracker=analytic",
         "train.length.steps=2",
         "train.eval.every=null",
@@ -372,6 +373,9 @@ def test_zero3_two_process_controlnet_and_lora_export_is_complete(tmp_path):
     base = load_framer_controlnet(config_framer_path(load_run_config(FRAMER_TINY, args)) / "controlnet")
     changed = [k for k, v in base.state_dict().items() if not torch.equal(trained.state_dict()[k], v)]
     assert changed
+    token = load_file(final / "mask_token.safetensors")["mask_token"]
+    base_unet = load_framer_unet(config_framer_path(load_run_config(FRAMER_TINY, args)) / "unet")
+    assert token.shape == base_unet.mask_token.shape and not torch.equal(token, base_unet.mask_token)
 
 
 def test_sampler_feeds_framers_conditioning_and_controlnet(tmp_path):

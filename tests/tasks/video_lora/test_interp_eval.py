@@ -253,9 +253,16 @@ def test_validation_samples_condition_each_clip_on_its_own_motion_bucket(tmp_pat
         return clip
 
     monkeypatch.setattr(validation_samples, "sample_video", fake_sample)
-    accelerator = SimpleNamespace(num_processes=1, process_index=0, device="cpu", is_main_process=False)
-    validation_samples.write_sample_round(accelerator, None, inputs, options, 3, 127, tmp_path)
+    accelerator = SimpleNamespace(num_processes=1, process_index=0, device="cpu", is_main_process=True)
+    written = validation_samples.write_sample_round(accelerator, None, inputs, options, 3, 127, tmp_path)
     assert used == [40, 127]
+    # each video's JSON says which bucket it moved at and why, with its seed (as `framer-ds sample`'s)
+    records = [json.loads(path.with_suffix(".json").read_text()) for path in written]
+    assert [(r["motion_bucket"], r["seed"]) for r in records] == [(40, 0), (127, 1)]
+    assert [r["motion_bucket_source"] for r in records] == [
+        "the clip's motion score (from_data)",
+        "model.motion_bucket",
+    ]
 
 
 def test_framer_validation_samples_drive_the_controlnet_with_each_clips_heatmaps(tmp_path, monkeypatch):

@@ -86,7 +86,9 @@ def test_indexed_videos_are_scored_once_and_cached(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["pixels", "latent_cache"])
-def test_motion_bucket_from_data_conditions_each_clip_on_its_own_bucket(tmp_path, monkeypatch, cached):
+def test_motion_bucket_from_data_conditions_each_clip_on_its_own_bucket(
+    tmp_path, monkeypatch, capsys, cached
+):
     """`model.motion_bucket: from_data`: items carry their video's bucket (the training set spans
     0..255), the UNet's added time ids carry it per sample, and the export records the quantiles."""
     import json
@@ -131,6 +133,53 @@ def test_motion_bucket_from_data_conditions_each_clip_on_its_own_bucket(tmp_path
     metadata = json.loads((tmp_path / "run" / "final" / EXPORT_METADATA).read_text())
     assert metadata["motion_bucket"] == "from_data" and metadata["motion_bucket_id"] == 127
     assert set(metadata["motion_score_quantiles"]) >= {"q00", "q50", "q100"}
+    if not cached:
+        sample_at_the_input_frames_motion(tmp_path, metadata, seen, capsys)
+
+
+def sample_at_the_input_frames_motion(tmp_path, metadata, seen, capsys):
+    """`framer-ds sample` of a from_data export: the bucket comes from the first/last frames (default
+    `--motion-bucket auto`), is printed and stored in the sample's JSON; an explicit number wins.
+
+    A black-to-white pair has no image gradient, so its normal-flow score is 0, below every training
+    clip (the synthetic clips all move: q00 > 0), so its bucket is 0, not the 127 sampling used before."""
+    import json
+
+    from PIL import Image
+
+    from framer_ds.cli.main import main
+
+    assert metadata["motion_score_quantiles"]["q00"] > 0
+    for name, value in (("black.png", 0), ("white.png", 255)):
+        Image.fromarray(np.full((64, 64, 3), value, dtype=np.uint8)).save(tmp_path / name)
+    out = tmp_path / "sample.mp4"
+    final = tmp_path / "run" / "final"
+    args = [
+        "sample",
+        str(final),
+        "--image",
+        str(tmp_path / "black.png"),
+        "--last-image",
+        str(tmp_path / "white.png"),
+    ]
+    seen.clear()
+    assert main([*args, "--out", str(out), "--steps", "2", "--seed", "5"]) == 0
+    assert {int(m) for m in seen} == {0}  # the UNet's added time ids carried the estimated bucket
+    printed = capsys.readouterr().out
+    assert "motion bucket 0 (from the input frames)" in printed and "seed=5" in printed
+    record = json.loads((tmp_path / "sample.json").read_text())
+    assert record["motion_bucket"] == 0 and record["motion_bucket_source"] == "the input frames"
+    assert record["seed"] == 5 and record["steps"] == 2 and record["num_frames"] == 4
+    assert {"fps", "noise_aug_strength", "min_guidance", "max_guidance", "mode", "base", "export"} <= set(
+        record
+    )
+    # an explicit number wins; the renamed flag still works
+    seen.clear()
+    fixed = [*args, "--out", str(tmp_path / "fixed.mp4"), "--steps", "1", "--motion-bucket-id", "90"]
+    assert main([*fixed, "--no-frames"]) == 0
+    assert {int(m) for m in seen} == {90}
+    assert (tmp_path / "sample_frames").is_dir() and not (tmp_path / "fixed_frames").exists()
+    assert json.loads((tmp_path / "fixed.json").read_text())["motion_bucket_source"] == "--motion-bucket"
 
 
 def test_the_old_motion_bucket_id_key_names_its_replacement(tmp_path):

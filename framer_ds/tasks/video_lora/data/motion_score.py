@@ -112,6 +112,27 @@ class MotionBuckets:
         return {f"q{q:02d}": float(np.quantile(arr, q / 100)) for q in (0, 10, 25, 50, 75, 90, 100)}
 
 
+def bucket_from_quantiles(score: float, quantiles: dict[str, float]) -> int:
+    """The bucket of `score` by an export's recorded quantiles (`MotionBuckets.summary`: "q00".."q100"),
+    for sampling a run trained with `from_data`: the score's percentile, linearly interpolated between
+    the recorded ones (the training map interpolates between every training score; with the 7 recorded
+    points the two agree at those points and differ a little between them), clamped to 0..255; the
+    middle (128) when the training scores had no spread, as `MotionBuckets.quantile` gives."""
+    points = sorted((int(name[1:]) / 100, float(value)) for name, value in quantiles.items())
+    levels, values = [p[0] for p in points], [p[1] for p in points]
+    if values[0] == values[-1]:
+        return round(255 * 0.5)
+    return round(255 * float(np.interp(score, values, levels)))
+
+
+def end_frames_score(first: torch.Tensor, last: torch.Tensor, num_frames: int) -> float:
+    """The motion score per clip frame of a clip known only by its first and last frame ([3,H,W] in
+    [-1,1]): `motion_score` of the pair, which spans num_frames - 1 frame steps, over that count (the
+    same constant-speed assumption that turns a video's score into a clip's at another stride)."""
+    pair = ((torch.stack([first, last]).float().cpu().permute(0, 2, 3, 1) + 1) / 2).clamp(0, 1)
+    return motion_score(pair) / max(1, num_frames - 1)
+
+
 def _record_key(record: VideoRecord, stride: int) -> str:
     stat = Path(record.path).stat()
     return (

@@ -171,14 +171,36 @@ class FramerModel(nn.Module):
     ControlNet is skipped, which is what Framer's pipeline does without points (`with_control=False`).
 
     `mask_token` is read by the conditioning outside the UNet's forward, where ZeRO-3 has it
-    partitioned: a non-persistent buffer keeps a copy (the token is frozen in every training mode)."""
+    partitioned: a non-persistent buffer keeps a copy of the base's token. With `train_mask_token`
+    the model also owns a trainable `mask_token` parameter (at its root, so ZeRO-3 gathers it in this
+    module's forward and the checkpoint and the gathered export hold it): `forward` writes it over
+    the conditioning latents of every missing frame (mask channel 1), which is what
+    `framer_conditioning` put there with the buffer's value, so the gradient reaches the token."""
 
-    def __init__(self, unet: nn.Module, controlnet: ControlNetSVDModel | None, mask_token: Tensor):
+    def __init__(
+        self,
+        unet: nn.Module,
+        controlnet: ControlNetSVDModel | None,
+        mask_token: Tensor,
+        train_mask_token: bool = False,
+    ):
         super().__init__()
         self.unet = unet
         self.controlnet = controlnet
         self.register_buffer("mask_token_value", mask_token.detach().clone(), persistent=False)
+        self.mask_token = nn.Parameter(mask_token.detach().clone()) if train_mask_token else None
         self.residuals = ControlNetResiduals(base_unet(unet))
+
+    def with_trained_token(self, sample: Tensor) -> Tensor:
+        """The UNet input [B,F,2C+1,h,w] (noisy, conditioning latents, Framer's mask channel) with the
+        trainable token on the missing frames. The mask is exactly 0 or 1, so `mask * token + (1 -
+        mask) * latents` replaces those latents and keeps the given frames bit for bit."""
+        if self.mask_token is None:
+            return sample
+        c = self.mask_token.shape[2]
+        noisy, latents, mask = sample[:, :, :c], sample[:, :, c : 2 * c], sample[:, :, 2 * c :]
+        token = self.mask_token.to(sample.dtype)
+        return torch.cat([noisy, mask * token + (1 - mask) * latents, mask], dim=2)
 
     @property
     def config(self):
@@ -194,6 +216,7 @@ class FramerModel(nn.Module):
         conditioning_scale: float = 1.0,
         return_dict: bool = False,
     ):
+        sample = self.with_trained_token(sample)
         use_control = self.controlnet is not None and controlnet_cond is not None and conditioning_scale != 0
         if use_control:
             down, mid = self.controlnet(
