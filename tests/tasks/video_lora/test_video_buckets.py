@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from accelerate.data_loader import prepare_data_loader
+from PIL import Image
 from test_video_resume import _train_in_process, resumable_copy
 from torch.utils.data import DataLoader
 
@@ -24,7 +25,7 @@ from framer_ds.tasks.video_lora.data.bucket_sampler import BucketBlockSampler
 from framer_ds.tasks.video_lora.data.buckets import Bucket, assign_buckets, auto_buckets, bucket_problems
 from framer_ds.tasks.video_lora.data.synthetic_video import write_moving_shape_clip
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
-from framer_ds.tasks.video_lora.inference import EXPORT_METADATA
+from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, VideoSampleCommandOptions, sample_to_file
 from framer_ds.tasks.video_lora.task import VideoLoraTask
 
 TINY = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
@@ -151,6 +152,23 @@ def test_mixed_clips_train_in_buckets_and_resume_exactly(mixed_clips, tmp_path, 
     resumed = resumable_copy(tmp_path / "full", tmp_path / "resumed")
     _train_in_process(TINY, [*bucket_overrides(mixed_clips, resumed), "train.resume=latest"])
     assert losses_and_buckets(resumed)[2:] == straight[2:]  # exact (module docstring)
+    sample_at_trained_shapes_only(tmp_path / "full" / "final", tmp_path)
+
+
+def sample_at_trained_shapes_only(final: Path, tmp_path: Path) -> None:
+    """`framer-ds sample --height/--width` at a trained bucket writes that size; another is refused."""
+    frame = tmp_path / "frame.png"
+    Image.new("RGB", (96, 64), (200, 40, 40)).save(frame)
+    shape = {"image": frame, "last_image": frame, "steps": 2, "device": "cpu"}
+    out = tmp_path / "wide.mp4"
+    line = sample_to_file(final, VideoSampleCommandOptions(out=out, height=48, width=80, **shape))
+    assert "8 frames at 80x48" in line
+    with pytest.raises(ConfigError) as refused:
+        sample_to_file(final, VideoSampleCommandOptions(out=out, height=64, width=96, **shape))
+    assert (
+        "64x96x8 (HxWxF) is not a shape this export was trained at; trained: 48x80x8, 64x64x8, 80x48x8"
+        in (str(refused.value))
+    )
 
 
 def _launch_two(overrides: list[str]) -> None:
