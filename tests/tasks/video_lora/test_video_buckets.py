@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from accelerate.data_loader import prepare_data_loader
 from PIL import Image
+from safetensors import safe_open
 from test_video_resume import _train_in_process, resumable_copy
 from torch.utils.data import DataLoader
 
@@ -215,3 +216,24 @@ def test_a_wrong_bucket_list_is_refused_at_validation(tmp_path):
     assert len(problems) == 2 and "use 96" in problems[0] and "at least 3" in problems[1]
     with pytest.raises(ConfigError):
         load_run_config(TINY, [f"output_dir={tmp_path}", "data.buckets=[]"])
+
+
+def test_the_latent_cache_keeps_each_entry_in_its_bucket(mixed_clips, tmp_path):
+    """Two cached copies of each clip (12 entries): entry i is clip i % 6 and keeps its bucket, so every
+    micro-batch still holds one shape (a mixed one would not collate) and names it."""
+    cache = [
+        "data.cache.enabled=true",
+        f"data.cache.dir={tmp_path / 'cache'}",
+        "data.cache.clips_per_video=2",
+    ]
+    _train_in_process(
+        TINY, [*bucket_overrides(mixed_clips, tmp_path / "run"), *cache, "train.length.steps=3"]
+    )
+    assert {x["bucket"] for x in read_metrics(tmp_path / "run")[0]} <= AUTO_BUCKETS
+    entries = sorted((tmp_path / "cache").glob("*/entry_*.safetensors"))
+    assert len(entries) == 12
+    with safe_open(str(entries[7]), framework="pt") as handle:  # clip 1: 64x64, 12 frames
+        assert (json.loads(handle.metadata()["bucket"]), handle.get_slice("target").get_shape()[-2:]) == (
+            "64x64x8",
+            [8, 8],
+        )
