@@ -177,6 +177,12 @@ class Task(ABC):
             f"task {self.name!r} sets loss_reduction = 'sum' and must implement count_loss_items(batch)"
         )
 
+    def log_labels(self) -> dict[str, str]:
+        """Text fields for the next training line of metrics.jsonl, about the steps since the last line
+        (e.g. the shape bucket they trained), then forgotten. The main process logs its own: a task whose
+        labels could differ between ranks agrees them itself."""
+        return {}
+
     @abstractmethod
     def eval_step(self, model: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Per-sample values (first dim = batch, any trailing shape, e.g. [B, classes]). The loop sums

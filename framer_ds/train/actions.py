@@ -148,6 +148,7 @@ class LogMetrics(StepAction):
             "samples": float(state.samples_seen),
             **ctx.throughput.rates(run.task.loss_items_name if summing else None),
             **worst_rank_memory(accelerator),
+            **run.task.log_labels(),  # text, e.g. the bucket trained (video_lora data.buckets)
         }
         for index, name in enumerate(run.task.loss_parts):
             part_sum, part_items = part_values[2 * index : 2 * index + 2]

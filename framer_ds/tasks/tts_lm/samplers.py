@@ -7,20 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-from torch.utils.data import Sampler
 
+from framer_ds.data.epoch_sampler import EpochSampler
 from framer_ds.tasks.tts_lm.token_sequences import length_grouped_order
-
-
-class EpochSampler(Sampler[int]):
-    """A sampler whose order changes with `set_epoch` (accelerate calls it through its wrappers)."""
-
-    def __init__(self, seed: int):
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
 
 class LengthGroupedSampler(EpochSampler):

@@ -338,6 +338,14 @@ class VideoLoraDataConfig(StrictModel):
     stride_range: tuple[int, int] | None = Field(None, description="Random stride per clip, inclusive.")
     height: int = Field(320, ge=64, description="Training height in pixels (a multiple of 64).")
     width: int = Field(512, ge=64, description="Training width in pixels (a multiple of 64).")
+    buckets: Literal["auto"] | list[str] | None = Field(
+        None,
+        description="Aspect/resolution/length buckets: null = one shape (height x width x num_frames, "
+        "cropped); 'auto' = derived from the clips (their aspect ratios and lengths, area near height x "
+        "width, at most num_frames); or a list of 'HxWxF' shapes (H, W multiples of what the model's VAE "
+        "and UNet downsample by). Each clip trains at its nearest bucket, each micro-batch holds one "
+        "bucket; evaluation stays at height x width x num_frames (docs/video_lora.md, Buckets).",
+    )
     hflip: bool = Field(False, description="Train augmentation: flip a clip horizontally with p=0.5.")
     random_crop: bool = Field(
         False, description="Train augmentation: a random crop of the resized clip instead of the centre crop."
@@ -363,7 +371,13 @@ class VideoLoraDataConfig(StrictModel):
     def _checks(self) -> VideoLoraDataConfig:
         if (self.stride is None) == (self.stride_range is None):
             raise ValueError("set exactly one of data.stride or data.stride_range")
+        if isinstance(self.buckets, list) and not self.buckets:
+            raise ValueError("data.buckets is an empty list: list HxWxF shapes, or use auto or null")
         return self
+
+    @property
+    def min_stride(self) -> int:
+        return self.stride_range[0] if self.stride_range else self.stride
 
     @property
     def max_stride(self) -> int:

@@ -8,9 +8,17 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from framer_ds.config.errors import ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig
+from framer_ds.tasks.video_lora.data.buckets import (
+    Bucket,
+    BucketPlan,
+    assign_buckets,
+    auto_buckets,
+    bucket_problems,
+    min_frames_for,
+)
 from framer_ds.tasks.video_lora.data.image_pairs import scan_image_pairs
 from framer_ds.tasks.video_lora.data.motion_score import MotionBuckets, WithMotionBucket, motion_rates
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
@@ -67,6 +75,22 @@ def layout_problems(data: VideoLoraDataConfig, mode: str, fps: float | None) -> 
     return problems
 
 
+def bucket_config_problems(data: VideoLoraDataConfig, mode: str, multiple: int) -> list[ConfigProblem]:
+    """data.buckets: an explicit list's shapes (multiples of `multiple`, enough frames for `mode`), and
+    only with the videos layout (image pairs have one frame size and no length)."""
+    if data.buckets is None:
+        return []
+    problems = []
+    if data.layout != "videos":
+        problems.append(
+            ConfigProblem("data.buckets", "applies to layout videos: set it to null for image_pairs")
+        )
+    if isinstance(data.buckets, list):
+        found = bucket_problems(data.buckets, multiple, min_frames_for(mode))
+        problems += [ConfigProblem("data.buckets", line) for line in found]
+    return problems
+
+
 def held_out(ids: list[str], fraction: float) -> set[str]:
     """Every k-th item is held out: deterministic and spread over the whole folder."""
     n_val = int(len(ids) * fraction)
@@ -80,6 +104,8 @@ class BuiltData:
     notes: dict[str, str] = field(default_factory=dict)  # for the run summary
     conditioning_fps: list[float] = field(default_factory=list)  # what training conditions on
     motion_buckets: MotionBuckets | None = None  # model.motion_bucket from_data: the training quantiles
+    buckets: BucketPlan | None = None  # data.buckets: each training video's shape
+    item_buckets: list[str] = field(default_factory=list)  # data.buckets: each training item's, by index
 
 
 @dataclass
@@ -89,6 +115,8 @@ class VideoLoraData:
     fixed_fps: float | None  # model.fps
     motion_from_data: bool = False  # model.motion_bucket: from_data
     seed: int | None = None  # train.seed: training items draw their augmentation from (seed, epoch, index)
+    size_multiple: int = 64  # data.buckets: H and W multiples of this (the model's VAE x UNet downsampling)
+    min_frames: int = 2  # data.buckets: the fewest frames the mode trains on
 
     @property
     def sampler(self) -> ClipSampler:
@@ -101,8 +129,10 @@ class VideoLoraData:
             data.source.builtin == "synthetic_clips"
         ):  # idempotent; lets `data tracks` skip the rest of prepare_data
             ensure_synthetic_clips(self.root)
+        # with buckets a video shorter than num_frames may still fill a shorter bucket (or is named unfit)
+        shortest = data.num_frames if data.buckets is None else self.min_frames
         found = build_video_index(
-            self.root, data.manifest, data.num_frames, cache_dir=default_cache_dir() / "video_index"
+            self.root, data.manifest, shortest, cache_dir=default_cache_dir() / "video_index"
         )
         require_usable(found, "data.source.path", data.max_rejected_fraction)
         return found
@@ -113,7 +143,27 @@ class VideoLoraData:
             return f"{self.root}: {len(pairs)} image pairs ({{id}}_start + {{id}}_end)"
         found = self.index()
         note = self.stride_note(found.records)
-        return format_report(found) + (f"\n  stride: {note}" if note else "")
+        report = format_report(found) + (f"\n  stride: {note}" if note else "")
+        plan = self.bucket_plan(found.records)
+        if plan is not None:
+            report += "\n  buckets (data.buckets):" + "".join(f"\n    {line}" for line in plan.lines())
+        return report
+
+    def bucket_plan(self, records: list[VideoRecord]) -> BucketPlan | None:
+        """data.buckets: the shapes (auto: derived from `records`) and each video's; None when off."""
+        data = self.config
+        if data.buckets is None:
+            return None
+        if data.buckets == "auto":
+            area = data.height * data.width
+            args = (area, data.num_frames, self.size_multiple, data.min_stride, self.min_frames)
+            shapes = auto_buckets(records, *args)
+        else:
+            shapes = sorted(Bucket.parse(text) for text in data.buckets)
+        if not shapes:
+            problem = f"auto found no video of {self.min_frames} frames or more at stride {data.min_stride}"
+            raise ConfigError([ConfigProblem("data.buckets", f"{problem}: add longer videos or list shapes")])
+        return assign_buckets(records, shapes, data.min_stride)
 
     def stride_note(self, records: list[VideoRecord]) -> str | None:
         sampler = self.sampler
@@ -145,6 +195,11 @@ class VideoLoraData:
         val_ids = held_out([r.video_id for r in records], data.val_fraction)
         train_records = [r for r in records if r.video_id not in val_ids]
         notes = {"validation": self._split_note(len(val_ids), len(records), "videos")}
+        plan = self.bucket_plan(train_records)
+        if plan is not None:
+            train_records = [r for r in train_records if r.video_id in plan.assigned]
+            notes["buckets"] = "".join(f"\n    {line}" for line in plan.lines(REJECTED_SHOWN))
+            val_ids = self._val_at_fixed_shape(records, val_ids, notes)
         if found.rejected:  # named at start, as `data check` names them: never dropped without a word
             listed = "".join(f"\n    {line}" for line in rejected_lines(found, REJECTED_SHOWN))
             notes["videos"] = f"{count_line(found)}{listed}"
@@ -164,14 +219,40 @@ class VideoLoraData:
             random_crop=data.random_crop,
             train=True,
             seed=self.seed,
+            buckets=plan.assigned if plan is not None else None,
             **common,
         )
         val = None
         if val_ids:
             val_records = [r for r in records if r.video_id in val_ids]
             val = VideoClipDataset(replace(found, records=val_records), train=False, **common)
-        built = BuiltData(train, val, notes, conditioning_fps(train_records, self.sampler))
+        built = BuiltData(train, val, notes, self._conditioning_fps(train_records, plan), buckets=plan)
+        built.item_buckets = train.item_buckets() if plan is not None else []
         return self._with_motion_buckets(built, records, train_records) if self.motion_from_data else built
+
+    def _val_at_fixed_shape(self, records: list[VideoRecord], val_ids: set[str], notes: dict) -> set[str]:
+        """With buckets, evaluation stays at height x width x num_frames (its loss compares across runs
+        and buckets): held-out videos shorter than num_frames leave the eval set, with a note."""
+        short = {
+            r.video_id for r in records if r.video_id in val_ids and r.usable_frames < self.config.num_frames
+        }
+        if short:
+            notes["validation"] += (
+                f"; {len(short)} held-out videos shorter than data.num_frames {self.config.num_frames} are "
+                f"not evaluated (evaluation stays at one shape): {', '.join(sorted(short)[:REJECTED_SHOWN])}"
+            )
+        return val_ids - short
+
+    def _conditioning_fps(self, records: list[VideoRecord], plan: BucketPlan | None) -> list[float]:
+        """`conditioning_fps` with each video at its bucket's frame count (its strides depend on it)."""
+        if plan is None:
+            return conditioning_fps(records, self.sampler)
+        frames = {r.video_id: plan.assigned[r.video_id].num_frames for r in records}
+        return [
+            fps
+            for r in records
+            for fps in conditioning_fps([r], replace(self.sampler, num_frames=frames[r.video_id]))
+        ]
 
     def motion_rates(self, records: list[VideoRecord] | None = None) -> dict[str, float]:
         """Each video's motion per source frame (data/motion_score.py), scored at the smallest training

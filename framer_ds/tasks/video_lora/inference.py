@@ -71,6 +71,14 @@ class VideoSampleCommandOptions(SampleCommandOptions):
         3.0, ge=0, description="Classifier-free guidance at the last frame (the middle with middle_max)."
     )
     num_frames: int | None = Field(None, ge=2, description="Frames to generate; default: the trained count.")
+    height: int | None = Field(
+        None,
+        ge=1,
+        description="Frame height: a shape the export trained at (data.buckets); default: trained.",
+    )
+    width: int | None = Field(
+        None, ge=1, description="Frame width: a shape the export trained at (data.buckets); default: trained."
+    )
     decode_chunk_size: int = Field(8, ge=1, description="Frames per VAE decode call (memory).")
     frames: bool = Field(
         True,
@@ -309,16 +317,18 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
         sample_record,
         write_sample_record,
     )
+    from framer_ds.tasks.video_lora.sample_shape import sample_shape
 
     device = options.resolved_device()
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     metadata = read_adapter_metadata(adapter_dir)
     require_flags_fit_adapter(metadata, options)
-    size = (metadata["height"], metadata["width"])
+    height, width, num_frames = sample_shape(metadata, options.height, options.width, options.num_frames)
+    metadata = {**metadata, "height": height, "width": width}  # what the rest samples at (sample_shape.py)
+    size = (height, width)
     first = load_frame(options.image, *size, device, options.resize)
     last = load_frame(options.last_image, *size, device, options.resize) if options.last_image else None
     fps = options.fps or metadata.get("fps") or DEFAULT_FPS
-    num_frames = options.num_frames or metadata["num_frames"]
     motion = motion_bucket_choice(options.motion_bucket, metadata, first, last, num_frames)
     parts, framer = load_sampler_parts(adapter_dir, metadata, options, num_frames, device, dtype)
     settings = {"num_frames": num_frames, "height": size[0], "width": size[1], "fps": fps, **motion}

@@ -63,8 +63,9 @@ class VideoLatentCaching:
                 batch = to_compute_dtype(accelerator, batch, self.full_precision_keys)
                 encoded = self._encode(batch, self._eval_generator(batch) if split == "eval" else None)
                 encoded.motion_bucket = batch.get("motion_bucket_id")  # from_data: stored with the entry
-            placement = {"placement": item["placement"]} if "placement" in item else {}
-            return encoded.cache_entry(0), {"video_id": item["video_id"], **placement}
+            # the clip placement (point tracks) and the bucket (data.buckets: the sampler's and the log's)
+            extra = {key: item[key] for key in ("placement", "bucket") if key in item}
+            return encoded.cache_entry(0), {"video_id": item["video_id"], **extra}
 
         built = fill_cache(
             cache,

@@ -25,7 +25,9 @@ from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers --format framer)
 from framer_ds.tasks.video_lora.bases import FramerBase
+from framer_ds.tasks.video_lora.bucket_hooks import VideoBuckets
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
+from framer_ds.tasks.video_lora.data.buckets import min_frames_for, size_multiple
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.tasks.video_lora.data_setup import VideoLoraData
 from framer_ds.tasks.video_lora.diffusion import edm
@@ -57,7 +59,9 @@ from framer_ds.tasks.video_lora.unet_lora import build_svd_lora_unet
 
 
 @register_task
-class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, PlanningHooks, Task):
+class VideoLoraTask(
+    VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, VideoBuckets, PlanningHooks, Task
+):
     name = "video_lora"
     summary = (
         "LoRA fine-tuning of Stable Video Diffusion (image-to-video or first/last-frame interpolation, EDM)."
@@ -83,6 +87,7 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
         self._data_notes: dict[str, str] = {}
         self.trained_fps: list[float] = []  # the fps values training conditions on (model.fps null)
         self.motion_buckets = None  # model.motion_bucket from_data: the training set's score quantiles
+        self.init_buckets()  # data.buckets (bucket_hooks.py)
         # model.base.name framer: Framer's UNet + ControlNet and conventions (framer_setup.py)
         framer_base = isinstance(config.model.base, FramerBase)
         self.framer = FramerSetup(config.model, self.svd_path()) if framer_base else None
@@ -126,6 +131,8 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
             model.fps,
             model.motion_bucket == "from_data",
             self.config.train.seed,
+            size_multiple(self.svd_path(), model.source.builtin is not None),
+            min_frames_for(model.base.mode),
         )
 
     def data_report(self) -> str:
@@ -139,6 +146,7 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
         built = self._data().build()
         self._data_notes, self.trained_fps = built.notes, built.conditioning_fps
         self.motion_buckets = built.motion_buckets
+        self.bucket_plan, self.item_buckets = built.buckets, built.item_buckets
         tracks = self.config.data.tracks
         if tracks is None:
             return built.train, built.val
@@ -161,8 +169,11 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
     def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """The batch as the latent cache stores it (what the UNet sees), shaped from the config and the
         VAE's and image encoder's config.json (`encoding.example_encoded_batch`)."""
+        largest = self.largest_shape()[0]  # data.buckets: the largest bucket (bucket_hooks.py)
+        shape = {"height": largest.height, "width": largest.width, "num_frames": largest.num_frames}
+        config = self.config.model_copy(update={"data": self.config.data.model_copy(update=shape)})
         return example_encoded_batch(
-            self.config, self.svd_path(), micro_batch_size, framer_base=self.framer is not None
+            config, self.svd_path(), micro_batch_size, framer_base=self.framer is not None
         )
 
     # --- models --------------------------------------------------------------------------------------
@@ -262,6 +273,7 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
     def training_loss(self, model, batch) -> torch.Tensor:
         options = self.config.model
         self.frozen.release_if_lent()  # interp_eval under the cache had them on the device
+        self.note_trained_bucket(batch)
         encoded = self._encode(batch)
         encoded.motion_bucket = batch.get("motion_bucket_id", encoded.motion_bucket)  # else the cache's
         target = encoded.target.float()
@@ -341,6 +353,7 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
             save_peft_adapter_gathered(accelerator, model, out_dir)
         if accelerator.is_main_process:
             metadata = export_metadata(self.config, self.svd_path(), self.trained_fps, self.motion_buckets)
+            metadata["trained_shapes"] = self.trained_shapes()  # what `sample --height ...` accepts
             atomic_write_json(Path(out_dir) / EXPORT_METADATA, {**metadata, **framer})
 
     def load_export(self, model, export_dir: Path) -> torch.nn.Module:

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.item_draws import DrawsPerItem, ItemDraws
+from framer_ds.tasks.video_lora.data.buckets import Bucket
 from framer_ds.tasks.video_lora.data.clip_reader import VideoReadError, read_clip
 from framer_ds.tasks.video_lora.data.video_index import VideoIndex, VideoRecord
 
@@ -226,6 +227,10 @@ class VideoClipDataset(DrawsPerItem, Dataset):
     run is not lost to one file. Each DataLoader worker keeps its own list; when more than
     `max_failed_fraction` of the records (at least one file is always tolerated) have failed in one
     process, InputDataError lists them: the data changed under the run and needs a look.
+
+    With `buckets` (video_id -> `Bucket`, data.buckets) each video's clips take its bucket's height,
+    width and frame count instead of the dataset's, items carry "bucket" (its name), and a failed file
+    is replaced only by a video of the same bucket (a batch holds one shape).
     """
 
     def __init__(
@@ -243,8 +248,9 @@ class VideoClipDataset(DrawsPerItem, Dataset):
         max_failed_fraction: float = 0.05,
         with_placement: bool = False,
         seed: int | None = None,
+        buckets: dict[str, Bucket] | None = None,
     ) -> None:
-        problems = validate_svd_size(height, width)
+        problems = validate_svd_size(height, width) if buckets is None else []
         if problems:
             raise ConfigError(problems, source="VideoClipDataset")
         self.draws = ItemDraws(seed) if seed is not None else None
@@ -259,15 +265,28 @@ class VideoClipDataset(DrawsPerItem, Dataset):
         self.failed: dict[str, str] = {}  # path -> reason, for this process
         self.failures = 0  # failed reads, counting repeats
         self.with_placement = with_placement  # items carry "placement" (ClipPlacement JSON)
+        self.buckets = buckets
+
+    def shape_of(self, record: VideoRecord) -> tuple[int, int, int]:
+        """(height, width, num_frames) of this record's clips: its bucket's, else the dataset's."""
+        if self.buckets is None:
+            return self.height, self.width, self.sampler.num_frames
+        bucket = self.buckets[record.video_id]
+        return bucket.height, bucket.width, bucket.num_frames
+
+    def item_buckets(self) -> list[str]:
+        """Each item's bucket name, in index order (the bucket sampler groups by it)."""
+        return ["x".join(map(str, self.shape_of(record))) for record in self.records]
 
     def __len__(self) -> int:
         return len(self.records)
 
     def _candidates(self, index: int) -> Iterator[VideoRecord]:
         n, step = len(self.records), _coprime_step(len(self.records))
+        shape = self.shape_of(self.records[index % n])
         for k in range(n):
             record = self.records[(index + k * step) % n]
-            if str(record.path) not in self.failed:
+            if str(record.path) not in self.failed and self.shape_of(record) == shape:
                 yield record
 
     def __getitem__(self, index: int) -> dict:
@@ -284,10 +303,16 @@ class VideoClipDataset(DrawsPerItem, Dataset):
         raise InputDataError(self._failure_message(f"no readable clip for item {index} after {tries} tries"))
 
     def _load(self, record: VideoRecord, generator: torch.Generator | None) -> dict:
-        start, stride = self.sampler.sample(record, generator)
-        frames = read_clip(record.path, start, self.sampler.num_frames, stride, record.first_pts)
+        height, width, num_frames = self.shape_of(record)
+        sampler = (
+            self.sampler
+            if num_frames == self.sampler.num_frames
+            else replace(self.sampler, num_frames=num_frames)
+        )
+        start, stride = sampler.sample(record, generator)
+        frames = read_clip(record.path, start, num_frames, stride, record.first_pts)
         random_crop = self.random_crop and self.train
-        box = crop_box(*frames.shape[1:3], self.height, self.width, random_crop, generator)
+        box = crop_box(*frames.shape[1:3], height, width, random_crop, generator)
         pixels = apply_crop_box(frames, box)
         flipped = bool(self.train and self.hflip and torch.rand(1, generator=generator).item() < 0.5)
         if flipped:
@@ -298,7 +323,9 @@ class VideoClipDataset(DrawsPerItem, Dataset):
             "fps": record.source_fps / stride,
         }
         if self.with_placement:
-            item["placement"] = ClipPlacement(start, stride, self.sampler.num_frames, box, flipped).to_json()
+            item["placement"] = ClipPlacement(start, stride, num_frames, box, flipped).to_json()
+        if self.buckets is not None:
+            item["bucket"] = f"{height}x{width}x{num_frames}"
         return item
 
     def _record_failure(self, record: VideoRecord, reason: str) -> None:

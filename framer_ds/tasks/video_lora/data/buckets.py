@@ -1,0 +1,187 @@
+"""Aspect, resolution and length buckets (`data.buckets`): which shapes a run trains at and which clip
+goes to which shape.
+
+Why: cropping every clip to one `height x width x num_frames` throws away most of a portrait clip in
+a landscape run and refuses every clip shorter than `num_frames`. With buckets each video trains at
+the shape nearest its own aspect ratio and length, resized without distortion and cropped only by
+the remainder; each micro-batch holds one shape (bucket_sampler.py), so nothing is padded.
+
+A video's bucket is fixed (decided by its size and usable frames, not drawn), so the sampler, the
+latent cache and the point tracks see the same shape for the same video on every rank and epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from framer_ds.tasks.video_lora.data.video_index import VideoRecord
+
+BUCKET_PATTERN = re.compile(r"^(\d+)x(\d+)x(\d+)$")
+SVD_SIZE_MULTIPLE = 64  # SVD's VAE downsamples by 8 and its UNet by 8 more
+TINY_SIZE_MULTIPLE = 16  # the built-in tiny SVD: VAE /8, a UNet of two down blocks /2
+AUTO_FRAME_STEP = 4  # auto length buckets below data.num_frames: multiples of this (few shapes)
+MAX_CROP_FRACTION = 0.4  # a clip whose nearest bucket would crop away more of its frame fits none
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    """One training shape: height x width pixels, num_frames frames."""
+
+    height: int
+    width: int
+    num_frames: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.height}x{self.width}x{self.num_frames}"
+
+    @property
+    def aspect(self) -> float:
+        return self.width / self.height
+
+    @property
+    def volume(self) -> int:
+        return self.height * self.width * self.num_frames
+
+    @classmethod
+    def parse(cls, text: str) -> Bucket:
+        match = BUCKET_PATTERN.match(text.strip())
+        if match is None:
+            raise ValueError(f"{text!r} is not a bucket: write HxWxF in pixels and frames, e.g. 64x96x8")
+        return cls(*(int(g) for g in match.groups()))
+
+
+def size_multiple(svd_dir: Path, builtin: bool) -> int:
+    """What H and W must be multiples of: the VAE's downsampling times the UNet's (2 per down block but
+    the last), read from the model's config.json files; the built-in tiny model's before it is built."""
+    try:
+        vae = json.loads((Path(svd_dir) / "vae" / "config.json").read_text())
+        unet = json.loads((Path(svd_dir) / "unet" / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return TINY_SIZE_MULTIPLE if builtin else SVD_SIZE_MULTIPLE
+    return 2 ** (len(vae["block_out_channels"]) - 1) * 2 ** (len(unet["down_block_types"]) - 1)
+
+
+def min_frames_for(mode: str) -> int:
+    """Fewest frames a clip of `mode` trains on: interpolation needs a frame between its two ends."""
+    return 3 if mode == "interpolation" else 2
+
+
+def bucket_problems(texts: list[str], multiple: int, min_frames: int) -> list[str]:
+    """Every problem of an explicit bucket list, one line each naming the fix."""
+    problems, seen = [], set()
+    for text in texts:
+        try:
+            bucket = Bucket.parse(text)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        for side, value in (("height", bucket.height), ("width", bucket.width)):
+            if value < multiple or value % multiple:
+                nearest = max(multiple, round(value / multiple) * multiple)
+                problems.append(
+                    f"{text}: {side} {value} is not a multiple of {multiple} (what this model's VAE and "
+                    f"UNet downsample by); use {nearest}"
+                )
+        if bucket.num_frames < min_frames:
+            problems.append(f"{text}: {bucket.num_frames} frames, this mode needs at least {min_frames}")
+        if bucket in seen:
+            problems.append(f"{text} is listed twice")
+        seen.add(bucket)
+    return problems
+
+
+def clip_frames(record: VideoRecord, stride: int) -> int:
+    """Frames a clip of `record` can hold at `stride` (the smallest configured one)."""
+    return (record.usable_frames - 1) // stride + 1 if record.usable_frames > 0 else 0
+
+
+def auto_buckets(
+    records: list[VideoRecord], area: int, max_frames: int, multiple: int, stride: int, min_frames: int
+) -> list[Bucket]:
+    """One bucket per distinct (shape, length) the clips call for: H x W with the clip's aspect ratio and
+    an area near `area`, rounded to `multiple`; frames = the clip's length at `stride`, capped at
+    `max_frames` and, below it, rounded down to a multiple of AUTO_FRAME_STEP (few shapes)."""
+    found = set()
+    for record in records:
+        frames = _auto_frames(clip_frames(record, stride), max_frames, min_frames)
+        if frames is None:
+            continue
+        aspect = record.width / record.height
+        height = max(multiple, round(math.sqrt(area / aspect) / multiple) * multiple)
+        width = max(multiple, round(math.sqrt(area * aspect) / multiple) * multiple)
+        found.add(Bucket(height, width, frames))
+    return sorted(found)
+
+
+def _auto_frames(available: int, max_frames: int, min_frames: int) -> int | None:
+    if available >= max_frames:
+        return max_frames
+    stepped = available // AUTO_FRAME_STEP * AUTO_FRAME_STEP
+    frames = stepped if stepped >= min_frames else available
+    return frames if frames >= min_frames else None
+
+
+def crop_fraction(record: VideoRecord, bucket: Bucket) -> float:
+    """Share of the frame a cover-resize to `bucket` crops away (0 for the same aspect ratio)."""
+    ratio = bucket.aspect / (record.width / record.height)
+    return 1.0 - min(ratio, 1.0 / ratio)
+
+
+@dataclass
+class BucketPlan:
+    """Each training video's bucket, and the videos that fit none with the reason."""
+
+    buckets: list[Bucket]
+    assigned: dict[str, Bucket]  # video_id -> bucket
+    unfit: dict[str, str]  # video_id -> why it fits no bucket
+
+    def counts(self) -> Counter:
+        return Counter(bucket.name for bucket in self.assigned.values())
+
+    def largest(self) -> Bucket:
+        return max(self.buckets, key=lambda b: (b.volume, b.name))
+
+    def lines(self, shown: int | None = None) -> list[str]:
+        """`64x96x8: 12 clips` per bucket, then each clip that fits none with why (the first `shown`)."""
+        counts = self.counts()
+        lines = [f"{bucket.name}: {counts.get(bucket.name, 0)} clips" for bucket in self.buckets]
+        if self.unfit:
+            lines.append(f"{len(self.unfit)} clips fit no bucket:")
+            listed = sorted(self.unfit.items())
+            lines += [f"  {vid}: {why}" for vid, why in listed[:shown]]
+            if shown is not None and len(listed) > shown:
+                lines.append(f"  ... and {len(listed) - shown} more (`framer-ds data check` lists all)")
+        return lines
+
+
+def assign_buckets(records: list[VideoRecord], buckets: list[Bucket], stride: int) -> BucketPlan:
+    """Each video to the bucket nearest its aspect ratio among those its length fills (ties: the
+    longest, then the larger area); a video too short for every bucket, or one that every bucket would
+    crop by more than MAX_CROP_FRACTION, fits none."""
+    assigned, unfit = {}, {}
+    shortest = min(bucket.num_frames for bucket in buckets)
+    for record in records:
+        frames = clip_frames(record, stride)
+        fitting = [b for b in buckets if b.num_frames <= frames]
+        if not fitting:
+            unfit[record.video_id] = (
+                f"too short: {frames} frames at stride {stride}, the shortest bucket needs {shortest}"
+            )
+            continue
+        aspect = math.log(record.width / record.height)
+        best = min(fitting, key=lambda b: (abs(math.log(b.aspect) - aspect), -b.num_frames, -b.volume))
+        if crop_fraction(record, best) > MAX_CROP_FRACTION:
+            unfit[record.video_id] = (
+                f"aspect {record.width}x{record.height}: the nearest bucket {best.name} would crop "
+                f"{crop_fraction(record, best):.0%} of the frame (over {MAX_CROP_FRACTION:.0%}); add a "
+                "bucket of that shape"
+            )
+            continue
+        assigned[record.video_id] = best
+    return BucketPlan(buckets, assigned, unfit)
