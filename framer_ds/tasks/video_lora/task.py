@@ -177,6 +177,14 @@ class VideoLoraTask(VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, P
         # Framer's or diffusers' (diffusion/temporal_context.py), for both bases
         return set_temporal_context_order(model, self.config.model.context_order)
 
+    def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
+        """The SVD UNet's repeated units (both bases build it): a res block and a spatio-temporal
+        transformer, each one FSDP2 unit; a diffusers UNet has no `_no_split_modules` to go by."""
+        present = {type(module).__name__ for module in model.modules()}
+        return [
+            name for name in ("SpatioTemporalResBlock", "TransformerSpatioTemporalModel") if name in present
+        ]
+
     def setup_frozen(self, accelerator) -> None:
         """With the latent cache on, the VAE and encoder load only if the cache must be (re)built or
         samples drawn, and never stay on the device during training."""
