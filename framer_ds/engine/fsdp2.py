@@ -87,7 +87,14 @@ def describe_fsdp2(accelerator: Accelerator, device: str) -> str:
     if names:
         parts.append(f"wrapping {', '.join(names)}")
     from torch.distributed.fsdp import CPUOffloadPolicy
+    from torch.distributed.tensor import DTensor
 
     if isinstance(plugin.cpu_offload, CPUOffloadPolicy):
         parts.append("parameter offload (cpu)")
+    # What was really cut: a LoRA's frozen base must be sharded too (that is where its memory is).
+    params = [p for model in accelerator._models for p in model.parameters()]
+    if params:
+        sharded = [p for p in params if isinstance(p, DTensor)]
+        frozen = sum(not p.requires_grad for p in sharded)
+        parts.append(f"sharded: {len(sharded)} of {len(params)} parameter tensors ({frozen} frozen)")
     return " + ".join(parts)
