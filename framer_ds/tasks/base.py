@@ -139,8 +139,9 @@ class Task(ABC):
             for module in model.modules()
             if embedding is not None and any(sub is embedding for sub in module.modules())
         }
+        # A set on a built model: sorted, so every rank (each with its own hash seed) says the same.
         names = getattr(model, "_no_split_modules", None) or []
-        return [name for name in names if name in present and name not in around_embedding]
+        return sorted(name for name in names if name in present and name not in around_embedding)
 
     def setup_frozen(self, accelerator: Accelerator) -> None:
         """Move frozen helpers (VAE, encoders) to the device; they never go through `prepare`.
