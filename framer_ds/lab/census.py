@@ -48,16 +48,26 @@ def census_of(
 
 def largest_fsdp_unit(model: torch.nn.Module, block_classes: Sequence[str]) -> int:
     """Elements of the largest FSDP2 unit: each instance of the task's block classes is one (the
-    outermost, when blocks nest), the root holds every parameter outside them."""
+    outermost, when blocks nest), and so are the input and the output embedding (accelerate carves them
+    out: `fsdp2_prepare_model`); the root holds every other parameter."""
     blocks: list[torch.nn.Module] = []
     for module in model.modules():
         if type(module).__name__ in block_classes and not any(
             module in set(outer.modules()) for outer in blocks
         ):
             blocks.append(module)
-    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        embedding = getattr(model, getter, lambda: None)()
+        if isinstance(embedding, torch.nn.Module) and all(embedding is not b for b in blocks):
+            blocks.append(embedding)
+    in_blocks: set[int] = set()
+    sizes = []
+    for block in blocks:
+        own = [p for p in block.parameters() if id(p) not in in_blocks]
+        in_blocks.update(id(p) for p in own)
+        sizes.append(sum(p.numel() for p in own))
     root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
-    return max([root, *(sum(p.numel() for p in block.parameters()) for block in blocks)])
+    return max([root, *sizes])
 
 
 def meta_model(task: Task) -> torch.nn.Module:

@@ -10,6 +10,7 @@ import torch
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+from conftest import REPO
 from framer_ds.engine.fsdp2 import local_shard, select_fsdp2_on_cpu, set_wrap_classes
 
 
@@ -78,3 +79,31 @@ def test_default_block_hook_leaves_out_the_block_around_the_input_embedding():
 def test_local_shard_of_a_plain_tensor_is_the_tensor():
     tensor = torch.ones(3)
     assert local_shard(tensor) is tensor
+
+
+@pytest.mark.parametrize(
+    ("config", "blocks"),
+    [
+        ("configs/quickstart.yaml", ["ViTLayer"]),
+        ("configs/tasks/drivable_vit/tiny.yaml", ["Block"]),
+        ("configs/tasks/video_lora/tiny.yaml", ["SpatioTemporalResBlock", "TransformerSpatioTemporalModel"]),
+        ("configs/tasks/tts_lm/tiny.yaml", None),  # a transformers LM: its decoder layer, by default
+    ],
+)
+def test_every_task_names_blocks_its_model_has_and_they_split_it(config, blocks, tmp_path):
+    """A class name the model lacks makes accelerate raise at prepare; no name at all leaves the whole
+    model one unit (gathered whole in every forward). Built on the meta device, as `plan` builds it."""
+    from framer_ds.lab.census import largest_fsdp_unit, meta_model
+    from framer_ds.tasks.registry import get_task_class
+    from framer_ds.tasks.run_config import load_run_config
+
+    loaded = load_run_config(REPO / config, [f"output_dir={tmp_path / 'run'}"])
+    task = get_task_class(loaded.task)(loaded)
+    model = meta_model(task)
+    names = task.fsdp_block_classes(model)
+    present = {type(module).__name__ for module in model.modules()}
+    assert names and set(names) <= present
+    if blocks is not None:
+        assert names == blocks
+    total = sum(p.numel() for p in model.parameters())
+    assert largest_fsdp_unit(model, names) < total / 2  # the embeddings are units of their own too
