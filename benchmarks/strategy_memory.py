@@ -37,7 +37,7 @@ from framer_ds.lab.measure import describe_machine, measure_launch, measurement_
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## strategy_memory"
-STRATEGIES = ("plain", "ddp", "zero2", "zero2_offload", "zero3", "zero3_offload")
+STRATEGIES = ("plain", "ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "fsdp2")
 MODELS = ("vit_85m", "unet_lora", "tiny_lora")
 
 

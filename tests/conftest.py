@@ -252,6 +252,8 @@ def strategy_launch_args(strategy: str, json_dir: Path) -> list[str]:
         return ["--multi_gpu", "--num_processes", "2"]
     if strategy == "single":
         return ["--num_processes", "1"]
+    if strategy == "fsdp2":
+        return ["--config_file", "configs/accelerate_fsdp2_cpu_2proc.yaml"]
     base = {
         "zero2": "zero2.json",
         "zero2_offload": "zero2_offload.json",

@@ -27,6 +27,7 @@ from framer_ds.config.accelerate_yaml_rules import (
 )
 from framer_ds.config.deepspeed_json_rules import check_deepspeed_json
 from framer_ds.config.errors import ConfigProblem
+from framer_ds.config.fsdp_yaml_rules import check_fsdp_config
 from framer_ds.config.launch_files import Problems, load_json_config, load_yaml_file, mapping_section
 from framer_ds.config.launch_files import problem_at as _p
 from framer_ds.config.schema import TrainConfig
@@ -72,6 +73,7 @@ def check_launch_configs(
             problems += check_ignored_with_config_file(acc, src, explicit or bool(yaml_json))
             problems += check_plugin_values_match_train(acc, src, train)
             problems += check_deepspeed_source(acc, src, explicit)
+            problems += check_fsdp_config(acc, src, train)
             if not explicit and yaml_json and is_deepspeed(acc):
                 json_path, found = _resolve_json(str(yaml_json), Path(accelerate_config), src)
                 problems += found
@@ -111,9 +113,27 @@ def _env_overrides(env: Mapping[str, str], train: TrainConfig) -> Problems:
     return out
 
 
+def _fsdp_env_problems(env: Mapping[str, str]) -> Problems:
+    """What `accelerate launch` flags can still change after `validate` read the YAML: the FSDP version
+    (--fsdp_version) and the process count (--num_processes), either of which trains unsharded copies."""
+    out = []
+    if env.get("FSDP_VERSION", "1") != "2":
+        version = env.get("FSDP_VERSION", "1")
+        msg = f"is {version}; framer_ds runs FSDP2 only: set fsdp_version: 2 (or --fsdp_version 2)"
+        out.append(_p("environment", "FSDP_VERSION", msg))
+    if env.get("WORLD_SIZE", "1") == "1":
+        msg = (
+            "is 1: FSDP with one process shards nothing (accelerate falls back to plain training); launch 2+"
+        )
+        out.append(_p("environment", "WORLD_SIZE", msg))
+    return out
+
+
 def check_runtime_environment(train: TrainConfig) -> list[ConfigProblem]:
-    """The same checks at training start, from the env vars accelerate's DeepSpeed launcher sets."""
+    """The same checks at training start, from the env vars accelerate's DeepSpeed / FSDP launcher sets."""
     env = os.environ
+    if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return _env_overrides(env, train) + _fsdp_env_problems(env)
     if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
         return []
     problems = _env_overrides(env, train)

@@ -10,6 +10,7 @@ Facts this encodes (docs/architecture.md, "Accelerate + DeepSpeed"):
   gradient exists twice, once in `.grad` and once in the bucket (+4 bytes per trainable parameter in
   fp32). `static_graph` stays off: it saves no memory, and it forbids a graph that changes between
   iterations, which the Task protocol does not ask tasks to promise.
+- FSDP2 on CPU: accelerate ignores an FSDP config without a GPU; `engine.fsdp2` selects it itself.
 - The training YAML is the single source of truth: precision and accumulation are passed explicitly,
   and DeepSpeed's "auto" gradient clipping is filled from `train.optimizer.max_grad_norm` (accelerate would
   otherwise fill 1.0).
@@ -34,6 +35,7 @@ from accelerate.utils import ProjectConfiguration
 from framer_ds.compat import require
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.deepspeed_ops import announce_op_builds
+from framer_ds.engine.fsdp2 import describe_fsdp2, fsdp_plugin_from_env, select_fsdp2_on_cpu, uses_fsdp2
 
 
 def deepspeed_requested() -> bool:
@@ -60,6 +62,7 @@ def build_accelerator(config: RunConfigBase, collective_timeout_s: int = 1800) -
     use_deepspeed = deepspeed_requested()
     if use_deepspeed:
         announce_op_builds()
+    fsdp_plugin = fsdp_plugin_from_env()
     handlers: list = [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # A dead rank must take the job down within the timeout rather than hang a collective forever.
@@ -80,7 +83,10 @@ def build_accelerator(config: RunConfigBase, collective_timeout_s: int = 1800) -
         ),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.train.seed),
         kwargs_handlers=handlers,
+        fsdp_plugin=fsdp_plugin,
     )
+    if fsdp_plugin is not None and not has_gpu and accelerator.num_processes > 1:
+        select_fsdp2_on_cpu(accelerator, fsdp_plugin)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None and plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
         plugin.deepspeed_config["gradient_clipping"] = config.train.optimizer.max_grad_norm
@@ -131,6 +137,8 @@ def describe_strategy(accelerator: Accelerator) -> str:
         return " + ".join(
             [f"DeepSpeed ZeRO-{plugin.zero_stage} on {processes} {device} process(es)", *offload]
         )
+    if uses_fsdp2(accelerator):
+        return describe_fsdp2(accelerator, device)
     if processes > 1:
         return f"DDP on {processes} {device} processes"
     note = ""

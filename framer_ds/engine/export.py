@@ -1,7 +1,9 @@
-"""Consolidated weights for `final/` and checkpoints, correct under ZeRO-3.
+"""Consolidated weights for `final/` and checkpoints, correct under ZeRO-3 and FSDP2.
 
 Under ZeRO-3 each rank holds a shard of every parameter; a plain `state_dict()` or peft's
 `get_peft_model_state_dict` returns (0,)-shaped placeholders and silently writes an EMPTY adapter.
+Under FSDP2 each parameter is a DTensor whose local part is 1/N of its rows: copied as it is, an
+adapter would be PARTIAL (half the rank dimension on 2 ranks).
 Everything here gathers on all ranks (a collective: call on EVERY rank) and writes on rank 0, and
 refuses to write a tensor with zero elements.
 """
@@ -21,6 +23,7 @@ from safetensors.torch import save_file
 from framer_ds import __version__
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.accelerator import uses_zero3
+from framer_ds.engine.fsdp2 import uses_fsdp2
 from framer_ds.storage.atomic import atomic_write_json, publish_dir, staging_dir
 
 EXPORT_RECORD = "framer_ds_export.json"
@@ -47,6 +50,8 @@ def gathered_trainable_state_dict(
         release_prefetched(accelerator, model)
         with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
             state = {name: p.detach().cpu().clone() for name, p in named}
+    elif uses_fsdp2(accelerator):  # DTensor shards: all-gather each in the same order on every rank
+        state = {name: p.detach().full_tensor().cpu().clone() for name, p in named}
     else:
         state = {name: p.detach().cpu().clone() for name, p in named}
     check_not_empty(state, "trainable parameters")

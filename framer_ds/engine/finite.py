@@ -5,7 +5,7 @@ check only sees the NEXT step). A checkpoint written from those weights looked l
 counted against keep_last (pruning the good ones) and `resume=latest` picked it. Checking the state
 when it is saved costs one fused reduction over tensors already in memory, far less than writing them.
 
-Under ZeRO each rank holds only its shard (a ZeRO-3 parameter's partition, the fp32 master partition
+Under ZeRO and FSDP2 each rank holds only its shard (a ZeRO-3 parameter's partition, the fp32 master partition
 and its optimizer state), so each rank checks what it holds and the ranks agree with one all-reduce:
 saving is a collective, and every rank must take the same branch.
 """
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 from accelerate import Accelerator
+
+from framer_ds.engine.fsdp2 import local_shard
 
 
 def exchange_flags(accelerator: Accelerator, *flags: bool) -> list[bool]:
@@ -54,7 +56,7 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     the way a 2-norm or a sum of large finite values would, and NaN propagates through it) per tensor,
     fused per device with `torch._foreach_norm`, and one device sync per device."""
     by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-    for tensor in tensors:
+    for tensor in map(local_shard, tensors):  # an FSDP2 DTensor: this rank's shard
         if tensor.numel() and tensor.is_floating_point():  # an unsharded ZeRO-3 placeholder is empty
             by_device[tensor.device].append(tensor.detach())
     for group in by_device.values():

@@ -38,14 +38,16 @@ RUN_OVERRIDES = (
 def launch_args(
     strategy: str, processes: int, deepspeed_dir: Path, gpu: bool, accelerate_dir: Path = Path("configs")
 ) -> list[str]:
-    """`accelerate launch` flags for one cell: DDP (one process: plain), or DeepSpeed with the strategy's
-    JSON on a DeepSpeed accelerate YAML from `accelerate_dir` (its num_processes overridden); "plain" is
-    one process without DDP."""
+    """`accelerate launch` flags for one cell: DDP (one process: plain), FSDP2 on its accelerate YAML, or
+    DeepSpeed with the strategy's JSON on a DeepSpeed accelerate YAML from `accelerate_dir` (its
+    num_processes overridden); "plain" is one process without DDP."""
     if strategy in ("plain", "ddp"):
         return (["--multi_gpu"] if strategy == "ddp" and processes > 1 else []) + [
             "--num_processes",
             str(processes),
         ]
+    if strategy == "fsdp2":
+        return ["--config_file", str(accelerate_dir / fsdp2_yaml(gpu)), "--num_processes", str(processes)]
     return [
         "--config_file", str(accelerate_dir / deepspeed_yaml(gpu)), "--num_processes", str(processes),
         "--deepspeed_config_file", str(deepspeed_dir / f"{strategy}.json"),
@@ -54,6 +56,10 @@ def launch_args(
 
 def deepspeed_yaml(gpu: bool) -> str:
     return "accelerate_8gpu.yaml" if gpu else "accelerate_cpu_2proc.yaml"
+
+
+def fsdp2_yaml(gpu: bool) -> str:
+    return "accelerate_fsdp2_8gpu.yaml" if gpu else "accelerate_fsdp2_cpu_2proc.yaml"
 
 
 def parse_bench_request(
@@ -79,10 +85,13 @@ def parse_bench_request(
         problems.append(
             ConfigProblem("--steps", "at least 3 (5 with --profile): two warm-up steps come first")
         )
-    deepspeed = [s for s in strategies if s in STRATEGIES and s != "ddp"]
-    base = Path("configs") / deepspeed_yaml(torch.cuda.is_available())
-    if deepspeed and not base.is_file():
-        problems.append(ConfigProblem("bench", f"{base} not found: run from the repository root"))
+    deepspeed = [s for s in strategies if s in STRATEGIES and s not in ("ddp", "fsdp2")]
+    gpu = torch.cuda.is_available()
+    for needed, base in ((deepspeed, deepspeed_yaml(gpu)), ("fsdp2" in strategies, fsdp2_yaml(gpu))):
+        if needed and not (Path("configs") / base).is_file():
+            problems.append(ConfigProblem("bench", f"configs/{base} not found: run from the repository root"))
+    if "fsdp2" in strategies and 1 in counts:
+        problems.append(ConfigProblem("--nproc", "fsdp2 needs 2+ processes (one process shards nothing)"))
     problems += [
         ConfigProblem("--deepspeed-dir", f"{deepspeed_dir / (s + '.json')} not found")
         for s in deepspeed

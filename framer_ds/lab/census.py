@@ -46,6 +46,30 @@ def census_of(
     )
 
 
+def largest_fsdp_unit(model: torch.nn.Module, block_classes: Sequence[str]) -> int:
+    """Elements of the largest FSDP2 unit: each instance of the task's block classes is one (the
+    outermost, when blocks nest), and so are the input and the output embedding (accelerate carves them
+    out: `fsdp2_prepare_model`); the root holds every other parameter."""
+    blocks: list[torch.nn.Module] = []
+    for module in model.modules():
+        if type(module).__name__ in block_classes and not any(
+            module in set(outer.modules()) for outer in blocks
+        ):
+            blocks.append(module)
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        embedding = getattr(model, getter, lambda: None)()
+        if isinstance(embedding, torch.nn.Module) and all(embedding is not b for b in blocks):
+            blocks.append(embedding)
+    in_blocks: set[int] = set()
+    sizes = []
+    for block in blocks:
+        own = [p for p in block.parameters() if id(p) not in in_blocks]
+        in_blocks.update(id(p) for p in own)
+        sizes.append(sum(p.numel() for p in own))
+    root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
+    return max([root, *sizes])
+
+
 def meta_model(task: Task) -> torch.nn.Module:
     """The model `task` trains, built on the meta device after `prepare_model_assets` (built-in tiny
     models; a classifier's head needs its classes): what the census counts and the probe runs."""
@@ -89,7 +113,8 @@ def task_census(
     eval_bytes = sum(
         p.numel() * d.itemsize for h, d in zip(in_evaluation, dtypes, strict=True) for p in h.parameters()
     )
-    return replace(census, eval_helper_bytes=max(0, eval_bytes - census.helper_bytes))
+    unit = largest_fsdp_unit(model, task.fsdp_block_classes(model))
+    return replace(census, eval_helper_bytes=max(0, eval_bytes - census.helper_bytes), largest_fsdp_unit=unit)
 
 
 def config_census(config_path: Path | str, overrides: Sequence[str] = ()) -> ParameterCensus:

@@ -28,7 +28,7 @@ Phase = Literal["persistent", "backward", "step", "eval"]
 
 FP32 = 4
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, fp32 each
-STRATEGIES = ("ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp")
+STRATEGIES = ("ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp", "fsdp2")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,9 @@ class ParameterCensus:
     dtype."""
     auto_buffers: Mapping[str, int] = field(default_factory=dict)
     """What "auto" resolves to for each DeepSpeed buffer field, for this model (engine.zero_buffers)."""
+    largest_fsdp_unit: int = 0
+    """Elements of the largest FSDP2 unit: one of the task's repeated blocks (`Task.fsdp_block_classes`)
+    or the root's remainder; 0 when unknown (then the whole model counts as one unit)."""
 
 
 @dataclass(frozen=True)
@@ -90,10 +93,12 @@ def estimate(
     activation_bytes: int,
     zero: Mapping[str, Any] | None = None,
     eval_bytes: int = 0,
+    accumulation: int = 1,
 ) -> MemoryEstimate:
     """The terms of `strategy` on each of `world_size` ranks. `zero` is the resolved `zero_optimization`
     section (numbers, not "auto": engine.zero_buffers resolves them from the same census); `eval_bytes`
-    the measured peak of what evaluation computes (`PlanningHooks.eval_transient`)."""
+    the measured peak of what evaluation computes (`PlanningHooks.eval_transient`); `accumulation` the
+    micro-batches per optimizer step (FSDP2 keeps whole gradients between them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     zero = dict(zero or {})
@@ -105,6 +110,8 @@ def estimate(
     ]
     if strategy == "ddp":
         terms = _ddp(census, mixed_precision)
+    elif strategy == "fsdp2":
+        terms = _fsdp2(census, world_size, element_bytes(mixed_precision), accumulation)
     elif strategy.startswith("zero2"):
         terms = _zero2(census, world_size, element_bytes(mixed_precision), zero, strategy.endswith("offload"))
     else:
@@ -206,6 +213,36 @@ def _zero3(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], str
             Term("fp32 gradient partition", cast, "device", "step"),
         ]
     return terms
+
+
+def _fsdp2(census: ParameterCensus, n: int, b: int, accumulation: int) -> list[Term]:
+    """FSDP2 (torch `fully_shard` through accelerate): every parameter, frozen ones too, is a DTensor
+    shard (dim 0 cut over the N ranks); trainable ones are kept in fp32 (accelerate upcasts them under
+    mixed precision; MixedPrecisionPolicy casts to b on the all-gather), and so are their sharded
+    gradients and Adam states. In forward and backward one unit is gathered in b while the next is
+    prefetched, and a unit's whole gradients exist until its reduce-scatter. Inside an accumulation
+    window accelerate turns the gradient sync off (`set_requires_gradient_sync(False)`), so every
+    trainable parameter's gradient stays whole (fp32) until the window's last backward: with
+    accumulation FSDP2 keeps DDP's gradient memory."""
+    t, f = census.trainable, census.frozen
+    unit = census.largest_fsdp_unit or (t + f)
+    p = _ceil_div(t, n)
+    return [
+        Term("trainable weights shard (fp32)", FP32 * p, "device", "persistent"),
+        Term(
+            "frozen weights shard", census.frozen_bytes_per_element * _ceil_div(f, n), "device", "persistent"
+        ),
+        Term("gradient shard (fp32)", FP32 * p, "device", "persistent"),
+        Term("optimizer states shard (fp32 Adam)", ADAM_STATES * FP32 * p, "device", "persistent"),
+        Term("gathered unit + the prefetched next", 2 * b * unit, "device", "backward"),
+        Term("a unit's gradients before reduce-scatter", FP32 * min(unit, t), "device", "backward"),
+        Term(
+            "whole gradients kept across accumulation",
+            FP32 * t if accumulation > 1 else 0,
+            "device",
+            "backward",
+        ),
+    ]
 
 
 def _reduce_buckets(zero: Mapping[str, Any], b: int, offload: bool) -> int:

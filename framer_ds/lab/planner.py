@@ -35,7 +35,7 @@ from framer_ds.tasks.planning import planning_hooks
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
-SPEED_ORDER = ("ddp", "zero2", "zeropp", "zero3", "zero2_offload", "zero3_offload")
+SPEED_ORDER = ("ddp", "zero2", "zeropp", "zero3", "fsdp2", "zero2_offload", "zero3_offload")
 SINGLE_NODE_SIZES = (1, 2, 4, 8)
 
 
@@ -120,7 +120,7 @@ class Plan:
 
 def resolved_zero(strategy: str, census: ParameterCensus, deepspeed_dir: Path, hardware: Hardware) -> dict:
     """The strategy's `zero_optimization` with "auto" replaced as the engine replaces it."""
-    if strategy == "ddp":
+    if strategy in ("ddp", "fsdp2"):
         return {}
     path = deepspeed_dir / f"{strategy}.json"
     try:
@@ -145,8 +145,16 @@ def strategy_row(
     limit: tuple[int, str] = (MAX_MICRO_BATCH, "search limit"),
 ) -> StrategyRow:
     def memory(k: int) -> MemoryEstimate:
+        accumulation = split_batch(global_batch, hardware.world, k)[1]
         return estimate(
-            strategy, census, hardware.world, mixed_precision, probe.at(k), zero, probe.eval_transient
+            strategy,
+            census,
+            hardware.world,
+            mixed_precision,
+            probe.at(k),
+            zero,
+            probe.eval_transient,
+            accumulation,
         )
 
     def host_per_node(found: MemoryEstimate) -> int:
@@ -171,11 +179,13 @@ def strategy_row(
             "the evaluation phase is this row's peak: helpers back on the device and what sampling "
             "computes (lower model.samples.decode_chunk_size, or check it with framer-ds bench)"
         )
+    if strategy == "fsdp2" and hardware.world == 1:
+        note = "FSDP2 shards over 2+ processes; on one it trains unsharded (`framer-ds validate` refuses it)"
     if hardware.cpu_bytes is not None and host_per_node(found) > hardware.cpu_bytes:
         note = f"needs {host_per_node(found) / GiB:.1f} GiB of host memory per node"
     return StrategyRow(
         strategy=strategy,
-        fits=within(found),
+        fits=within(found) and not (strategy == "fsdp2" and hardware.world == 1),
         device_bytes=found.peak("device"),
         host_bytes_per_node=host_per_node(found),
         largest_micro_batch=largest,
@@ -193,6 +203,8 @@ def launch_command(
 ) -> str:
     """The `accelerate launch` line for the shipped configs (one line per node when multi-node)."""
     tail = ["-m", "framer_ds", "train", config_path, *overrides]
+    if strategy == "fsdp2":
+        return shlex.join(["accelerate", "launch", *_fsdp2_launch(hardware), *tail])
     if hardware.nodes > 1:
         head = ["--config_file", "configs/accelerate_multinode.yaml"]
         head += ["--num_machines", str(hardware.nodes), "--num_processes", str(hardware.world)]
@@ -212,6 +224,19 @@ def launch_command(
     if strategy != "ddp":
         head += ["--deepspeed_config_file", str(deepspeed_dir / f"{strategy}.json")]
     return shlex.join(["accelerate", "launch", *head, *tail])
+
+
+def _fsdp2_launch(hardware: Hardware) -> list[str]:
+    """The shipped FSDP2 accelerate YAML for this hardware, with the counts it does not already say."""
+    if hardware.nodes > 1:
+        return [
+            "--config_file", "configs/accelerate_fsdp2_multinode.yaml",
+            "--num_machines", str(hardware.nodes), "--num_processes", str(hardware.world),
+            "--machine_rank", "RANK", "--main_process_ip", "HEAD_NODE", "--main_process_port", "29500",
+        ]  # fmt: skip
+    size = 4 if hardware.world <= 4 else 8
+    head = ["--config_file", f"configs/accelerate_fsdp2_{size}gpu.yaml"]
+    return head + (["--num_processes", str(hardware.world)] if size != hardware.world else [])
 
 
 def _recommend(

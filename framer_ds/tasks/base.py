@@ -125,6 +125,24 @@ class Task(ABC):
     def collate_fn(self) -> Callable[[list[Any]], Any] | None:
         return None
 
+    def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
+        """Class names of the model's repeated blocks. Under FSDP2 each instance becomes its own shard
+        unit, so only one block's full parameters exist at a time (the root unit holds the rest).
+        Default: transformers' `_no_split_modules` (the blocks it never splits across devices) that
+        the model holds, except a block holding the input embedding: accelerate shards that embedding
+        as a unit of its own, and a parent unit around it would shard it twice (ViT's ViTEmbeddings).
+        A task whose model is no transformers model names its blocks itself."""
+        embedding = getattr(model, "get_input_embeddings", lambda: None)()
+        present = {type(module).__name__ for module in model.modules()}
+        around_embedding = {
+            type(module).__name__
+            for module in model.modules()
+            if embedding is not None and any(sub is embedding for sub in module.modules())
+        }
+        # A set on a built model: sorted, so every rank (each with its own hash seed) says the same.
+        names = getattr(model, "_no_split_modules", None) or []
+        return sorted(name for name in names if name in present and name not in around_embedding)
+
     def setup_frozen(self, accelerator: Accelerator) -> None:
         """Move frozen helpers (VAE, encoders) to the device; they never go through `prepare`.
         Called on every rank before `precompute` and before the trainable model is built

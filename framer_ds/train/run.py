@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase, TrainConfig
+from framer_ds.engine.fsdp2 import set_wrap_classes
 from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
 from framer_ds.tasks.assemble import assemble
 from framer_ds.tasks.base import Task
@@ -124,6 +125,7 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     if plugin is not None:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))  # set by torchrun
         zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision, per_node)
+    set_wrap_classes(accelerator, task.fsdp_block_classes(model))  # before prepare shards the model
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = torch.optim.AdamW(
         param_groups(task, model, trainable, train_cfg.optimizer.learning_rate),

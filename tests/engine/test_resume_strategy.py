@@ -55,3 +55,36 @@ def test_stages_that_share_a_layout_pass(tmp_path):
     check_same_zero_layout(zero_checkpoint(tmp_path / "z1", ZERO12_FILES, 1), 2)  # one optimizer, one layout
     check_same_zero_layout(zero_checkpoint(tmp_path / "z2", ZERO12_FILES, 2), 1)
     check_same_zero_layout(zero_checkpoint(tmp_path / "z3", ZERO3_FILES, 3), 3)
+
+
+@pytest.mark.parametrize(("written", "running"), [("fsdp2", "DDP"), ("fsdp2", "DeepSpeed"), ("ddp", "FSDP2")])
+def test_fsdp2_shards_load_only_under_fsdp2_and_the_refusal_names_the_fix(tmp_path, written, running):
+    """DDP and DeepSpeed would fail deep in load_state on torch.distributed.checkpoint shards (and FSDP2
+    on a DDP/ZeRO checkpoint); each is one line naming the launch or the conversion command."""
+    from framer_ds.engine.resume.strategy import FSDP2_MODEL_DIR, check_same_sharding
+
+    checkpoint = tmp_path / "step_4"
+    (checkpoint / (FSDP2_MODEL_DIR if written == "fsdp2" else "")).mkdir(parents=True, exist_ok=True)
+    with pytest.raises(RunSetupError) as refused:
+        check_same_sharding(checkpoint, running)
+    message = str(refused.value)
+    assert "\n" not in message
+    if written == "fsdp2":
+        assert (
+            f"written under FSDP2 (torch.distributed.checkpoint shards) but this run uses {running}"
+            in message
+        )
+        assert "--config_file configs/accelerate_fsdp2_4gpu.yaml" in message
+        assert f"format_utils dcp_to_torch {checkpoint}/{FSDP2_MODEL_DIR} model.pt" in message
+    else:
+        assert "written without FSDP2" in message and "final/" in message
+
+
+def test_same_sharding_passes(tmp_path):
+    from framer_ds.engine.resume.strategy import FSDP2_MODEL_DIR, check_same_sharding
+
+    (tmp_path / "f" / FSDP2_MODEL_DIR).mkdir(parents=True)
+    (tmp_path / "d").mkdir()
+    check_same_sharding(tmp_path / "f", "FSDP2")
+    check_same_sharding(tmp_path / "d", "DDP")
+    check_same_sharding(tmp_path / "d", "DeepSpeed")

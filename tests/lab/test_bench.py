@@ -98,3 +98,16 @@ def test_bad_bench_flags_are_reported_together(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "unknown strategy 'zero4'" in err and "--nproc: '0,2'" in err and "5 with --profile" in err
     assert f"{tmp_path / 'zero3.json'} not found" in err
+
+
+def test_fsdp2_cells_launch_the_fsdp2_yaml_and_need_two_processes(tmp_path, monkeypatch, capsys):
+    from framer_ds.lab.bench import launch_args
+
+    args = launch_args("fsdp2", 2, Path("configs/deepspeed"), gpu=False)
+    assert args == ["--config_file", "configs/accelerate_fsdp2_cpu_2proc.yaml", "--num_processes", "2"]
+    assert launch_args("fsdp2", 8, Path("x"), gpu=True)[1] == "configs/accelerate_fsdp2_8gpu.yaml"
+    monkeypatch.chdir(REPO)
+    argv = ["bench", "configs/quickstart.yaml", "--strategies", "fsdp2", "--nproc", "1,2"]
+    assert main([*argv, "--steps", "3", "--deepspeed-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "fsdp2 needs 2+ processes" in err and "not found" not in err  # no DeepSpeed JSON is needed

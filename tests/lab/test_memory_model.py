@@ -94,3 +94,22 @@ def test_lora_pays_optimizer_and_master_for_the_trained_part_only():
 def test_unknown_strategy_names_the_choices():
     with pytest.raises(ValueError, match="zero2_offload"):
         estimate("zero4", CENSUS, 2, "bf16", 0)
+
+
+def test_fsdp2_shards_everything_and_gathers_one_unit_and_the_next():
+    """FSDP2's fp32 trainable shard + fp32 gradient shard + Adam shard = 16 bytes x T / N, the frozen
+    weights sharded in their loaded dtype (fp32 here), one unit gathered in bf16 while the next is
+    prefetched, and the unit's fp32 gradients before their reduce-scatter. Largest unit 500k elements."""
+    census = ParameterCensus(**{**CENSUS.__dict__, "largest_fsdp_unit": 500_000})
+    # persistent: trainable 2M + frozen 6M + gradients 2M + Adam 4M + helpers 10M = 24M
+    # backward: 2 units x 500k x 2 B + the unit's gradients 4 B x 500k + activations 100M
+    one = estimate("fsdp2", census, 2, "bf16", ACTIVATIONS)
+    assert one.peak() == 24_000_000 + 2_000_000 + 2_000_000 + ACTIVATIONS
+    # accumulation turns the gradient sync off: every trainable gradient stays whole (fp32) in the window
+    windowed = estimate("fsdp2", census, 2, "bf16", ACTIVATIONS, accumulation=2)
+    assert windowed.peak() == one.peak() + 4 * 1_000_000
+    # without the task's block classes the whole model is one unit
+    assert (
+        estimate("fsdp2", CENSUS, 2, "bf16", ACTIVATIONS).peak()
+        == 24_000_000 + 16_000_000 + 4_000_000 + ACTIVATIONS
+    )

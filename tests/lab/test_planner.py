@@ -232,3 +232,39 @@ def test_a_cached_video_runs_evaluation_phase_is_measured_and_planned(tmp_path):
     assert evaluation > row.terms["activations"] and "evaluation phase is this row's peak" in row.note
     without = estimate("ddp", census, 1, "no", fake.at(2))  # the training step alone
     assert row.device_bytes == without.peak() - fake.at(2) + evaluation
+
+
+def test_fsdp2_row_and_launch_name_the_shipped_fsdp2_files(capsys):
+    """`plan` has the fsdp2 row; its launch line is the shipped FSDP2 YAML, with the count it lacks; one
+    GPU cannot shard (validate refuses FSDP with one process), so the row does not fit there."""
+    config = str(REPO / "configs/quickstart.yaml")
+    assert main(["plan", config, *TINY_VIT_OVERRIDES, "--gpus", "4", "--gpu-memory", "16GB"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert rows["fsdp2"].split()[1] == "yes"
+    configs = Path("configs/deepspeed")
+    four = launch_command("fsdp2", Hardware(4, 1, GiB), "C", [], configs)
+    assert four == "accelerate launch --config_file configs/accelerate_fsdp2_4gpu.yaml -m framer_ds train C"
+    three = launch_command("fsdp2", Hardware(3, 1, GiB), "C", [], configs)
+    assert "accelerate_fsdp2_4gpu.yaml --num_processes 3" in three
+    multi = launch_command("fsdp2", Hardware(8, 2, GiB), "C", [], configs)
+    assert "accelerate_fsdp2_multinode.yaml --num_machines 2 --num_processes 16" in multi
+    for command in (four, three, multi):
+        assert all((REPO / w).is_file() for w in command.split() if w.endswith(".yaml"))
+    assert main(["plan", config, *TINY_VIT_OVERRIDES, "--gpus", "1", "--gpu-memory", "16GB"]) == 0
+    single = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fsdp2"))
+    assert single.split()[1] == "no" and "FSDP2 shards over 2+ processes" in single
+
+
+def test_largest_fsdp_unit_is_the_biggest_block_or_the_root_remainder():
+    import torch
+
+    from framer_ds.lab.census import largest_fsdp_unit
+
+    class Block(torch.nn.Module):
+        def __init__(self, width: int):
+            super().__init__()
+            self.inner = torch.nn.Linear(width, width)  # width^2 + width
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Block(8), Block(6))
+    assert largest_fsdp_unit(model, ["Block"]) == 72  # the 8-wide block; the root keeps 20
+    assert largest_fsdp_unit(model, []) == 20 + 72 + 42  # no blocks: one unit

@@ -158,9 +158,10 @@ def test_eval_sums_give_the_token_weighted_loss(one_batch):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp2"])
 def test_two_processes_equal_one_batch(one_batch, tmp_path, strategy):
-    """2 ranks x accumulation 2 x micro-batch 8: the window's tokens are counted across both ranks.
+    """2 ranks x accumulation 2 x micro-batch 8: the window's tokens are counted across both ranks
+    (under FSDP2 the gradients are reduce-scattered into shards, averaged over the ranks as DDP does).
     The eval set (45 samples, micro-batch 8) pads the last batch across the ranks: the padding is
     dropped from the totals."""
     run_dir = tmp_path / "run"

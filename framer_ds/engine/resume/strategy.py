@@ -1,7 +1,8 @@
 """Whether a checkpoint can load under the strategy that runs now, and from which directory.
 
 DDP / single-process checkpoints (model.safetensors + optimizer.bin) hold full, unsharded state and load
-at any world size as they are. A DeepSpeed ZeRO checkpoint loads only under DeepSpeed, only into the same
+at any world size as they are; FSDP2's torch.distributed.checkpoint shards load at any world size too,
+but only under FSDP2. A DeepSpeed ZeRO checkpoint loads only under DeepSpeed, only into the same
 stage layout, and at another world size only through its universal conversion (`universal.py`). Each
 mismatch is refused in one line naming the launch that fixes it, before `accelerator.prepare`.
 """
@@ -17,6 +18,7 @@ from accelerate import Accelerator
 from framer_ds.config.errors import ConfigError, ConfigProblem, RunSetupError
 from framer_ds.engine.accelerator import uses_deepspeed
 from framer_ds.engine.checkpoint import DEEPSPEED_CONFIG
+from framer_ds.engine.fsdp2 import uses_fsdp2
 from framer_ds.engine.resume.universal import (
     DS_TAG,
     UNIVERSAL_DIR,
@@ -65,6 +67,42 @@ def check_same_zero_layout(checkpoint: Path, running_stage: int) -> None:
     )
 
 
+FSDP2_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's torch.distributed.checkpoint dir of the model
+
+
+def check_same_sharding(checkpoint: Path, running: str) -> None:
+    """Refuse, in one line, an FSDP2 checkpoint under another strategy and any other one under FSDP2.
+
+    An FSDP2 checkpoint holds torch.distributed.checkpoint shards (`pytorch_model_fsdp_0/`,
+    `optimizer_0/`): they reload under FSDP2 at any number of processes (the shards are re-cut on load),
+    but DDP and DeepSpeed look for their own files and fail deep in `load_state`; a DDP or ZeRO
+    checkpoint has no shards for FSDP2 to read. `running` names the strategy of this launch."""
+    written_fsdp2 = (Path(checkpoint) / FSDP2_MODEL_DIR).is_dir()
+    if written_fsdp2 == (running == "FSDP2"):
+        return
+    if written_fsdp2:
+        raise RunSetupError(
+            f"{checkpoint} was written under FSDP2 (torch.distributed.checkpoint shards) but this run uses "
+            f"{running}: resume with `accelerate launch --config_file configs/accelerate_fsdp2_4gpu.yaml` "
+            "(or accelerate_fsdp2_cpu_2proc.yaml; any number of processes: the shards are re-cut on load), "
+            "or take its weights into a new run: `python -m torch.distributed.checkpoint.format_utils "
+            f"dcp_to_torch {checkpoint}/{FSDP2_MODEL_DIR} model.pt` (or use the run's final/)"
+        )
+    raise RunSetupError(
+        f"{checkpoint} was written without FSDP2 (DDP or DeepSpeed files, no {FSDP2_MODEL_DIR}/) but this "
+        "run uses FSDP2: resume with the launch that wrote it (its ZeRO checkpoint loads at another number "
+        "of processes through `framer-ds checkpoint universal`), or start a new FSDP2 run from its weights "
+        "(the run's final/, or zero_to_fp32.py in a ZeRO checkpoint)"
+    )
+
+
+def running_strategy(accelerator: Accelerator) -> str:
+    """This launch's strategy in the words `check_same_sharding` uses."""
+    if uses_fsdp2(accelerator):
+        return "FSDP2"
+    return "DeepSpeed" if uses_deepspeed(accelerator) else "DDP"
+
+
 def directory_to_load(accelerator: Accelerator, checkpoint: Path) -> Path:
     """The directory to `load_state` from: `checkpoint` itself, or its universal conversion when it is a
     ZeRO checkpoint written at another world size (converted once on the main process, then reused).
@@ -72,6 +110,7 @@ def directory_to_load(accelerator: Accelerator, checkpoint: Path) -> Path:
     Call on EVERY rank, before `accelerator.prepare` (it may set the engine's `load_universal` flag).
     """
     checkpoint = Path(checkpoint)
+    check_same_sharding(checkpoint, running_strategy(accelerator))
     shards, universal = zero_shard_count(checkpoint), is_universal(checkpoint)
     if not uses_deepspeed(accelerator):
         if shards or universal:

@@ -37,7 +37,7 @@ from framer_ds.tasks.drivable_vit.losses import (
     segmentation_loss,
     summarize_counts,
 )
-from framer_ds.tasks.drivable_vit.model import DrivableViT
+from framer_ds.tasks.drivable_vit.model import Block, DrivableViT
 from framer_ds.tasks.drivable_vit.multiview_manifest import EGO_MOTION_DIM, EgoStatistics
 from framer_ds.tasks.drivable_vit.overlays import write_overlays
 from framer_ds.tasks.planning import PlanningHooks
@@ -143,6 +143,10 @@ class DrivableVitTask(PlanningHooks, Task):
         model = DrivableViT(self.config.model, views=len(data.views), frames=data.frames)
         model.set_gradient_checkpointing(self.config.train.gradient_checkpointing)
         return model
+
+    def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
+        """Every spatial, cross-view and temporal layer is a `Block`: one FSDP2 unit each."""
+        return [Block.__name__]
 
     def _aux_on(self) -> bool:
         aux = self.config.model.aux

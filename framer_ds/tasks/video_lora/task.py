@@ -192,6 +192,14 @@ class VideoLoraTask(
         """A Framer run's mask_token at `model.mask_token_lr` (framer_setup.py); otherwise one group."""
         return self.framer.optimizer_groups(model) if self.framer is not None else None
 
+    def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
+        """The SVD UNet's repeated units (both bases build it): a res block and a spatio-temporal
+        transformer, each one FSDP2 unit; a diffusers UNet has no `_no_split_modules` to go by."""
+        present = {type(module).__name__ for module in model.modules()}
+        return [
+            name for name in ("SpatioTemporalResBlock", "TransformerSpatioTemporalModel") if name in present
+        ]
+
     def setup_frozen(self, accelerator) -> None:
         """With the latent cache on, the VAE and encoder load only if the cache must be (re)built or
         samples drawn, and never stay on the device during training."""
