@@ -55,6 +55,37 @@ def fused_adam_supported(device: torch.device, parameters: list[torch.nn.Paramet
     return floating and device.type in _get_fused_kernels_supported_devices()
 
 
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The trainable parameters in AdamW groups: weight decay on matrices (linear, embedding and
+    convolution weights) only, none on vectors (biases, RMSNorm / LayerNorm / GroupNorm weights).
+
+    Why: decaying a norm's gain pulls it towards 0, i.e. shrinks that layer's output, which no loss term
+    asks for; transformers' Trainer exempts norms and biases the same way (its names-based rule picks the
+    same parameters for the models we train). The exempt group carries `no_decay: True`, so a resume that
+    applies a new `weight_decay` (engine/resume/running_config.py) keeps it at 0."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    matrices = [p for p in trainable if p.ndim >= 2]
+    vectors = [p for p in trainable if p.ndim < 2]
+    groups = [{"params": matrices, "weight_decay": weight_decay}]
+    if vectors:
+        groups.append({"params": vectors, "weight_decay": 0.0, "no_decay": True})
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(
+    model: torch.nn.Module, train_cfg: TrainConfig, device: torch.device
+) -> torch.optim.AdamW:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = train_cfg.optimizer
+    return torch.optim.AdamW(
+        decay_groups(model, opt.weight_decay),
+        lr=opt.learning_rate,
+        betas=(opt.beta1, opt.beta2),
+        eps=opt.epsilon,
+        fused=fused_adam_supported(device, trainable),
+    )
+
+
 def training_loaders(
     task: Task, train_cfg: TrainConfig, train_set: Dataset, eval_set: Dataset | None
 ) -> tuple[DataLoader, DataLoader | None]:
@@ -110,14 +141,7 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))  # set by torchrun
         zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision, per_node)
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
-    optimizer = torch.optim.AdamW(
-        trainable,
-        lr=train_cfg.optimizer.learning_rate,
-        betas=(train_cfg.optimizer.beta1, train_cfg.optimizer.beta2),
-        eps=train_cfg.optimizer.epsilon,
-        weight_decay=train_cfg.optimizer.weight_decay,
-        fused=fused_adam_supported(accelerator.device, trainable),
-    )
+    optimizer = build_optimizer(model, train_cfg, accelerator.device)
     train_loader, eval_loader = training_loaders(task, train_cfg, train_set, eval_set)
     plan = plan_steps(len(train_set), train_cfg, accelerator.num_processes)
     scheduler = build_lr_scheduler(train_cfg.lr_schedule.name, optimizer, plan.warmup_steps, plan.total_steps)

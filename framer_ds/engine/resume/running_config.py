@@ -24,7 +24,8 @@ def apply_running_config(
     live = getattr(optimizer, "optimizer", optimizer)
     for group in live.param_groups:
         group.update(
-            weight_decay=train.optimizer.weight_decay,
+            # the group train/run.py exempts (biases, norm weights) stays exempt
+            weight_decay=0.0 if group.get("no_decay") else train.optimizer.weight_decay,
             betas=(train.optimizer.beta1, train.optimizer.beta2),
             eps=train.optimizer.epsilon,
         )

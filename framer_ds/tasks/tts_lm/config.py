@@ -104,7 +104,8 @@ class TtsModelSource(Source):
     config: dict[str, Any] | None = Field(
         None,
         description="A fresh model instead: AutoConfig fields with `model_type` (e.g. llama); needs "
-        "model.tokenizer. vocab_size is set from the extended tokenizer.",
+        "model.tokenizer. vocab_size defaults to the extended tokenizer's length; a larger one pads the "
+        "embeddings (as Llama-3-based TTS checkpoints ship), a smaller one is refused.",
     )
     builtin: Literal["tiny_llama"] | None = Field(
         None,
