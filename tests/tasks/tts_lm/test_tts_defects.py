@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from test_tts_lm import load_task, tiny_tts, write_config  # noqa: F401 (tiny_tts: the fixture)
+from test_tts_lm import load_task, write_config
 
 from framer_ds.config.errors import ConfigError
 
