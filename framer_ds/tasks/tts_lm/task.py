@@ -8,11 +8,11 @@ apart with a block-diagonal mask (sdpa, eager) or per-sample position ids (flash
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import torch
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset, Dataset, SequentialSampler
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.accelerator import frozen_model_init, uses_zero3
@@ -28,6 +28,7 @@ from framer_ds.tasks.tts_lm.config import TtsDataConfig, TtsModelConfig
 from framer_ds.tasks.tts_lm.data_setup import TtsData
 from framer_ds.tasks.tts_lm.inference import TtsSampleCommandOptions, sample_to_files, write_layout_record
 from framer_ds.tasks.tts_lm.samplers import LengthGroupedSampler, RatioMixSampler
+from framer_ds.tasks.tts_lm.splitting import split_sequence
 from framer_ds.tasks.tts_lm.token_batches import collate_packed, collate_padded
 from framer_ds.tasks.tts_lm.token_sequences import (
     IGNORE_INDEX,
@@ -118,22 +119,31 @@ class TtsLmTask(PlanningHooks, Task):
         built = self.data.build_sequences()
         self._notes = dict(built.notes)
         batch = self.config.train.micro_batch_size
+        special = self.assets.special
+        splitter = partial(
+            split_sequence,
+            max_len=data.max_seq_length,
+            start_of_speech=special.start_of_speech,
+            end_of_speech=special.end_of_speech,
+        )
+        policy = partial(
+            apply_length_policy,
+            max_len=data.max_seq_length,
+            policy=data.length_policy,
+            batch_size=batch,
+            splitter=splitter,
+        )
+        grouped = data.group_by_length and data.shuffle  # padding as the batches will come
         try:
-            speech, stats = apply_length_policy(
-                built.train, data.max_seq_length, data.length_policy, batch, data.group_by_length
-            )
+            speech, stats = policy(built.train, group_by_length=grouped)
             eval_items = None
             if built.eval:
-                eval_items, _ = apply_length_policy(
-                    built.eval, data.max_seq_length, data.length_policy, batch, data.group_by_length
-                )
+                eval_items, _ = policy(built.eval, group_by_length=grouped)
         except AllSamplesTooLong as exc:
             raise ConfigError([ConfigProblem("data.max_seq_length", str(exc))], "data") from None
         self._notes.update(_length_notes(stats))
         if built.text_mix:
-            text_items, text_stats = apply_length_policy(
-                built.text_mix, data.max_seq_length, data.length_policy, batch, False
-            )
+            text_items, text_stats = policy(built.text_mix, group_by_length=False)
             self._notes["text mix"] = text_stats.describe()
             train: Dataset = ConcatDataset([ItemDataset(list(speech)), ItemDataset(list(text_items))])
         else:
@@ -144,6 +154,8 @@ class TtsLmTask(PlanningHooks, Task):
         """From the training set it is given (no state left by `build_datasets`): a text mix is the
         concatenation of the speech and the text items, and every item knows its length."""
         data, seed = self.config.data, self.config.train.seed
+        if not data.shuffle:  # the file order (config.py refuses it with a text mix or length grouping)
+            return SequentialSampler(train_set)
         if isinstance(train_set, ConcatDataset):
             (speech, text), mix = train_set.datasets, data.text_mix
             return RatioMixSampler(
