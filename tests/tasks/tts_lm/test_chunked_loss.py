@@ -95,3 +95,27 @@ def test_an_unknown_logit_post_processing_is_refused(monkeypatch):
     data = batch(False)
     with pytest.raises(RuntimeError, match="post-processes its head's logits"):
         ChunkedHeadLoss()(model, data, data.pop("labels"))
+
+
+def test_the_planner_measures_the_chunked_loss(tmp_path, tiny_tts):
+    """`framer-ds plan` runs training_loss on fake tensors under torch's MemTracker: the chunk loop must
+    run there (a head called again from plain code read as a second iteration and was refused), and the
+    per-sample activations must be those of the chunked loss, below ONE fp32 copy of the [T, V] logits
+    (the full-logits loss kept ~3 of them)."""
+    from test_tts_lm import load_task, write_config
+
+    from framer_ds.lab.activations import probe_activations
+
+    tokens = 1024
+    fresh = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "num_key_value_heads": 1}  # fmt: skip
+    model = {"source": {"config": fresh}, "tokenizer": str(tiny_tts / "model")}
+    config = write_config(
+        tmp_path / "c.yaml", tmp_path / "run", model=model, source={"builtin": "tiny_speech"},
+        max_seq_length=tokens,
+    )  # fmt: skip
+    task = load_task(config, "train.mixed_precision=no")
+    vocab = len(task.assets.tokenizer)
+    probe = probe_activations(task, with_eval=False)
+    logits_fp32 = tokens * vocab * 4
+    assert 0 < probe.per_sample < logits_fp32
