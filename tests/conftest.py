@@ -55,6 +55,14 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+@pytest.fixture(scope="session")
+def tiny_tts(data_cache: Path) -> Path:
+    """The tts_lm tests' tiny Llama, tokenizer, SNAC codec and speech data, built once per session."""
+    from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts
+
+    return ensure_tiny_tts()
+
+
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     """Accelerator state is a process-wide singleton; each in-process run starts clean."""

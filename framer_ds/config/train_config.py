@@ -21,7 +21,12 @@ class OptimizerConfig(StrictModel):
     """AdamW and gradient clipping."""
 
     learning_rate: float = Field(1e-4, gt=0, description="Peak AdamW learning rate (after warmup).")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    weight_decay: float = Field(
+        0.0,
+        ge=0,
+        description="AdamW decoupled weight decay, on matrices only: biases and norm weights are exempt "
+        "(as transformers' Trainer does).",
+    )
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay.")
     beta2: float = Field(0.999, ge=0, lt=1, description="AdamW second-moment decay.")
     epsilon: float = Field(1e-8, gt=0, description="AdamW denominator epsilon.")

@@ -91,6 +91,7 @@ class StepContext:
     loss_items: torch.Tensor
     part_totals: torch.Tensor | None = None  # the task's loss parts since the last log line, this rank
     outcome: StepOutcome | None = None  # the step just taken
+    step_lr: float | None = None  # the learning rate that step ran at (the schedule has moved on since)
     done: bool = False  # the last step of the run
     epoch_before: float = 0.0  # position in epochs before and after the step just taken
     epoch_now: float = 0.0
@@ -143,7 +144,7 @@ class LogMetrics(StepAction):
         summing = run.task.loss_reduction == "sum"
         line = {
             "loss": loss_total / max(loss_items, 1e-12),
-            "lr": run.scheduler.get_last_lr()[0],
+            "lr": ctx.step_lr if ctx.step_lr is not None else run.scheduler.get_last_lr()[0],
             "epoch": state.epoch + state.batches_in_epoch / plan.batches_per_epoch,
             "samples": float(state.samples_seen),
             **ctx.throughput.rates(run.task.loss_items_name if summing else None),

@@ -175,6 +175,7 @@ def _train(
                     say(accelerator, f"non-finite loss: optimizer step {state.global_step + 1} skipped")
                     logger.log({"nonfinite_skipped_steps": float(nonfinite.skipped_total)}, state.global_step)
                     continue
+                ctx.step_lr = run.scheduler.get_last_lr()[0]  # what this step ran at, before it moves on
                 run.scheduler.step()
                 ctx.epoch_before = ctx.epoch_now
                 ctx.epoch_now = state.epoch + state.batches_in_epoch / plan.batches_per_epoch

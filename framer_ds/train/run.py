@@ -56,6 +56,46 @@ def fused_adam_supported(device: torch.device, parameters: list[torch.nn.Paramet
     return floating and device.type in _get_fused_kernels_supported_devices()
 
 
+def decay_groups(groups: list[dict], weight_decay: float) -> list[dict]:
+    """Each param group split in two: weight decay on matrices (linear, embedding and convolution
+    weights) only, none on vectors (biases, RMSNorm / LayerNorm / GroupNorm weights).
+
+    Why: decaying a norm's gain pulls it towards 0, i.e. shrinks that layer's output, which no loss term
+    asks for; transformers' Trainer exempts norms and biases the same way (its names-based rule picks the
+    same parameters for the models we train). The exempt group carries `no_decay: True`, so a resume that
+    applies a new `weight_decay` (engine/resume/running_config.py) keeps it at 0. A split group keeps its
+    own learning rate and `lr_scale` (`param_groups`)."""
+    split = []
+    for group in groups:
+        matrices = [p for p in group["params"] if p.ndim >= 2]
+        vectors = [p for p in group["params"] if p.ndim < 2]
+        if matrices:
+            split.append({**group, "params": matrices, "weight_decay": weight_decay})
+        if vectors:
+            split.append({**group, "params": vectors, "weight_decay": 0.0, "no_decay": True})
+    return split
+
+
+def build_optimizer(
+    model: torch.nn.Module,
+    train_cfg: TrainConfig,
+    device: torch.device,
+    task_groups: list[dict] | None = None,
+) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters: the task's groups (`Task.optimizer_groups`, or one), each
+    split by `decay_groups`."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = train_cfg.optimizer
+    groups = decay_groups(param_groups(task_groups, trainable, opt.learning_rate), opt.weight_decay)
+    return torch.optim.AdamW(
+        groups,
+        lr=opt.learning_rate,
+        betas=(opt.beta1, opt.beta2),
+        eps=opt.epsilon,
+        fused=fused_adam_supported(device, trainable),
+    )
+
+
 def training_loaders(
     task: Task, train_cfg: TrainConfig, train_set: Dataset, eval_set: Dataset | None
 ) -> tuple[DataLoader, DataLoader | None]:
@@ -97,17 +137,15 @@ def _check_best_metric(task: Task, train_cfg: TrainConfig, eval_set: Dataset | N
 
 
 def param_groups(
-    task: Task, model: torch.nn.Module, trainable: list[torch.nn.Parameter], learning_rate: float
+    task_groups: list[dict] | None, trainable: list[torch.nn.Parameter], learning_rate: float
 ) -> list[dict]:
     """The task's param groups (`Task.optimizer_groups`) or one group; each carries `lr_scale`, its
     learning rate over train.optimizer.learning_rate, which resume re-applies (`apply_running_config`)
     so a group's rate follows the config that runs, like the main one."""
-    groups = task.optimizer_groups(model) or [{"params": trainable}]
+    groups = task_groups or [{"params": trainable}]
     grouped = [p for group in groups for p in group["params"]]
     if len(grouped) != len(trainable) or {id(p) for p in grouped} != {id(p) for p in trainable}:
-        raise RuntimeError(
-            f"internal: task {task.name!r}'s optimizer groups do not hold every trainable parameter once"
-        )
+        raise RuntimeError("internal: the task's optimizer groups do not hold every trainable parameter once")
     return [{**group, "lr_scale": group.get("lr", learning_rate) / learning_rate} for group in groups]
 
 
@@ -127,14 +165,7 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision, per_node)
     set_wrap_classes(accelerator, task.fsdp_block_classes(model))  # before prepare shards the model
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
-    optimizer = torch.optim.AdamW(
-        param_groups(task, model, trainable, train_cfg.optimizer.learning_rate),
-        lr=train_cfg.optimizer.learning_rate,
-        betas=(train_cfg.optimizer.beta1, train_cfg.optimizer.beta2),
-        eps=train_cfg.optimizer.epsilon,
-        weight_decay=train_cfg.optimizer.weight_decay,
-        fused=fused_adam_supported(accelerator.device, trainable),
-    )
+    optimizer = build_optimizer(model, train_cfg, accelerator.device, task.optimizer_groups(model))
     train_loader, eval_loader = training_loaders(task, train_cfg, train_set, eval_set)
     plan = plan_steps(len(train_set), train_cfg, accelerator.num_processes)
     scheduler = build_lr_scheduler(train_cfg.lr_schedule.name, optimizer, plan.warmup_steps, plan.total_steps)

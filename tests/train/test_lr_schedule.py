@@ -60,3 +60,19 @@ def test_the_scheduler_state_round_trips_through_a_checkpoint(tmp_path):
     second = build_lr_scheduler("cosine", _optimizer(), 2, 20)
     second.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=False))
     assert _lrs(second, 5) == _lrs(first, 5)
+
+
+def test_the_logged_lr_is_the_one_its_step_ran_at(tmp_path):
+    """metrics.jsonl's `lr` at step N is the rate optimizer step N used. It was the next step's (the
+    schedule had already moved on): step 1 of a warmup logged 5e-3 while it ran at 0."""
+    from test_loss_normalisation import LEARNING_RATE, STEPS, train_in_process
+
+    from conftest import read_metrics
+
+    run_dir = train_in_process(
+        tmp_path, "warm", micro_batch_size=8, **{"lr_schedule.name": "linear", "lr_schedule.warmup.steps": 2}
+    )
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=LEARNING_RATE)
+    ran_at = _lrs(build_lr_scheduler("linear", optimizer, 2, STEPS), STEPS)
+    assert ran_at[0] == 0.0
+    assert [line["lr"] for line in read_metrics(run_dir)[0]] == ran_at

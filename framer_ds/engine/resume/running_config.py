@@ -37,7 +37,8 @@ def apply_running_config(
     scales = scales if scales is not None else [1.0] * len(live.param_groups)
     for group, scale in zip(live.param_groups, scales, strict=True):
         group.update(
-            weight_decay=train.optimizer.weight_decay,
+            # the group train/run.py exempts (biases, norm weights) stays exempt
+            weight_decay=0.0 if group.get("no_decay") else train.optimizer.weight_decay,
             betas=(train.optimizer.beta1, train.optimizer.beta2),
             eps=train.optimizer.epsilon,
             lr_scale=scale,

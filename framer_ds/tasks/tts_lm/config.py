@@ -104,7 +104,8 @@ class TtsModelSource(Source):
     config: dict[str, Any] | None = Field(
         None,
         description="A fresh model instead: AutoConfig fields with `model_type` (e.g. llama); needs "
-        "model.tokenizer. vocab_size is set from the extended tokenizer.",
+        "model.tokenizer. vocab_size defaults to the extended tokenizer's length; a larger one pads the "
+        "embeddings (as Llama-3-based TTS checkpoints ship), a smaller one is refused.",
     )
     builtin: Literal["tiny_llama"] | None = Field(
         None,
@@ -202,13 +203,20 @@ class TtsDataConfig(StrictModel):
         "all", description="'audio': learn only the speech part; the text is context."
     )
     max_seq_length: int = Field(8192, ge=16, description="Longest sequence in tokens (~100 s at 8192).")
-    length_policy: Literal["filter", "truncate", "pack"] = Field(
+    length_policy: Literal["filter", "truncate", "pack", "split"] = Field(
         "filter",
         description="Longer samples: 'filter' drops them (counted), 'truncate' cuts them; 'pack' drops "
-        "them and concatenates the rest into max_seq_length blocks, samples kept apart.",
+        "them and concatenates the rest into max_seq_length blocks, samples kept apart; 'split' cuts them "
+        "at SNAC frame boundaries into pieces (the text prompt + the audio continuing, the frames before "
+        "as unlearned context), so no token is dropped.",
     )
     group_by_length: bool = Field(
-        True, description="filter/truncate: batch samples of similar length (less padding)."
+        True, description="filter/truncate/split: batch samples of similar length (less padding)."
+    )
+    shuffle: bool = Field(
+        True,
+        description="false: train in the file order (the rows left after the validation split; with "
+        "pack, the blocks in the order packing fills them), the same every epoch; no length grouping.",
     )
     bad_samples: Literal["error", "skip"] = Field(
         "error", description="A malformed row: 'error' stops at start naming it; 'skip' drops and counts it."
@@ -223,6 +231,10 @@ class TtsDataConfig(StrictModel):
     def _speaker_and_mix(self) -> TtsDataConfig:
         if self.speaker_prefix and self.speaker_column is None:
             raise ValueError("data.speaker_prefix needs data.speaker_column")
+        if not self.shuffle and self.text_mix is not None:
+            raise ValueError("data.text_mix draws its text:speech order at random: set data.shuffle true")
+        if not self.shuffle and "group_by_length" in self.model_fields_set and self.group_by_length:
+            raise ValueError("data.shuffle false keeps the file order: set data.group_by_length false")
         if self.text_mix is not None and self.length_policy != "pack" and self.group_by_length:
             raise ValueError(
                 "data.text_mix orders samples by the mix ratio, not by length: set data.group_by_length "

@@ -6,6 +6,7 @@ as it was trained, without the training config's files being where they were."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import Field
@@ -75,24 +76,46 @@ def _speak(
 def sample_to_files(
     model,
     builder: SequenceBuilder,
-    codec,
+    codec: Callable[[], object],
     options: TtsSampleOptions,
     out_dir: Path,
     write: bool,
     synced_gpus: bool = False,
 ) -> tuple[list[Path], list[str]]:
     """Every prompt of `options` spoken: the .wav files written (when `write`, i.e. on rank 0) and a
-    report line per prompt. Every rank generates: under ZeRO-3 each forward is a collective."""
+    report line per prompt. Every rank generates (under ZeRO-3 each forward is a collective) before rank 0
+    loads the codec (`codec()`) and decodes, so a decoding failure on rank 0 leaves no rank waiting."""
+    spoken = [
+        (text, _speak(model, builder, text, None, options, synced_gpus, show_progress=write))
+        for text in options.prompts
+    ]
     written, report = [], []
-    for index, text in enumerate(options.prompts):
-        tokens = _speak(model, builder, text, None, options, synced_gpus, show_progress=write)
-        if not write:
-            continue
-        speech = speech_to_wav(tokens, builder.layout, codec, Path(out_dir) / f"sample_{index}.wav")
+    if not write:
+        return written, report
+    decoder = codec()
+    for index, (text, tokens) in enumerate(spoken):
+        speech = speech_to_wav(tokens, builder.layout, decoder, Path(out_dir) / f"sample_{index}.wav")
         report.append(f"{text!r} -> {speech.describe()}")
         if speech.path is not None:
             written.append(speech.path)
     return written, report
+
+
+def require_codec_dir(codec_dir: Path | None, key: str) -> Path:
+    """A SNAC directory, or one line naming `key` and the download that fills it."""
+    if codec_dir is None:
+        raise ConfigError([ConfigProblem(key, "the export names no codec: pass --codec SNAC_DIR")])
+    if not (Path(codec_dir) / "config.json").is_file():
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    key,
+                    f"{codec_dir} is not a SNAC directory (no config.json); `huggingface-cli download "
+                    "hubertsiuzdak/snac_24khz --local-dir DIR` and pass --codec DIR",
+                )
+            ]
+        )
+    return Path(codec_dir)
 
 
 def read_layout_record(export_dir: Path) -> dict:
@@ -125,8 +148,7 @@ def sample_command(config, export_dir: Path, options: TtsSampleCommandOptions) -
     record = read_layout_record(export_dir)
     special = SpecialTokens(**record["special_tokens"])
     codec_dir = options.codec or (Path(record["codec"]) if record.get("codec") else None)
-    if codec_dir is None:
-        raise ConfigError([ConfigProblem("--codec", "the export names no codec: pass --codec SNAC_DIR")])
+    codec_dir = require_codec_dir(codec_dir, "--codec" if options.codec else f"{LAYOUT_RECORD} codec")
     device = options.resolved_device()
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     builder = SequenceBuilder(tokenizer, special, audio_layout(special), config.data, len(tokenizer))

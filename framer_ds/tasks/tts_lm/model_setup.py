@@ -66,6 +66,15 @@ class TtsAssets:
                     f"{self.tokenizer_dir} holds no tokenizer (tokenizer.json / tokenizer_config.json)",
                 )
             )
+        if self.codec_dir is None and self.options.samples.every:
+            problems.append(
+                ConfigProblem(
+                    "model.samples.every",
+                    f"{self.options.samples.every} writes audio samples, which need the SNAC codec: set "
+                    "model.codec.path (`huggingface-cli download hubertsiuzdak/snac_24khz --local-dir DIR`) "
+                    "or model.samples.every: 0",
+                )
+            )
         if self.codec_dir is not None and not (self.codec_dir / "config.json").is_file():
             problems.append(
                 ConfigProblem(
@@ -81,6 +90,21 @@ class TtsAssets:
 
         base = AutoTokenizer.from_pretrained(self.tokenizer_dir)
         return vocabulary.layout_problems(self.options.special_tokens, base)
+
+    def vocab_problems(self) -> list[ConfigProblem]:
+        """A fresh model's `vocab_size` may pad the embeddings past the extended tokenizer (Llama-3-based
+        TTS checkpoints ship padded), never cut tokens off it."""
+        wanted = self.model_config.get("vocab_size")
+        if wanted is None or wanted >= self.vocabulary_size:
+            return []
+        return [
+            ConfigProblem(
+                "model.source.config.vocab_size",
+                f"{wanted} is smaller than the extended tokenizer's {self.vocabulary_size} tokens (base + "
+                f"the recipe's {vocabulary.ADDED_TOKENS}); remove the key (the tokenizer's length is "
+                f"used) or set it to at least {self.vocabulary_size}",
+            )
+        ]
 
     @cached_property
     def tokenizer(self):
@@ -169,7 +193,8 @@ def _load_base(config, assets: TtsAssets) -> torch.nn.Module:
     if assets.model_dir is not None:
         return load_pretrained(AutoModelForCausalLM, assets.model_dir, **attention)
     fresh = dict(assets.model_config)
-    model_config = AutoConfig.for_model(fresh.pop("model_type"), **fresh, vocab_size=assets.vocabulary_size)
+    vocab_size = max(fresh.pop("vocab_size", 0), assets.vocabulary_size)  # >= checked by vocab_problems
+    model_config = AutoConfig.for_model(fresh.pop("model_type"), **fresh, vocab_size=vocab_size)
     torch.manual_seed(config.train.seed)
     return build_fresh(lambda: AutoModelForCausalLM.from_config(model_config, **attention))
 

@@ -8,12 +8,11 @@ apart with a block-diagonal mask (sdpa, eager) or per-sample position ids (flash
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset, Dataset, SequentialSampler
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.accelerator import frozen_model_init, uses_zero3
@@ -24,10 +23,12 @@ from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
 from framer_ds.tasks.tts_lm import model_setup
+from framer_ds.tasks.tts_lm.chunked_loss import ChunkedHeadLoss
 from framer_ds.tasks.tts_lm.config import TtsDataConfig, TtsModelConfig
 from framer_ds.tasks.tts_lm.data_setup import TtsData
 from framer_ds.tasks.tts_lm.inference import TtsSampleCommandOptions, sample_to_files, write_layout_record
 from framer_ds.tasks.tts_lm.samplers import LengthGroupedSampler, RatioMixSampler
+from framer_ds.tasks.tts_lm.splitting import split_sequence
 from framer_ds.tasks.tts_lm.token_batches import collate_packed, collate_padded
 from framer_ds.tasks.tts_lm.token_sequences import (
     IGNORE_INDEX,
@@ -83,6 +84,7 @@ class TtsLmTask(PlanningHooks, Task):
         problems += self.data.file_problems()
         if not problems and not self.assets.builtin:
             problems += self.assets.layout_problems()
+            problems += [] if problems else self.assets.vocab_problems()
         return problems
 
     def prepare_data(self) -> None:
@@ -117,22 +119,31 @@ class TtsLmTask(PlanningHooks, Task):
         built = self.data.build_sequences()
         self._notes = dict(built.notes)
         batch = self.config.train.micro_batch_size
+        special = self.assets.special
+        splitter = partial(
+            split_sequence,
+            max_len=data.max_seq_length,
+            start_of_speech=special.start_of_speech,
+            end_of_speech=special.end_of_speech,
+        )
+        policy = partial(
+            apply_length_policy,
+            max_len=data.max_seq_length,
+            policy=data.length_policy,
+            batch_size=batch,
+            splitter=splitter,
+        )
+        grouped = data.group_by_length and data.shuffle  # padding as the batches will come
         try:
-            speech, stats = apply_length_policy(
-                built.train, data.max_seq_length, data.length_policy, batch, data.group_by_length
-            )
+            speech, stats = policy(built.train, group_by_length=grouped)
             eval_items = None
             if built.eval:
-                eval_items, _ = apply_length_policy(
-                    built.eval, data.max_seq_length, data.length_policy, batch, data.group_by_length
-                )
+                eval_items, _ = policy(built.eval, group_by_length=grouped)
         except AllSamplesTooLong as exc:
             raise ConfigError([ConfigProblem("data.max_seq_length", str(exc))], "data") from None
         self._notes.update(_length_notes(stats))
         if built.text_mix:
-            text_items, text_stats = apply_length_policy(
-                built.text_mix, data.max_seq_length, data.length_policy, batch, False
-            )
+            text_items, text_stats = policy(built.text_mix, group_by_length=False)
             self._notes["text mix"] = text_stats.describe()
             train: Dataset = ConcatDataset([ItemDataset(list(speech)), ItemDataset(list(text_items))])
         else:
@@ -143,6 +154,8 @@ class TtsLmTask(PlanningHooks, Task):
         """From the training set it is given (no state left by `build_datasets`): a text mix is the
         concatenation of the speech and the text items, and every item knows its length."""
         data, seed = self.config.data, self.config.train.seed
+        if not data.shuffle:  # the file order (config.py refuses it with a text mix or length grouping)
+            return SequentialSampler(train_set)
         if isinstance(train_set, ConcatDataset):
             (speech, text), mix = train_set.datasets, data.text_mix
             return RatioMixSampler(
@@ -192,18 +205,18 @@ class TtsLmTask(PlanningHooks, Task):
     def count_loss_items(self, batch) -> torch.Tensor:
         return (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
 
-    def _token_losses(self, model, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(per-token loss, next-token labels, logits), the shift done once for training and eval."""
+    @cached_property
+    def _head_loss(self) -> ChunkedHeadLoss:
+        return ChunkedHeadLoss()
+
+    def _token_losses(
+        self, model, batch, top1: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(per-token loss, next-token labels, argmax predictions when `top1`), the shift done once for
+        training and eval; the logits are made a chunk at a time (chunked_loss.py), never [B, T, V]."""
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
-        logits = model(**inputs, use_cache=False).logits[:, :-1]
-        labels = batch["labels"][:, 1:]
-        losses = F.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]),
-            labels.reshape(-1),
-            ignore_index=IGNORE_INDEX,
-            reduction="none",
-        ).view(labels.shape)
-        return losses, labels, logits
+        losses, predictions = self._head_loss(model, inputs, batch["labels"], top1=top1)
+        return losses, batch["labels"][:, 1:], predictions
 
     def _is_audio(self, labels: torch.Tensor) -> torch.Tensor:
         layout = audio_layout(self.assets.special)
@@ -224,10 +237,10 @@ class TtsLmTask(PlanningHooks, Task):
         )
 
     def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
-        losses, labels, logits = self._token_losses(model, batch)
+        losses, labels, predictions = self._token_losses(model, batch, top1=True)
         audio = self._is_audio(labels)
         counted = labels != IGNORE_INDEX
-        correct = (logits.argmax(-1) == labels) & audio
+        correct = (predictions == labels) & audio
         return {
             "loss_sum": losses.sum(1),
             "tokens": counted.sum(1),
@@ -253,7 +266,9 @@ class TtsLmTask(PlanningHooks, Task):
 
     def write_samples(self, accelerator, model, step: int, out_dir: Path) -> list[Path]:
         """Every prompt of model.samples spoken by the model being trained: samples/step_N/*.wav. Every
-        rank generates (a ZeRO-3 forward is a collective); rank 0 decodes and writes."""
+        rank generates (a ZeRO-3 forward is a collective); rank 0 decodes and writes. Samples are a view
+        on training, not part of it: a failure (a codec that will not load, a decode error) is one line
+        in the log and training goes on."""
         unwrapped = accelerator.unwrap_model(model)
         was_training = unwrapped.training
         unwrapped.eval()
@@ -261,12 +276,15 @@ class TtsLmTask(PlanningHooks, Task):
             written, report = sample_to_files(
                 unwrapped,
                 self.data.builder(),
-                self.assets.codec(str(accelerator.device)) if accelerator.is_main_process else None,
+                lambda: self.assets.codec(str(accelerator.device)),
                 self.config.model.samples,
                 Path(out_dir) / f"step_{step}",
                 write=accelerator.is_main_process,
                 synced_gpus=uses_zero3(accelerator),
             )
+        except Exception as exc:  # reported in one line: training must outlive its samples
+            accelerator.print(f"sample: step {step} failed, training goes on: {type(exc).__name__}: {exc}")
+            return []
         finally:
             unwrapped.train(was_training)
         for line in report:

@@ -10,14 +10,14 @@ mask, so a packed batch gives the same logits as the samples one by one (tested)
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 IGNORE_INDEX = -100
-LengthPolicy = Literal["filter", "truncate", "pack"]
+LengthPolicy = Literal["filter", "truncate", "pack", "split"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,8 @@ class LengthStats:
     dropped_tokens: int = 0
     truncated: int = 0
     truncated_tokens: int = 0
+    split: int = 0  # samples cut into pieces (length_policy split)
+    split_pieces: int = 0  # the pieces they became
     padding_fraction: float = 0.0
 
     def as_metrics(self, prefix: str = "data/") -> dict[str, float]:
@@ -100,6 +102,8 @@ class LengthStats:
         )
         if self.dropped:
             text += f", dropped {self.dropped} ({self.dropped_tokens} tokens)"
+        if self.split:
+            text += f", split {self.split} into {self.split_pieces} pieces"
         if self.truncated:
             text += f", truncated {self.truncated} ({self.truncated_tokens} tokens cut)"
         return text + f"; padding {self.padding_fraction:.1%} of the tokens in a batch"
@@ -166,10 +170,12 @@ def apply_length_policy(
     policy: LengthPolicy,
     batch_size: int = 1,
     group_by_length: bool = True,
+    splitter: Callable[[TokenSequence], list[TokenSequence] | None] | None = None,
 ) -> tuple[list[TokenSequence] | list[PackedBlock], LengthStats]:
     """The training items under `policy` and what it did. Packing drops samples longer than a block (a
-    sample split across blocks would lose its prompt); `truncate` cuts them. Raises AllSamplesTooLong,
-    with the statistics, when nothing is left."""
+    sample split across blocks would lose its prompt); `truncate` cuts them; `split` replaces each by the
+    pieces `splitter` makes (splitting.py), dropping only what it cannot split. Raises
+    AllSamplesTooLong, with the statistics, when nothing is left."""
     lengths = np.array([len(s) for s in sequences])
     if len(lengths) == 0:
         raise AllSamplesTooLong("no sequences: the data set is empty")
@@ -189,6 +195,17 @@ def apply_length_policy(
         ]
         stats.truncated = int(too_long.sum())
         stats.truncated_tokens = int((lengths[too_long] - max_len).sum())
+    elif policy == "split" and splitter is not None:
+        items = []
+        for sequence, long in zip(sequences, too_long, strict=True):
+            pieces = splitter(sequence) if long else [sequence]
+            if pieces is None:  # not speech, or a prompt too long for any piece
+                stats.dropped += 1
+                stats.dropped_tokens += len(sequence)
+                continue
+            items += pieces
+            stats.split += int(long)
+            stats.split_pieces += len(pieces) if long else 0
     else:
         items = [s for s, long in zip(sequences, too_long, strict=True) if not long]
         stats.dropped = int(too_long.sum())

@@ -89,14 +89,16 @@ def layout_problems(options: SpecialTokenOptions, tokenizer) -> list[ConfigProbl
             problems.append(
                 ConfigProblem(KEY, f"{name} {token_id} is outside the base vocabulary 0..{actual - 1}")
             )
-        elif options.preset != "auto" and token_id not in tokenizer.all_special_ids:
+        elif options.preset in PRESETS and token_id not in tokenizer.all_special_ids:
+            # A named preset was made for one base: a plain word at its id means another base. 'custom'
+            # ids are the user's own (data tokenized with `<|eot_id|>` as plain text, say): taken as given.
             token = tokenizer.convert_ids_to_tokens(token_id)
             problems.append(
                 ConfigProblem(
                     KEY,
                     f"{name} {token_id} is {token!r} in this tokenizer, not one of its special tokens "
                     f"({sorted(tokenizer.all_special_tokens)[:8]}...): the preset was made for another "
-                    "base; use preset 'auto' or 'custom'",
+                    "base; use preset 'auto', or 'custom' with this tokenizer's ids",
                 )
             )
     return problems

@@ -20,13 +20,6 @@ from conftest import REPO, read_metrics
 TINY = REPO / "configs" / "tasks" / "tts_lm" / "tiny.yaml"
 
 
-@pytest.fixture(scope="session")
-def tiny_tts(data_cache: Path) -> Path:
-    from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts
-
-    return ensure_tiny_tts()
-
-
 def framer_ds(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "framer_ds", *map(str, argv)],
