@@ -14,7 +14,12 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
 from diffusers.pipelines.wan import pipeline_wan_i2v
 
-from framer_ds.tasks.video_lora.diffusion.flow_matching import WAN_SHIFT_480P
+from framer_ds.tasks.video_lora.diffusion.flow_matching import (
+    WAN_SHIFT_480P,
+    euler_step,
+    inference_sigmas,
+    sigmas_to_timesteps,
+)
 from framer_ds.tasks.video_lora.models.tiny_wan import (
     EOS,
     IMAGE_TOKENS,
@@ -124,3 +129,54 @@ def test_diffusers_pipeline_loads_and_generates(wan_bases: dict[str, Path]) -> N
     assert one.shape == (9, 64, 64, 3) and np.isfinite(one).all()
     assert np.abs(one - other).max() > 1e-4
     np.testing.assert_array_equal(one, _generate(flf2v, _image(1)))  # seeded: reproducible
+
+
+@pytest.mark.usefixtures("no_ftfy")
+def test_our_sampler_reproduces_the_pipelines_denoising(wan_bases: dict[str, Path]) -> None:
+    """Replaying diffusers' Wan first-last-frame loop with our schedule, timesteps and Euler steps on the
+    same tiny transformer gives the pipeline's final latents: the flow-matching sampler is the one the
+    Wan base will sample with. The transformer's inputs are recorded with a forward hook; guidance 1.0
+    (one transformer call a step). Tolerance 1e-6: identical float32 operations on unit-scale latents,
+    so only float32 rounding (~1e-7) can differ; a wrong sigma or timestep moves the latents by ~1e-2."""
+    pipe = WanImageToVideoPipeline.from_pretrained(wan_bases["flf2v"])
+    pipe.set_progress_bar_config(disable=True)
+    calls: list[dict[str, torch.Tensor]] = []
+
+    def record(_module, _args, kwargs):
+        calls.append({key: value.clone() for key, value in kwargs.items() if torch.is_tensor(value)})
+
+    handle = pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    steps, shift = 3, pipe.scheduler.config.shift
+    expected = pipe(
+        image=_image(0),
+        last_image=_image(1),
+        prompt="a cat jumps over the road",
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=steps,
+        guidance_scale=1.0,
+        max_sequence_length=16,
+        generator=torch.Generator().manual_seed(0),
+        output_type="latent",
+    ).frames
+    handle.remove()
+    assert len(calls) == steps
+
+    channels = pipe.vae.config.z_dim
+    sigmas = inference_sigmas(steps, shift)
+    sample = calls[0]["hidden_states"][:, :channels]
+    condition = calls[0]["hidden_states"][:, channels:]
+    with torch.no_grad():
+        for index, call in enumerate(calls):
+            timestep = sigmas_to_timesteps(sigmas[index : index + 1]).expand(sample.shape[0])
+            torch.testing.assert_close(timestep, call["timestep"], rtol=0, atol=0)
+            velocity = pipe.transformer(
+                hidden_states=torch.cat([sample, condition], dim=1),
+                timestep=timestep,
+                encoder_hidden_states=call["encoder_hidden_states"],
+                encoder_hidden_states_image=call["encoder_hidden_states_image"],
+                return_dict=False,
+            )[0]
+            sample = euler_step(sample, velocity, sigmas[index], sigmas[index + 1])
+    torch.testing.assert_close(sample, expected, rtol=0, atol=1e-6)
