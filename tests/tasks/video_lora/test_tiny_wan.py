@@ -98,6 +98,12 @@ def test_folder_is_a_complete_diffusers_wan_i2v_base(wan_bases: dict[str, Path])
     assert (wan_bases["flf2v"] / "transformer").stat().st_mtime_ns == stamp
 
 
+def test_unknown_mode_names_the_choices_and_builds_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="use 'i2v' \\(first frame\\) or 'flf2v'"):
+        create_tiny_wan(tmp_path / "base", mode="t2v")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_tokenizer_needs_no_download_and_ends_with_eos() -> None:
     tokenizer = build_tiny_umt5_tokenizer()
     assert tokenizer.pad_token == PAD and tokenizer.pad_token_id == 0 and tokenizer.eos_token == EOS

@@ -129,8 +129,6 @@ def build_tiny_umt5_tokenizer():
 
 
 def _build_pipeline(seed: int, mode: WanMode) -> WanImageToVideoPipeline:
-    if mode not in ("i2v", "flf2v"):
-        raise ValueError(f"unknown Wan mode {mode!r}; use 'i2v' (first frame) or 'flf2v' (first + last)")
     tokenizer = build_tiny_umt5_tokenizer()
     torch.manual_seed(seed)
     text_encoder = UMT5EncoderModel(
@@ -185,6 +183,9 @@ def create_tiny_wan(path: Path, mode: WanMode = "flf2v", seed: int = 0) -> Path:
     Idempotent and atomic like `create_tiny_svd`: a finished folder carries a marker file; everything is
     written in a sibling temp folder renamed into place, so concurrent creators never see half a folder.
     """
+
+    if mode not in ("i2v", "flf2v"):
+        raise ValueError(f"unknown Wan mode {mode!r}; use 'i2v' (first frame) or 'flf2v' (first + last)")
 
     def build(staging: Path) -> None:
         _build_pipeline(seed, mode).save_pretrained(staging)
