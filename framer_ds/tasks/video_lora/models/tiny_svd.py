@@ -157,12 +157,13 @@ def _assemble(unet, vae, image_encoder) -> StableVideoDiffusionPipeline:
     )
 
 
-def _fix_processor_class(folder: Path) -> None:
-    # Without torchvision, transformers hands back `CLIPImageProcessorPil`; the real repo names
-    # `CLIPImageProcessor`, which resolves to whichever backend the loading machine has.
+def fix_processor_class(folder: Path, component: str = "feature_extractor") -> None:
+    """Name `component` `CLIPImageProcessor` in the folder's model_index.json: without torchvision,
+    transformers hands back `CLIPImageProcessorPil`; the real repos name `CLIPImageProcessor`, which
+    resolves to whichever backend the loading machine has."""
     index_path = folder / "model_index.json"
     index = json.loads(index_path.read_text())
-    index["feature_extractor"] = ["transformers", "CLIPImageProcessor"]
+    index[component] = ["transformers", "CLIPImageProcessor"]
     index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
@@ -177,7 +178,7 @@ def create_tiny_svd(path: Path, seed: int = 0, unet_overrides: dict[str, object]
 
     def build(staging: Path) -> None:
         _build_pipeline(seed, unet_overrides).save_pretrained(staging)
-        _fix_processor_class(staging)
+        fix_processor_class(staging)
 
     return build_once(path, MARKER, build, "tiny SVD checkpoint")
 
@@ -189,7 +190,7 @@ def create_full_size_svd(path: Path, seed: int = 0, dtype: torch.dtype = torch.b
 
     def build(staging: Path) -> None:
         _build_full_size_pipeline(seed).to(dtype=dtype).save_pretrained(staging)
-        _fix_processor_class(staging)
+        fix_processor_class(staging)
 
     return build_once(path, MARKER, build, "full-size random SVD checkpoint")
 
