@@ -140,6 +140,7 @@ def losses_and_buckets(run: Path) -> list[tuple[int, float, str]]:
     return [(x["step"], x["loss"], x["bucket"]) for x in read_metrics(run)[0]]
 
 
+@pytest.mark.slow
 def test_mixed_clips_train_in_buckets_and_resume_exactly(mixed_clips, tmp_path, capsys):
     """Done when (issue 33 §1): every bucket appears in metrics.jsonl; 2 steps + resume = 4 straight.
     tiny.yaml's micro-batch 2: each bucket (2 clips) is one step, an epoch 3 steps."""
@@ -218,6 +219,7 @@ def test_a_wrong_bucket_list_is_refused_at_validation(tmp_path):
         load_run_config(TINY, [f"output_dir={tmp_path}", "data.buckets=[]"])
 
 
+@pytest.mark.slow
 def test_the_latent_cache_keeps_each_entry_in_its_bucket(mixed_clips, tmp_path):
     """Two cached copies of each clip (12 entries): entry i is clip i % 6 and keeps its bucket, so every
     micro-batch still holds one shape (a mixed one would not collate) and names it."""
