@@ -239,3 +239,12 @@ def test_the_latent_cache_keeps_each_entry_in_its_bucket(mixed_clips, tmp_path):
             "64x64x8",
             [8, 8],
         )
+
+
+def test_a_run_whose_clips_fit_no_bucket_stops_with_the_reasons(mixed_clips, tmp_path):
+    overrides = [*bucket_overrides(mixed_clips, tmp_path / "run"), "data.buckets=[64x64x20]"]
+    with pytest.raises(ConfigError) as refused:
+        VideoLoraTask(load_run_config(TINY, overrides)).build_datasets()
+    message = str(refused.value)
+    assert "no training video fits a bucket" in message
+    assert "clip_0_64x64.mp4: too short: 8 frames at stride 1, the shortest bucket needs 20" in message
