@@ -198,7 +198,12 @@ class VideoLoraData:
         plan = self.bucket_plan(train_records)
         if plan is not None:
             train_records = [r for r in train_records if r.video_id in plan.assigned]
-            notes["buckets"] = "".join(f"\n    {line}" for line in plan.lines(REJECTED_SHOWN))
+            listed = "".join(f"\n    {line}" for line in plan.lines(REJECTED_SHOWN))
+            if not train_records:
+                problem = f"no training video fits a bucket:{listed}"
+                raise ConfigError([ConfigProblem("data.buckets", f"{problem}\nList shapes that fit them")])
+            kind = "auto" if data.buckets == "auto" else "listed"
+            notes["buckets"] = f"{len(plan.buckets)} ({kind}, data.buckets){listed}"
             val_ids = self._val_at_fixed_shape(records, val_ids, notes)
         if found.rejected:  # named at start, as `data check` names them: never dropped without a word
             listed = "".join(f"\n    {line}" for line in rejected_lines(found, REJECTED_SHOWN))

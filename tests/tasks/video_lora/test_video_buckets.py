@@ -140,6 +140,7 @@ def losses_and_buckets(run: Path) -> list[tuple[int, float, str]]:
     return [(x["step"], x["loss"], x["bucket"]) for x in read_metrics(run)[0]]
 
 
+@pytest.mark.slow
 def test_mixed_clips_train_in_buckets_and_resume_exactly(mixed_clips, tmp_path, capsys):
     """Done when (issue 33 §1): every bucket appears in metrics.jsonl; 2 steps + resume = 4 straight.
     tiny.yaml's micro-batch 2: each bucket (2 clips) is one step, an epoch 3 steps."""
@@ -218,6 +219,7 @@ def test_a_wrong_bucket_list_is_refused_at_validation(tmp_path):
         load_run_config(TINY, [f"output_dir={tmp_path}", "data.buckets=[]"])
 
 
+@pytest.mark.slow
 def test_the_latent_cache_keeps_each_entry_in_its_bucket(mixed_clips, tmp_path):
     """Two cached copies of each clip (12 entries): entry i is clip i % 6 and keeps its bucket, so every
     micro-batch still holds one shape (a mixed one would not collate) and names it."""
@@ -237,3 +239,12 @@ def test_the_latent_cache_keeps_each_entry_in_its_bucket(mixed_clips, tmp_path):
             "64x64x8",
             [8, 8],
         )
+
+
+def test_a_run_whose_clips_fit_no_bucket_stops_with_the_reasons(mixed_clips, tmp_path):
+    overrides = [*bucket_overrides(mixed_clips, tmp_path / "run"), "data.buckets=[64x64x20]"]
+    with pytest.raises(ConfigError) as refused:
+        VideoLoraTask(load_run_config(TINY, overrides)).build_datasets()
+    message = str(refused.value)
+    assert "no training video fits a bucket" in message
+    assert "clip_0_64x64.mp4: too short: 8 frames at stride 1, the shortest bucket needs 20" in message
