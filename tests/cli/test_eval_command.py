@@ -153,15 +153,34 @@ def test_iou_per_class_is_summed_intersections_over_summed_unions():
     assert per_class_table(no_road)["road"] == {"iou": None, "pixels": 0}  # JSON has no NaN
 
 
+class OneHotHead(torch.nn.Module):
+    """An output head whose logits are 10 x one_hot of the guess carried in the hidden state."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(hidden[..., 0].long(), self.vocab).float() * 10
+
+
 class FixedLogits(torch.nn.Module):
-    """A 'language model' whose next-token guess is given: the logits of `guesses` [B, L]."""
+    """A 'language model' whose next-token guess is given: the logits of `guesses` [B, L]. Its final
+    hidden state carries the guess and its head turns it into logits, as tts_lm's chunked loss reads a
+    causal LM (hidden states + `get_output_embeddings()`, the logits of the last position only)."""
 
     def __init__(self, guesses: torch.Tensor, vocab: int):
         super().__init__()
-        self.logits = torch.nn.functional.one_hot(guesses, vocab).float() * 10
+        self.hidden = guesses[..., None].float()
+        self.head = OneHotHead(vocab)
+        self.config = type("Config", (), {})()
 
-    def forward(self, **inputs):
-        return type("Output", (), {"logits": self.logits})()
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head
+
+    def forward(self, logits_to_keep: int = 0, **inputs):
+        logits = self.head(self.hidden[:, -logits_to_keep:])
+        return type("Output", (), {"logits": logits, "hidden_states": (self.hidden,)})()
 
 
 def test_tts_audio_accuracy_counts_only_positions_whose_label_is_an_audio_token(tmp_path):

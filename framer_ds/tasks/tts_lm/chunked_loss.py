@@ -8,8 +8,8 @@ which every transformers causal LM takes) and its final hidden states; each chun
 the model's own output head (so ZeRO-3 gathers it and DDP / peft see it as usual) under activation
 checkpointing: its backward recomputes the chunk's logits instead of keeping them, so the peak is one
 chunk's logits plus the hidden states. liger-kernel's fused linear cross-entropy does the same in Triton
-on GPU, but it is not installed in this project's stack and gives no per-token losses before 0.5 (the
-text/audio parts need them); this torch version runs everywhere.
+(PyPI has 0.8.5), but it is GPU-only, not in this project's stack and could not be tested here; this
+torch version runs on CPU and GPU alike and gives the per-token losses the text/audio parts need.
 
 Heads that post-process their logits (Granite's `logits_scaling`, Gemma's soft-capping) are applied from
 the model config, and the first real call checks the head path against the logits the model itself
