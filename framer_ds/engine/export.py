@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from framer_ds import __version__
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.accelerator import uses_zero3
-from framer_ds.engine.fsdp2 import uses_fsdp2
+from framer_ds.engine.fsdp2 import full_tensor, uses_fsdp2
 from framer_ds.storage.atomic import atomic_write_json, publish_dir, staging_dir
 
 EXPORT_RECORD = "framer_ds_export.json"
@@ -51,7 +51,7 @@ def gathered_trainable_state_dict(
         with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
             state = {name: p.detach().cpu().clone() for name, p in named}
     elif uses_fsdp2(accelerator):  # DTensor shards: all-gather each in the same order on every rank
-        state = {name: p.detach().full_tensor().cpu().clone() for name, p in named}
+        state = {name: full_tensor(p.detach()).cpu().clone() for name, p in named}
     else:
         state = {name: p.detach().cpu().clone() for name, p in named}
     check_not_empty(state, "trainable parameters")

@@ -69,6 +69,15 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of an FSDP2 parameter: a DTensor shard is all-gathered (a collective: every rank, the
+    same parameters in the same order); a plain tensor already is whole, as the parameters of a unit
+    left unsharded by a forward without backward are (the root unit after evaluation or sampling)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def set_wrap_classes(accelerator: Accelerator, class_names: list[str]) -> None:
     """Auto-wrap the model's repeated blocks (one FSDP unit each, so only one block's full parameters
     exist at a time) by the class names the task gives. Before `prepare`; a name the YAML set wins."""

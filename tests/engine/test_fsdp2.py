@@ -148,8 +148,7 @@ def test_final_is_the_full_model_equal_to_ddp(runs):
 VIDEO_2_STEPS = [
     "train.length.steps=2",
     "train.eval.every=null",
-    "train.checkpoint.every.steps=2",
-    "data.val_fraction=0",
+    "train.checkpoint.every=null",
     "model.samples.every=2",
     "model.samples.count=3",
     "model.samples.num_inference_steps=2",
@@ -158,7 +157,9 @@ VIDEO_2_STEPS = [
 
 @pytest.fixture(scope="module")
 def video_runs(tmp_path_factory) -> dict[str, Path]:
-    """The tiny SVD LoRA, 2 steps, a checkpoint (with its adapter) and 3 samples over 2 ranks at step 2."""
+    """The tiny SVD LoRA, 2 steps, samples at step 2, then the evaluation at the end right before the
+    export, with no checkpoint in between (saving one reshards): a forward without backward leaves
+    FSDP2's root unit unsharded (plain tensors, not DTensors), which the export must take as they are."""
     root = tmp_path_factory.mktemp("fsdp2_video")
     for name, launch_args in (("ddp", DDP), ("fsdp2", FSDP2)):
         cmd = accelerate_launch_cmd(
@@ -187,7 +188,7 @@ def test_video_lora_adapter_is_full_and_equal_in_keys_and_shapes_to_ddp(video_ru
         int, re.search(r"sharded: (\d+) of (\d+) parameter tensors \((\d+) frozen", strategy).groups()
     )
     assert sharded == total and frozen > 0 and frozen < total  # the frozen UNet too, not only the adapter
-    for where in ("final", "checkpoints/step_2/adapter"):
+    for where in ("final",):
         ddp, fsdp2 = (
             load_file(video_runs[name] / where / "adapter_model.safetensors") for name in ("ddp", "fsdp2")
         )
@@ -195,4 +196,5 @@ def test_video_lora_adapter_is_full_and_equal_in_keys_and_shapes_to_ddp(video_ru
         assert {k: v.shape for k, v in fsdp2.items()} == {k: v.shape for k, v in ddp.items()}, where
         assert any(v.abs().sum() > 0 for k, v in fsdp2.items() if "lora_B" in k)  # trained, not the init
     samples = sorted(p.name for p in (video_runs["fsdp2"] / "samples" / "step_2").glob("*.mp4"))
-    assert [name[:3] for name in samples] == ["00_", "01_", "02_"]  # uneven over 2 ranks, no hang
+    assert [name[:3] for name in samples] == ["00_", "01_"]  # the 2 held-out clips, one per rank
+    assert "eval/loss" in read_metrics(video_runs["fsdp2"])[1][-1]  # evaluated at the end, then exported

@@ -140,7 +140,9 @@ def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monke
         assert main([*argv, "--json", "--deepspeed-dir", str(REPO / "configs/deepspeed")]) == 0, name
         plan = json.loads(capsys.readouterr().out)
         rows = {row["strategy"]: row for row in plan["strategies"]}
-        assert list(rows) == ["ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp"], name
+        assert list(rows) == ["ddp", "zero2", "zero2_offload", "zero3", "zero3_offload", "zeropp", "fsdp2"], (
+            name
+        )
         assert gib(rows[header["strategy"]]["device_bytes"]) == header["peak"], name
         assert plan["census"]["trainable"] > 0 and plan["activations"]["configured"]["per_sample_bytes"] > 0
         assert plan["recommendation"]["command"].startswith("accelerate launch"), name
