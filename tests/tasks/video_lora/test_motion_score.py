@@ -121,6 +121,10 @@ def test_motion_bucket_from_data_conditions_each_clip_on_its_own_bucket(
         return original(fps, motion_bucket_id, *args, **kwargs)
 
     monkeypatch.setattr(svd_conditioning, "added_time_ids", spy)
+    # sampling.py holds its own reference, bound when it was first imported (by an earlier test, or later)
+    from framer_ds.tasks.video_lora.diffusion import sampling
+
+    monkeypatch.setattr(sampling, "added_time_ids", spy)
     run_training(config)
     per_sample = [m for m in seen if isinstance(m, torch.Tensor) and m.numel() == 2]  # batches of 2
     assert per_sample and len({tuple(m.tolist()) for m in per_sample}) > 1
