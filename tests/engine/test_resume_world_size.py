@@ -104,9 +104,20 @@ def assert_continues(resumed: Path, reference: Path) -> None:
         torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-6)
 
 
+# ZeRO-3 2 -> 1 with more than one optimizer param group (every model since weight decay exempts biases and
+# norm weights, train/run.py decay_groups): steps 5..8 move by ~2e-5 relative (step 6: 0.8200063 against
+# 0.8199892, measured 2026-11-26, DeepSpeed 0.19.8) and the final weights by ~4e-4, while one param group
+# stays within one float32 ulp. Step 5's loss (restored weights) still agrees, so it is the first update
+# after DeepSpeed's universal-checkpoint load of a multi-group ZeRO-3 optimizer that differs (its known
+# weak spot: deepspeedai/DeepSpeed#7585). Strict: when DeepSpeed loads it exactly, this XPASSes and fails.
+ZERO3_MULTI_GROUP = pytest.mark.xfail(
+    strict=True, reason="DeepSpeed universal checkpoint, ZeRO-3 with several param groups: ~2e-5 off"
+)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+@pytest.mark.parametrize("strategy", ["zero2", pytest.param("zero3", marks=ZERO3_MULTI_GROUP)])
 def test_zero_two_processes_to_one(runs, strategy, tmp_path):
     reference = runs.two_process(strategy)
     resumed, proc = resume_copy(reference, tmp_path, one_process(strategy, tmp_path), accumulation=4)
