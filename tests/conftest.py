@@ -63,6 +63,15 @@ def tiny_tts(data_cache: Path) -> Path:
     return ensure_tiny_tts()
 
 
+@pytest.fixture(scope="session")
+def tiny_wan_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny random Wan bases ("i2v": first frame; "flf2v": first + last frame), built once a session."""
+    from framer_ds.tasks.video_lora.models.tiny_wan import create_tiny_wan
+
+    root = tmp_path_factory.mktemp("tiny_wan_bases")
+    return {mode: create_tiny_wan(root / mode, mode=mode) for mode in ("i2v", "flf2v")}
+
+
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     """Accelerator state is a process-wide singleton; each in-process run starts clean."""

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,6 @@ import PIL.Image
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
-from diffusers.pipelines.wan import pipeline_wan_i2v
 
 from framer_ds.tasks.video_lora.diffusion.flow_matching import (
     WAN_SHIFT_480P,
@@ -44,17 +42,6 @@ COMPONENTS = {
 def wan_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny_wan")
     return {mode: create_tiny_wan(root / mode, mode=mode) for mode in ("i2v", "flf2v")}
-
-
-@pytest.fixture
-def no_ftfy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """diffusers' Wan pipelines clean prompts with `ftfy.fix_text`, imported only when ftfy is installed;
-    the venv lacks it (NameError at the first prompt). On plain ASCII prompts fix_text is the identity,
-    so the stand-in changes nothing the test compares."""
-    if not hasattr(pipeline_wan_i2v, "ftfy"):
-        monkeypatch.setattr(
-            pipeline_wan_i2v, "ftfy", types.SimpleNamespace(fix_text=lambda text: text), raising=False
-        )
 
 
 def _image(seed: int) -> PIL.Image.Image:
@@ -115,7 +102,6 @@ def test_tokenizer_needs_no_download_and_ends_with_eos() -> None:
     assert tokenizer.decode(ids, skip_special_tokens=True) == "a red ball zigzags"
 
 
-@pytest.mark.usefixtures("no_ftfy")
 def test_diffusers_pipeline_loads_and_generates(wan_bases: dict[str, Path]) -> None:
     """diffusers' own pipeline loads each folder and generates 9 frames at 2 steps: image-to-video from
     the first frame, and first-last-frame interpolation through `last_image` (which must change the
@@ -137,7 +123,6 @@ def test_diffusers_pipeline_loads_and_generates(wan_bases: dict[str, Path]) -> N
     np.testing.assert_array_equal(one, _generate(flf2v, _image(1)))  # seeded: reproducible
 
 
-@pytest.mark.usefixtures("no_ftfy")
 def test_our_sampler_reproduces_the_pipelines_denoising(wan_bases: dict[str, Path]) -> None:
     """Replaying diffusers' Wan first-last-frame loop with our schedule, timesteps and Euler steps on the
     same tiny transformer gives the pipeline's final latents: the flow-matching sampler is the one the
