@@ -1,0 +1,134 @@
+"""A LoRA trained here samples in diffusers exactly as in framer_ds: a peft LoRA (WAN_LORA_TARGETS, random
+non-zero lora_B, alpha != rank) on the tiny Wan transformer, exported with `to_diffusers_state_dict` and
+loaded by diffusers' own `WanImageToVideoPipeline.load_lora_weights`; the pipeline's `__call__` (guidance
+3.0, negative prompt, seeded) vs our `encode_* + sample_video` on the peft-wrapped transformer, image-to-
+video and first-last-frame.
+
+Tolerances. Frames: 1e-3 max abs (the issue's bar). Both sides run the same float32 modules on the same
+inputs, but not the same kernels in the same order: diffusers merges nothing either, yet its LoRA layers
+add B(A x) * 1.0 with alpha / r folded into B, where peft adds B(A x) * (alpha / r); and batching differs
+(the pipeline encodes one condition and repeats it). Those are float32 rounding differences (~1e-7
+relative) carried through 3 Euler steps, guidance x3 and the VAE decoder; measured 9.5e-7 (i2v) and 1.1e-6
+(flf2v) here, far below 1e-3, while leaving out the LoRA moves frames by >1e-2 and an unfolded alpha / r by
+0.13.
+Embeddings: 1e-6 (the same encoder calls; only batch-size-dependent float32 rounding can differ)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from safetensors.torch import save_file
+
+from framer_ds.tasks.video_lora.wan.conditioning import condition_latents, encode_images, encode_prompts
+from framer_ds.tasks.video_lora.wan.lora_layout import WAN_LORA_TARGETS, to_diffusers_state_dict
+from framer_ds.tasks.video_lora.wan.sampling import pipeline_defaults, sample_video
+
+PROMPT, NEGATIVE = "a red ball rolls over the grass", "blurry video"
+STEPS, GUIDANCE, FRAMES, MAX_LEN = 3, 3.0, 9, 32
+LORA = {"r": 4, "lora_alpha": 6}  # scale 1.5: the export must fold it into lora_B
+
+
+def _image(seed: int) -> PIL.Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
+    return PIL.Image.fromarray(pixels)
+
+
+def _peft_transformer(folder: Path):
+    transformer = WanTransformer3DModel.from_pretrained(folder / "transformer")
+    model = get_peft_model(transformer, LoraConfig(target_modules=list(WAN_LORA_TARGETS), **LORA))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
+    return model.eval()
+
+
+def _pipeline_run(folder: Path, adapter: Path, last: PIL.Image.Image | None):
+    """diffusers' pipeline with the exported LoRA; records what its transformer is fed."""
+    pipe = WanImageToVideoPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(adapter.parent, weight_name=adapter.name)
+    calls: list[dict[str, torch.Tensor]] = []
+    hook = pipe.transformer.register_forward_pre_hook(
+        lambda _m, _a, kwargs: calls.append({k: v.clone() for k, v in kwargs.items() if torch.is_tensor(v)}),
+        with_kwargs=True,
+    )
+    frames = pipe(
+        image=_image(0),
+        last_image=last,
+        prompt=PROMPT,
+        negative_prompt=NEGATIVE,
+        height=64,
+        width=64,
+        num_frames=FRAMES,
+        num_inference_steps=STEPS,
+        guidance_scale=GUIDANCE,
+        max_sequence_length=MAX_LEN,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).frames
+    hook.remove()
+    return pipe, frames, calls
+
+
+@pytest.mark.parametrize("mode", ["i2v", "flf2v"])
+def test_exported_lora_samples_the_same_frames_in_diffusers(
+    tiny_wan_bases: dict[str, Path], tmp_path: Path, mode: str
+) -> None:
+    folder = tiny_wan_bases[mode]
+    model = _peft_transformer(folder)
+    exported = to_diffusers_state_dict(get_peft_model_state_dict(model), LORA)
+    assert all(key.startswith("transformer.blocks.") for key in exported)
+    adapter = tmp_path / "pytorch_lora_weights.safetensors"
+    save_file(exported, adapter)
+    last = _image(1) if mode == "flf2v" else None
+    pipe, expected, calls = _pipeline_run(folder, adapter, last)
+    assert len(calls) == 2 * STEPS  # conditional + unconditional per step
+
+    to_pixels = lambda image: pipe.video_processor.preprocess(image, height=64, width=64)  # noqa: E731
+    first = to_pixels(_image(0))
+    last_pixels = None if last is None else to_pixels(last)
+    text = encode_prompts(pipe.text_encoder, pipe.tokenizer, [PROMPT], MAX_LEN)
+    negative = encode_prompts(pipe.text_encoder, pipe.tokenizer, [NEGATIVE], MAX_LEN)
+    image = encode_images(pipe.image_encoder, pipe.image_processor, first, last_pixels)
+    condition = condition_latents(pipe.vae, first, last_pixels, FRAMES)
+    torch.testing.assert_close(text, calls[0]["encoder_hidden_states"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(negative, calls[1]["encoder_hidden_states"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(image, calls[0]["encoder_hidden_states_image"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(condition, calls[0]["hidden_states"][:, 16:], rtol=0, atol=1e-6)
+
+    scheduler_config = dict(pipe.scheduler.config)
+    run = lambda: sample_video(  # noqa: E731
+        model,
+        pipe.vae,
+        scheduler_config,
+        text,
+        negative,
+        image,
+        condition,
+        STEPS,
+        GUIDANCE,
+        torch.Generator().manual_seed(0),
+    )
+    ours = run()
+    assert ours.shape == (1, FRAMES, 3, 64, 64)
+    difference = np.abs(ours.permute(0, 1, 3, 4, 2).numpy() - expected).max()
+    print(f"{mode}: max abs frame difference {difference:.3e}")
+    assert difference <= 1e-3
+    with model.disable_adapter():  # the LoRA matters: without it the frames move far past the tolerance
+        assert np.abs(run().permute(0, 1, 3, 4, 2).numpy() - expected).max() > 1e-2
+
+
+def test_pipeline_defaults_are_the_pipelines(tiny_wan_bases: dict[str, Path], tmp_path: Path) -> None:
+    defaults = pipeline_defaults(tiny_wan_bases["flf2v"])
+    assert (defaults.guidance_scale, defaults.negative_prompt, defaults.max_sequence_length) == (5.0, "", 512)
+    assert defaults.shift == 3.0 and defaults.sampler_is_pipelines and defaults.boundary_ratio is None
+    with pytest.raises(FileNotFoundError, match="point at a diffusers Wan folder"):
+        pipeline_defaults(tmp_path)
