@@ -25,6 +25,7 @@ from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import save_file
 
+from framer_ds.tasks.video_lora.models.tiny_wan import TINY_WAN_TRANSFORMER
 from framer_ds.tasks.video_lora.wan.conditioning import condition_latents, encode_images, encode_prompts
 from framer_ds.tasks.video_lora.wan.lora_layout import WAN_LORA_TARGETS, to_diffusers_state_dict
 from framer_ds.tasks.video_lora.wan.sampling import pipeline_defaults, sample_video
@@ -132,3 +133,70 @@ def test_pipeline_defaults_are_the_pipelines(tiny_wan_bases: dict[str, Path], tm
     assert defaults.shift == 3.0 and defaults.sampler_is_pipelines and defaults.boundary_ratio is None
     with pytest.raises(FileNotFoundError, match="point at a diffusers Wan folder"):
         pipeline_defaults(tmp_path)
+
+
+def _expert(seed: int) -> WanTransformer3DModel:
+    """A tiny Wan 2.2-style expert: no image cross-attention (2.2 I2V has no CLIP encoder)."""
+    torch.manual_seed(seed)
+    config = {k: v for k, v in TINY_WAN_TRANSFORMER.items() if k not in ("image_dim", "added_kv_proj_dim")}
+    return WanTransformer3DModel(**config).eval()
+
+
+def test_two_experts_switch_at_the_boundary_as_the_pipeline(tiny_wan_bases: dict[str, Path]) -> None:
+    """Wan 2.2 I2V: the high-noise expert for timesteps >= 0.9 * 1000 at guidance 3.0, the low-noise
+    expert after at guidance_scale_2 2.0; no image embeddings. Same tolerance and reason as above."""
+    base = WanImageToVideoPipeline.from_pretrained(tiny_wan_bases["i2v"])
+    high, low = _expert(1), _expert(2)
+    pipe = WanImageToVideoPipeline(
+        tokenizer=base.tokenizer,
+        text_encoder=base.text_encoder,
+        vae=base.vae,
+        scheduler=base.scheduler,
+        transformer=high,
+        transformer_2=low,
+        boundary_ratio=0.9,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    used = {"high": 0, "low": 0}
+    hooks = [
+        expert.register_forward_pre_hook(lambda *_, name=name: used.__setitem__(name, used[name] + 1))
+        for name, expert in (("high", high), ("low", low))
+    ]
+    kwargs = {"num_inference_steps": STEPS, "guidance_scale": GUIDANCE, "guidance_scale_2": 2.0}
+    expected = pipe(
+        image=_image(0),
+        prompt=PROMPT,
+        negative_prompt=NEGATIVE,
+        height=64,
+        width=64,
+        num_frames=FRAMES,
+        max_sequence_length=MAX_LEN,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+        **kwargs,
+    ).frames
+    for hook in hooks:
+        hook.remove()
+    assert used == {"high": 2, "low": 4}  # timesteps 1000 | 750, ~3 (shift 3), two calls each (guidance)
+
+    first = pipe.video_processor.preprocess(_image(0), height=64, width=64)
+    text = encode_prompts(pipe.text_encoder, pipe.tokenizer, [PROMPT], MAX_LEN)
+    negative = encode_prompts(pipe.text_encoder, pipe.tokenizer, [NEGATIVE], MAX_LEN)
+    ours = sample_video(
+        high,
+        pipe.vae,
+        dict(pipe.scheduler.config),
+        text,
+        negative,
+        None,
+        condition_latents(pipe.vae, first, None, FRAMES),
+        STEPS,
+        GUIDANCE,
+        torch.Generator().manual_seed(0),
+        transformer_2=low,
+        boundary_ratio=0.9,
+        guidance_scale_2=2.0,
+    )
+    assert np.abs(ours.permute(0, 1, 3, 4, 2).numpy() - expected).max() <= 1e-3
+    with pytest.raises(ValueError, match="transformer_2 and boundary_ratio go together"):
+        sample_video(high, pipe.vae, {}, text, negative, None, first, 1, 1.0, None, transformer_2=low)

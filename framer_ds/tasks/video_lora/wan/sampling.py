@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from diffusers.utils.torch_utils import randn_tensor
 
 from framer_ds.tasks.video_lora.diffusion.flow_matching import (
     NUM_TRAIN_TIMESTEPS,
@@ -146,6 +147,19 @@ def _velocity(transformer, model_input, timestep, text, image) -> torch.Tensor:
     )[0]
 
 
+def _guided_velocity(
+    transformer, model_input, timestep, text, negative, image, guidance: float
+) -> torch.Tensor:
+    """The pipeline's classifier-free guidance: two calls (not one batched call), then
+    uncond + guidance * (cond - uncond); one call without negative embeddings. Whether to guide is the
+    pipeline's `guidance_scale > 1` for the whole run, whatever the low-noise expert's own scale."""
+    velocity = _velocity(transformer, model_input, timestep, text, image)
+    if negative is None:
+        return velocity
+    uncond = _velocity(transformer, model_input, timestep, negative, image)
+    return uncond + guidance * (velocity - uncond)
+
+
 @torch.no_grad()
 def sample_video(
     transformer: torch.nn.Module,
@@ -159,6 +173,9 @@ def sample_video(
     guidance_scale: float,
     generator: torch.Generator | None,
     shift: float | None = None,
+    transformer_2: torch.nn.Module | None = None,
+    boundary_ratio: float | None = None,
+    guidance_scale_2: float | None = None,
 ) -> torch.Tensor:
     """Frames [B, F, 3, H, W] float32 in [0, 1] (F = (F' - 1) * temporal + 1), the pipeline's loop.
 
@@ -166,13 +183,19 @@ def sample_video(
     guidance_scale > 1 (the pipeline's `do_classifier_free_guidance`); image_embeds as `encode_images`
     returns them (None for a transformer without `image_dim`, Wan 2.2); condition [B, 4 + z, F', h, w]
     (`condition_latents`); shift None = the scheduler config's. The generator draws the initial noise
-    only, on its own device, exactly as the pipeline's `randn_tensor` does."""
-    from diffusers.utils.torch_utils import randn_tensor
+    only, on its own device, exactly as the pipeline's `randn_tensor` does.
 
+    Wan 2.2's two experts: with `boundary_ratio` (the folder's model_index value) steps whose timestep is
+    >= boundary_ratio * num_train_timesteps run `transformer` (high noise) at guidance_scale, the rest
+    `transformer_2` (low noise) at guidance_scale_2 (default: guidance_scale), as the pipeline switches."""
     guided = guidance_scale > 1
     if guided and negative_prompt_embeds is None:
         raise ValueError(
             f"guidance_scale {guidance_scale} > 1 needs negative_prompt_embeds (encode the prompt '')"
+        )
+    if (transformer_2 is None) != (boundary_ratio is None):
+        raise ValueError(
+            "transformer_2 and boundary_ratio go together (Wan 2.2's two experts); pass both or neither"
         )
     shift = scheduler_shift(scheduler_config) if shift is None else shift
     dtype, device = _parameter(transformer).dtype, condition.device
@@ -184,12 +207,15 @@ def sample_video(
     text = prompt_embeds.to(device, dtype)
     negative = negative_prompt_embeds.to(device, dtype) if guided else None
     image = None if image_embeds is None else image_embeds.to(device, dtype)
+    boundary = None if boundary_ratio is None else boundary_ratio * num_train
     for index in range(num_inference_steps):
+        timestep = sigmas_to_timesteps(sigmas[index : index + 1], num_train)
+        high_noise = boundary is None or timestep.item() >= boundary
+        model = transformer if high_noise else transformer_2
+        guidance = guidance_scale if high_noise or guidance_scale_2 is None else guidance_scale_2
         model_input = torch.cat([latents, condition], dim=1).to(dtype)
-        timestep = sigmas_to_timesteps(sigmas[index : index + 1], num_train).expand(batch)
-        velocity = _velocity(transformer, model_input, timestep, text, image)
-        if guided:
-            uncond = _velocity(transformer, model_input, timestep, negative, image)
-            velocity = uncond + guidance_scale * (velocity - uncond)
+        velocity = _guided_velocity(
+            model, model_input, timestep.expand(batch), text, negative, image, guidance
+        )
         latents = euler_step(latents, velocity, sigmas[index], sigmas[index + 1])
     return decode_latents(vae, latents)
