@@ -12,7 +12,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
 
 from framer_ds.config.architectures import shipped_architecture
-from framer_ds.tasks.video_lora.wan.sampling import pipeline_defaults
+from framer_ds.tasks.video_lora.wan.sampling import load_base_scheduler, pipeline_defaults
 
 DIM, LAYERS, CLIP = 5120, 40, 1280
 LINEAR = DIM * DIM + DIM
@@ -70,8 +70,13 @@ def test_frozen_components_build() -> None:
     ],
 )
 def test_pipeline_defaults_of_the_hub_folders(repo: str, shift: float, boundary: float | None) -> None:
-    """The conversion's UniPC flow scheduler: its flow_shift, and our Euler sampler flagged as not the
-    pipeline's own solver on these folders."""
-    defaults = pipeline_defaults(shipped_architecture(repo))
+    """The conversion's UniPC flow scheduler and its flow_shift; `load_base_scheduler` builds diffusers'
+    own UniPC class from the folder (what `sample_video(..., scheduler=)` steps with)."""
+    folder = shipped_architecture(repo)
+    defaults = pipeline_defaults(folder)
     assert (defaults.shift, defaults.boundary_ratio, defaults.guidance_scale) == (shift, boundary, 5.0)
-    assert defaults.scheduler_class == "UniPCMultistepScheduler" and not defaults.sampler_is_pipelines
+    assert defaults.scheduler_class == "UniPCMultistepScheduler"
+    scheduler = load_base_scheduler(folder)
+    assert type(scheduler).__name__ == "UniPCMultistepScheduler"
+    assert scheduler.config.use_flow_sigmas and scheduler.config.prediction_type == "flow_prediction"
+    assert scheduler.config.flow_shift == shift and load_base_scheduler(folder, 7.0).config.flow_shift == 7.0
