@@ -16,7 +16,16 @@ huggingface/diffusers `scripts/convert_wan_to_diffusers.py` at commit 58eb52c080
 - text encoder: google/umt5-xxl as `UMT5EncoderModel` (d_model 4096, 24 layers, 64 heads of 64, gated-GELU
   FFN 10240, vocabulary 256384); image encoder: laion/CLIP-ViT-H-14-laion2B-s32B-b79K as
   `CLIPVisionModelWithProjection` (the same OpenCLIP ViT-H/14 tower shipped for SVD);
-- model_index.json as `WanImageToVideoPipeline.save_pretrained` writes it.
+- model_index.json: Wan 2.1 (I2V, FLF2V) exactly the hub's Wan2.1-I2V-14B-480P-Diffusers file as FastVideo's
+  docs quote it (hao-ai-lab/FastVideo `docs/inference/add_pipeline.md` at 2f3d4074): seven components,
+  the image encoder `CLIPVisionModelWithProjection` (also what the script saves, and the class diffusers PR
+  #11007 links the hub's image_encoder/config.json as), no `boundary_ratio` / `transformer_2` /
+  `expand_timesteps` keys (diffusers 0.33 had none); Wan 2.2 as `save_pretrained` writes it at the commit
+  that added the Wan 2.2 conversion (a6d9f6a1a9: `boundary_ratio` 0.9, `transformer_2`, no image
+  encoder or processor).
+- `_diffusers_version`: 0.33.0.dev0 for Wan 2.1 I2V (the hub file quoted above); for FLF2V and Wan 2.2
+  the version diffusers' setup.py had at the commit adding their conversion (0021bfa1e1: 0.34.0.dev0,
+  a6d9f6a1a9: 0.35.0.dev0), which is inferred: the hub files themselves are in no corpus searched.
 Each diffusers config is the full one (every `__init__` argument) of the class built on the meta device.
 Run from the repository root: `python scripts/dev/make_wan_architectures.py`; deterministic output.
 """
@@ -31,7 +40,6 @@ from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3
 
 ROOT = Path(__file__).resolve().parents[2] / "framer_ds" / "config" / "architectures" / "Wan-AI"
 SVD_CLIP = ROOT.parent / "stabilityai" / "stable-video-diffusion-img2vid-xt" / "image_encoder" / "config.json"
-DIFFUSERS_VERSION = "0.33.0.dev0"
 
 WAN_14B = {
     "added_kv_proj_dim": 5120,
@@ -50,16 +58,18 @@ WAN_14B = {
     "text_dim": 4096,
 }
 FOLDERS = {
-    "Wan2.1-I2V-14B-480P-Diffusers": {"transformer": WAN_14B, "flow_shift": 3.0},
-    "Wan2.1-I2V-14B-720P-Diffusers": {"transformer": WAN_14B, "flow_shift": 3.0},
+    "Wan2.1-I2V-14B-480P-Diffusers": {"transformer": WAN_14B, "flow_shift": 3.0, "version": "0.33.0.dev0"},
+    "Wan2.1-I2V-14B-720P-Diffusers": {"transformer": WAN_14B, "flow_shift": 3.0, "version": "0.33.0.dev0"},
     "Wan2.1-FLF2V-14B-720P-Diffusers": {
         "transformer": {**WAN_14B, "rope_max_seq_len": 1024, "pos_embed_seq_len": 257 * 2},
         "flow_shift": 16.0,
+        "version": "0.34.0.dev0",
     },
     "Wan2.2-I2V-A14B-Diffusers": {
         "transformer": {**WAN_14B, "added_kv_proj_dim": None, "image_dim": None},
         "flow_shift": 3.0,
         "boundary_ratio": 0.9,
+        "version": "0.35.0.dev0",
     },
 }
 UMT5_XXL = {
@@ -93,31 +103,35 @@ UMT5_XXL = {
 }
 
 
-def diffusers_config(cls, **kwargs) -> dict:
+def diffusers_config(cls, version: str, **kwargs) -> dict:
     """The full config diffusers saves for `cls(**kwargs)` (every argument, defaults included)."""
     with torch.device("meta"):
         config = dict(cls(**kwargs).config)
     config = {key: value for key, value in config.items() if not key.startswith("_")}
-    return {"_class_name": cls.__name__, "_diffusers_version": DIFFUSERS_VERSION, **config}
+    return {"_class_name": cls.__name__, "_diffusers_version": version, **config}
 
 
-def model_index(two_experts: bool, boundary_ratio: float | None) -> dict:
-    """model_index.json as `WanImageToVideoPipeline.save_pretrained` writes it for this layout."""
-    clip = [None, None] if two_experts else ["transformers", "CLIPVisionModelWithProjection"]
-    return {
+def model_index(version: str, boundary_ratio: float | None) -> dict:
+    """model_index.json of the hub folder: Wan 2.1's seven components, or Wan 2.2's two experts."""
+    index = {
         "_class_name": "WanImageToVideoPipeline",
-        "_diffusers_version": DIFFUSERS_VERSION,
-        "boundary_ratio": boundary_ratio,
-        "expand_timesteps": False,
-        "image_encoder": clip,
-        "image_processor": [None, None] if two_experts else ["transformers", "CLIPImageProcessor"],
+        "_diffusers_version": version,
+        "image_encoder": ["transformers", "CLIPVisionModelWithProjection"],
+        "image_processor": ["transformers", "CLIPImageProcessor"],
         "scheduler": ["diffusers", "UniPCMultistepScheduler"],
         "text_encoder": ["transformers", "UMT5EncoderModel"],
         "tokenizer": ["transformers", "T5TokenizerFast"],
         "transformer": ["diffusers", "WanTransformer3DModel"],
-        "transformer_2": ["diffusers", "WanTransformer3DModel"] if two_experts else [None, None],
         "vae": ["diffusers", "AutoencoderKLWan"],
     }
+    if boundary_ratio is None:
+        return index
+    experts = {
+        "image_encoder": [None, None],
+        "image_processor": [None, None],
+        "boundary_ratio": boundary_ratio,
+    }
+    return index | experts | {"transformer_2": ["diffusers", "WanTransformer3DModel"]}
 
 
 def write(path: Path, content: dict) -> None:
@@ -126,22 +140,23 @@ def write(path: Path, content: dict) -> None:
 
 
 def main() -> None:
-    vae = diffusers_config(AutoencoderKLWan)
     clip = json.loads(SVD_CLIP.read_text())
     for name, spec in FOLDERS.items():
         folder = ROOT / name
+        version = spec["version"]
         two_experts = "boundary_ratio" in spec
-        transformer = diffusers_config(WanTransformer3DModel, **spec["transformer"])
+        vae = diffusers_config(AutoencoderKLWan, version)
+        transformer = diffusers_config(WanTransformer3DModel, version, **spec["transformer"])
         scheduler = UniPCMultistepScheduler(
             prediction_type="flow_prediction",
             use_flow_sigmas=True,
             num_train_timesteps=1000,
             flow_shift=spec["flow_shift"],
         ).config
-        scheduler = {"_class_name": "UniPCMultistepScheduler", "_diffusers_version": DIFFUSERS_VERSION} | {
+        scheduler = {"_class_name": "UniPCMultistepScheduler", "_diffusers_version": version} | {
             key: value for key, value in dict(scheduler).items() if not key.startswith("_")
         }
-        write(folder / "model_index.json", model_index(two_experts, spec.get("boundary_ratio")))
+        write(folder / "model_index.json", model_index(version, spec.get("boundary_ratio")))
         write(folder / "transformer" / "config.json", transformer)
         if two_experts:
             write(folder / "transformer_2" / "config.json", transformer)

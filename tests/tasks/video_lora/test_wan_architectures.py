@@ -30,6 +30,22 @@ EXPECTED = {
 }
 
 
+# The hub's Wan2.1-I2V-14B-480P-Diffusers model_index.json as FastVideo's docs quote it (hao-ai-lab/FastVideo
+# docs/inference/add_pipeline.md at 2f3d4074): diffusers 0.33 wrote no boundary_ratio / transformer_2 keys,
+# and the image encoder is saved as CLIPVisionModelWithProjection (the pipeline's type hint: CLIPVisionModel).
+HUB_WAN21_INDEX = {
+    "_class_name": "WanImageToVideoPipeline",
+    "_diffusers_version": "0.33.0.dev0",
+    "image_encoder": ["transformers", "CLIPVisionModelWithProjection"],
+    "image_processor": ["transformers", "CLIPImageProcessor"],
+    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+    "text_encoder": ["transformers", "UMT5EncoderModel"],
+    "tokenizer": ["transformers", "T5TokenizerFast"],
+    "transformer": ["diffusers", "WanTransformer3DModel"],
+    "vae": ["diffusers", "AutoencoderKLWan"],
+}
+
+
 def _count(module: torch.nn.Module) -> int:
     return sum(parameter.numel() for parameter in module.parameters())
 
@@ -41,7 +57,7 @@ def test_transformer_builds_with_the_published_size(repo: str) -> None:
     folder = shipped_architecture(repo)
     assert folder is not None
     index = json.loads((folder / "model_index.json").read_text())
-    experts = [name for name in ("transformer", "transformer_2") if index[name][0] is not None]
+    experts = [name for name in ("transformer", "transformer_2") if index.get(name, [None])[0] is not None]
     assert experts == (["transformer", "transformer_2"] if "2.2" in repo else ["transformer"])
     for expert in experts:
         with torch.device("meta"):
@@ -80,3 +96,12 @@ def test_pipeline_defaults_of_the_hub_folders(repo: str, shift: float, boundary:
     assert type(scheduler).__name__ == "UniPCMultistepScheduler"
     assert scheduler.config.use_flow_sigmas and scheduler.config.prediction_type == "flow_prediction"
     assert scheduler.config.flow_shift == shift and load_base_scheduler(folder, 7.0).config.flow_shift == 7.0
+
+
+@pytest.mark.parametrize("repo", [repo for repo in sorted(EXPECTED) if "2.1" in repo])
+def test_wan21_model_index_is_the_hubs(repo: str) -> None:
+    """Every Wan 2.1 folder's model_index.json has the hub file's keys and classes (FLF2V: the version of
+    the diffusers that added its conversion)."""
+    index = json.loads((shipped_architecture(repo) / "model_index.json").read_text())
+    version = "0.34.0.dev0" if "FLF2V" in repo else "0.33.0.dev0"
+    assert index == {**HUB_WAN21_INDEX, "_diffusers_version": version}
