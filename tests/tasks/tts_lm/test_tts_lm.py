@@ -253,7 +253,9 @@ def test_encode_audio_writes_a_resumable_cache_and_names_unreadable_files(tmp_pa
     )
     proc = framer_ds("data", "encode-audio", config)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "3 encoded, 1 failed" in proc.stdout and "broken.wav: cannot read audio" in proc.stdout
+    assert (
+        "3 encoded (3 this run), 1 failed" in proc.stdout and "broken.wav: cannot read audio" in proc.stdout
+    )
     shards = sorted((tmp_path / "codes").glob("*/shard_*.jsonl"))
     stamps = [s.stat().st_mtime_ns for s in shards]
     again = framer_ds("data", "encode-audio", config)
