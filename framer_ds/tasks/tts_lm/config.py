@@ -209,7 +209,8 @@ class TtsDataConfig(StrictModel):
     speaker_prefix: bool = Field(
         False,
         description="Prefix the text with '{speaker}: ' (Orpheus' multi-speaker prompt), from "
-        "speaker_column; `framer-ds sample --speaker NAME` then speaks as NAME.",
+        "speaker_column (layout 'folder': the top subfolder's name); `framer-ds sample --speaker NAME` then "
+        "speaks as NAME.",
     )
     remove_duplicate_frames: bool = Field(
         False, description="Drop frames repeating the previous coarse code (the recipe's trimming)."
@@ -249,7 +250,8 @@ class TtsDataConfig(StrictModel):
     def _speaker_and_mix(self) -> TtsDataConfig:
         if self.layout != "jsonl" and self.format != "audio":
             raise ValueError(f"data.layout {self.layout!r} lays out audio files: set data.format 'audio'")
-        if self.speaker_prefix and self.speaker_column is None:
+        speakers_from_folders = self.format == "audio" and self.layout == "folder"  # the subfolder names
+        if self.speaker_prefix and self.speaker_column is None and not speakers_from_folders:
             raise ValueError("data.speaker_prefix needs data.speaker_column")
         if not self.shuffle and self.text_mix is not None:
             raise ValueError("data.text_mix draws its text:speech order at random: set data.shuffle true")

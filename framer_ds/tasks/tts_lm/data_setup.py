@@ -140,10 +140,8 @@ class TtsData:
     def builder(self) -> SequenceBuilder:
         assets, data = self.assets, self.data
         if data.format == "audio":  # the encoded rows name their columns as the encoder writes them
-            speaker = "speaker" if data.speaker_column else None
-            data = data.model_copy(
-                update={"text_column": "text", "codes_column": "codes", "speaker_column": speaker}
-            )
+            names = {"text_column": "text", "codes_column": "codes", "speaker_column": "speaker"}
+            data = data.model_copy(update=names)
         return SequenceBuilder(assets.tokenizer, assets.special, assets.layout, data, len(assets.tokenizer))
 
     def _sequences(self, path: Path, text_mix: bool = False) -> tuple[BuiltSequences, list[str]]:
