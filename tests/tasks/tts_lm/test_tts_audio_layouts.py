@@ -267,6 +267,18 @@ def test_sample_refuses_an_unknown_speaker_listing_the_known_ones():
         check_speaker(record, "zed")
 
 
+def test_a_reference_clip_needs_its_text_and_must_exist(tmp_path):
+    from framer_ds.config.errors import ConfigError
+    from framer_ds.tasks.tts_lm.inference import LAYOUT_RECORD, TtsSampleCommandOptions, sample_command
+
+    with pytest.raises(ValueError, match="--reference-audio and --reference-text go together"):
+        TtsSampleCommandOptions(text=["hi"], reference_audio=tmp_path / "ref.wav")
+    (tmp_path / LAYOUT_RECORD).write_text(json.dumps({"special_tokens": {}, "speakers": []}))
+    options = TtsSampleCommandOptions(text=["hi"], reference_audio=tmp_path / "no.wav", reference_text="a")
+    with pytest.raises(ConfigError, match=r"--reference-audio: .*no.wav does not exist"):
+        sample_command(None, tmp_path, options)  # refused before any model or codec is loaded
+
+
 def test_a_speaker_column_becomes_the_orpheus_prefix_and_the_export_lists_the_speakers(tmp_path, tiny_tts):
     """Orpheus formats a voice's prompt as f"{voice}: {prompt}" (canopyai/Orpheus-TTS 835ac7cd,
     orpheus_tts_pypi/orpheus_tts/engine_class.py line 80): training rows get the same prefix."""
