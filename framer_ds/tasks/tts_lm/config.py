@@ -170,7 +170,9 @@ class TtsDataSource(Source):
     """Where the training rows come from."""
 
     path: Path | None = Field(
-        None, description="Training rows: a .jsonl / .parquet file, or a datasets.save_to_disk directory."
+        None,
+        description="Training rows: a .jsonl / .jsonl.gz / .parquet file or a datasets.save_to_disk "
+        "directory; with format 'audio', the folder or manifest of data.layout.",
     )
     builtin: Literal["tiny_speech"] | None = Field(
         None, description="'tiny_speech': short synthetic utterances encoded with the tiny codec (cache)."
@@ -189,12 +191,26 @@ class TtsDataConfig(StrictModel):
         "+ three SNAC code lists; 'audio' = text + an audio file path (encoded once by `framer-ds data "
         "encode-audio`, or at the start of training).",
     )
+    layout: Literal["jsonl", "ljspeech", "folder", "hf"] = Field(
+        "jsonl",
+        description="format 'audio': how the files lie. 'jsonl' = a .jsonl(.gz) / .parquet manifest of "
+        "audio paths (relative to it) + text [+ speaker]; 'ljspeech' = a folder with metadata.csv "
+        "(`id|text|normalized`) and wavs/<id>.wav; 'folder' = a.wav (or .flac) + a.txt pairs under a "
+        "folder; 'hf' = a datasets.save_to_disk directory with an Audio column (data.audio_column).",
+    )
     text_column: str = Field("text", description="Column of the transcript.")
-    codes_column: str = Field("codes", description="Column of the three SNAC code lists.")
+    codes_column: str = Field(
+        "codes",
+        description="Column of the three SNAC code lists; rows with `<name>_0`, `<name>_1`, `<name>_2` "
+        "instead (one column per codebook) are read too.",
+    )
     audio_column: str = Field("audio", description="Column of the audio path (relative to the file).")
     speaker_column: str | None = Field(None, description="Column of a speaker name, for the prefix.")
     speaker_prefix: bool = Field(
-        False, description="Prefix the text with 'speaker: ' (multi-speaker voices), from speaker_column."
+        False,
+        description="Prefix the text with '{speaker}: ' (Orpheus' multi-speaker prompt), from "
+        "speaker_column (layout 'folder': the top subfolder's name); `framer-ds sample --speaker NAME` then "
+        "speaks as NAME.",
     )
     remove_duplicate_frames: bool = Field(
         False, description="Drop frames repeating the previous coarse code (the recipe's trimming)."
@@ -223,13 +239,19 @@ class TtsDataConfig(StrictModel):
     )
     text_mix: TextMixOptions | None = Field(None, description="Text-only samples mixed in, with a ratio.")
     encoded_dir: Path | None = Field(
-        None, description="format 'audio': where encoded codes are cached; default <cache>/tts_codes/<hash>."
+        None,
+        description="format 'audio': where `framer-ds data encode-audio` writes the SNAC codes (one "
+        "subfolder per data set and codec, <encoded_dir>/<hash>/) and training reads them; default "
+        "<cache>/tts_codes.",
     )
     encode_batch_size: int = Field(8, ge=1, description="format 'audio': files per codec call.")
 
     @model_validator(mode="after")
     def _speaker_and_mix(self) -> TtsDataConfig:
-        if self.speaker_prefix and self.speaker_column is None:
+        if self.layout != "jsonl" and self.format != "audio":
+            raise ValueError(f"data.layout {self.layout!r} lays out audio files: set data.format 'audio'")
+        speakers_from_folders = self.format == "audio" and self.layout == "folder"  # the subfolder names
+        if self.speaker_prefix and self.speaker_column is None and not speakers_from_folders:
             raise ValueError("data.speaker_prefix needs data.speaker_column")
         if not self.shuffle and self.text_mix is not None:
             raise ValueError("data.text_mix draws its text:speech order at random: set data.shuffle true")

@@ -13,9 +13,10 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.data.table_rows import TableReadError, columns_problems, read_rows, table_format
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import resolve_device
-from framer_ds.tasks.tts_lm.audio_encoding import encode_rows, encoded_dir_for, is_encoded, read_encoded
+from framer_ds.tasks.tts_lm.audio_encoding import encode_items, encoded_dir_for, is_encoded, read_encoded
+from framer_ds.tasks.tts_lm.audio_layouts import AudioItem, LayoutError, layout_items, layout_problem
 from framer_ds.tasks.tts_lm.model_setup import TtsAssets
-from framer_ds.tasks.tts_lm.sequences import BuiltSequences, SequenceBuilder, build_all
+from framer_ds.tasks.tts_lm.sequences import BuiltSequences, SequenceBuilder, build_all, code_columns
 from framer_ds.tasks.tts_lm.snac_codec import load_codec
 from framer_ds.tasks.tts_lm.tiny import tiny_root
 from framer_ds.tasks.tts_lm.token_sequences import TokenSequence
@@ -36,6 +37,9 @@ class TtsData:
         self.config = config
         self.data = config.data
         self.assets = assets
+        # The speakers the model learns a "{speaker}: " prefix for (none without data.speaker_prefix),
+        # known once the sequences are built; the export records them for `sample --speaker`.
+        self.speakers: list[str] | None = None
 
     # --- files ---------------------------------------------------------------------------------------
 
@@ -51,38 +55,49 @@ class TtsData:
         named = [("data.source.path", self.data.source.path), ("data.eval", self.data.eval)]
         if self.data.text_mix is not None:
             named.append(("data.text_mix.path", self.data.text_mix.path))
+        layouts = self.data.format == "audio" and not self.data.source.builtin
         for key, path in named:
             if path is None:
+                continue
+            if layouts and key != "data.text_mix.path":
+                problem = layout_problem(self.data.layout, path, self._columns())
+                if problem:
+                    problems.append(ConfigProblem(key, problem))
                 continue
             try:
                 table_format(path)
             except TableReadError as exc:
                 problems.append(ConfigProblem(key, str(exc)))
-        if self.data.format == "audio" and not self.data.source.builtin:
-            if self.assets.codec_dir is None:
-                problems.append(
-                    ConfigProblem(
-                        "model.codec.path", "data.format 'audio' is encoded with SNAC: set this key"
-                    )
-                )
-            train = self.data.source.path
-            if train is not None and table_format_or_none(train) == "save_to_disk":
-                problems.append(
-                    ConfigProblem(
-                        "data.source.path", "format 'audio' reads a .jsonl/.parquet manifest of paths"
-                    )
-                )
+        if layouts and self.assets.codec_dir is None:
+            problems.append(
+                ConfigProblem("model.codec.path", "data.format 'audio' is encoded with SNAC: set this key")
+            )
         return problems
 
     # --- audio -> codes ------------------------------------------------------------------------------
 
-    def _encoded_dir(self, manifest: Path) -> Path:
+    def _columns(self) -> dict[str, str | None]:
+        data = self.data
+        return {"text": data.text_column, "audio": data.audio_column, "speaker": data.speaker_column}
+
+    def _items(self, path: Path, key: str) -> list[AudioItem]:
+        try:
+            return layout_items(self.data.layout, path, self._columns())
+        except LayoutError as exc:
+            raise ConfigError([ConfigProblem(key, str(exc))], "data") from None
+
+    def _encoded_dir(self, items: list[AudioItem]) -> Path:
         codec = self.assets.require_codec("data.format 'audio'")
         root = self.data.encoded_dir or default_cache_dir() / "tts_codes"
-        return encoded_dir_for(manifest, codec, root)
+        return encoded_dir_for(self.data.layout, items, codec, root)
+
+    def _audio_sets(self) -> list[tuple[Path, str]]:
+        return [(self.train_path(), "data.source.path")] + (
+            [(self.eval_path(), "data.eval")] if self.eval_path() is not None else []
+        )
 
     def encode_audio_if_needed(self, show_progress: bool, required: bool = False) -> str:
-        """Encode the audio manifests not yet in the cache; what was done, for the command line."""
+        """Encode the clips not yet in the cache; what was done, for the command line."""
         if self.data.format != "audio":
             if required:
                 raise ConfigError(
@@ -91,45 +106,31 @@ class TtsData:
             return "nothing to encode"
         lines = []
         codec = None
-        for manifest in filter(None, [self.train_path(), self.eval_path()]):
-            out = self._encoded_dir(manifest)
-            if not is_encoded(out):
+        for path, key in self._audio_sets():
+            items = self._items(path, key)
+            out = self._encoded_dir(items)
+            if is_encoded(out):
+                encoded = read_encoded(out)
+            else:
                 if codec is None:
                     codec = load_codec(self.assets.codec_dir, resolve_device(self.config.model.codec.device))
-                rows = read_rows(manifest)
-                encode_rows(
-                    rows,
-                    manifest.parent,
-                    out,
-                    codec,
-                    {
-                        "text": self.data.text_column,
-                        "audio": self.data.audio_column,
-                        "speaker": self.data.speaker_column,
-                    },
-                    self.data.encode_batch_size,
-                    show_progress,
-                )
-            encoded = read_encoded(out)
+                encoded = encode_items(items, out, codec, self.data.encode_batch_size, show_progress)
             lines.append(
-                f"{manifest}: {len(encoded.rows)} encoded, {len(encoded.failures)} failed -> {out}"
+                f"{path}: {len(encoded.rows)} encoded ({encoded.fresh} this run), {len(encoded.failures)} "
+                f"failed -> {out}"
                 + "".join(f"\n  {failure}" for failure in encoded.failures[:SHOWN_PROBLEMS])
             )
         return "\n".join(lines)
 
     def _rows(self, path: Path) -> tuple[list[dict], list[str]]:
-        """Rows of `path` in the form its format's builder reads; audio manifests via their encoding."""
+        """Rows of `path` in the form its format's builder reads; audio clips via their encoding."""
         if self.data.format != "audio":
             return read_rows(path), []
-        out = self._encoded_dir(path)
+        key = "data.eval" if path == self.eval_path() and path != self.train_path() else "data.source.path"
+        out = self._encoded_dir(self._items(path, key))
         if not is_encoded(out):
             raise ConfigError(
-                [
-                    ConfigProblem(
-                        "data.source.path",
-                        f"{path} is not encoded yet: run `framer-ds data encode-audio CONFIG`",
-                    )
-                ]
+                [ConfigProblem(key, f"{path} is not encoded yet: run `framer-ds data encode-audio CONFIG`")]
             )
         encoded = read_encoded(out)
         return encoded.rows, encoded.failures
@@ -137,10 +138,11 @@ class TtsData:
     # --- rows -> sequences ---------------------------------------------------------------------------
 
     def builder(self) -> SequenceBuilder:
-        assets = self.assets
-        return SequenceBuilder(
-            assets.tokenizer, assets.special, assets.layout, self.data, len(assets.tokenizer)
-        )
+        assets, data = self.assets, self.data
+        if data.format == "audio":  # the encoded rows name their columns as the encoder writes them
+            names = {"text_column": "text", "codes_column": "codes", "speaker_column": "speaker"}
+            data = data.model_copy(update=names)
+        return SequenceBuilder(assets.tokenizer, assets.special, assets.layout, data, len(assets.tokenizer))
 
     def _sequences(self, path: Path, text_mix: bool = False) -> tuple[BuiltSequences, list[str]]:
         try:
@@ -150,20 +152,27 @@ class TtsData:
         builder = self.builder()
         if text_mix:
             return build_all(rows, builder.text_only, path), failures
-        needed = {
-            "tokens": ["input_ids"],
-            "codes": [self.data.text_column, self.data.codes_column],
-            "audio": ["text", "codes"],
-        }[self.data.format]
+        if self.data.format == "tokens":
+            needed = ["input_ids"]
+        else:  # format audio reads its encoded rows, which the encoder names like this
+            needed = [
+                builder.data.text_column,
+                *code_columns(rows[0] if rows else {}, builder.data.codes_column),
+            ]
         missing = columns_problems(rows, needed, path, "data.text_column / data.codes_column")
         if missing:
             raise ConfigError([ConfigProblem("data", m) for m in missing], "data")
+        if self.data.speaker_prefix:
+            column = builder.data.speaker_column
+            known = {str(row[column]) for row in rows if row.get(column)}
+            self.speakers = sorted(known.union(self.speakers or []))
         build = builder.from_tokens if self.data.format == "tokens" else builder.from_codes
         return build_all(rows, build, path), failures
 
     def build_sequences(self) -> BuiltData:
         notes: dict[str, Any] = {}
         problems: list[str] = []
+        self.speakers = None if self.data.speaker_prefix else []
         train, failures = self._sequences(self.train_path())
         problems += train.problems + failures
         eval_path = self.eval_path()
@@ -214,10 +223,3 @@ class TtsData:
             [s for i, s in enumerate(sequences) if i not in held],
             [s for i, s in enumerate(sequences) if i in held],
         )
-
-
-def table_format_or_none(path: Path) -> str | None:
-    try:
-        return table_format(path)
-    except TableReadError:
-        return None

@@ -6,10 +6,10 @@ as it was trained, without the training config's files being where they were."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export import read_export_json
@@ -18,7 +18,7 @@ from framer_ds.tasks.tts_lm.config import GenerationOptions, TtsSampleOptions
 from framer_ds.tasks.tts_lm.model_setup import TtsAssets
 from framer_ds.tasks.tts_lm.sequences import SequenceBuilder
 from framer_ds.tasks.tts_lm.speech import Speech, generate_audio_tokens, speech_to_wav
-from framer_ds.tasks.tts_lm.token_sequences import SpecialTokens, generation_prompt
+from framer_ds.tasks.tts_lm.token_sequences import SpecialTokens, build_sequence, generation_prompt
 from framer_ds.tasks.tts_lm.vocabulary import audio_layout
 
 LAYOUT_RECORD = "tts_lm.json"
@@ -31,20 +31,65 @@ class TtsSampleCommandOptions(SampleCommandOptions, GenerationOptions):
     out: Path = Field(
         Path("speech.wav"), description="Output .wav; with several texts, NAME_0.wav, NAME_1.wav, ..."
     )
-    speaker: str | None = Field(None, description="Speaker prefix, for a model trained with one.")
+    speaker: str | None = Field(
+        None,
+        description="Speak as this speaker: the '{speaker}: ' prompt prefix the model was trained with "
+        "(data.speaker_prefix); an unknown name is refused with the known ones listed.",
+    )
+    reference_audio: Path | None = Field(
+        None,
+        description="Zero-shot voice prompt: a clip (wav/flac) of the voice, with --reference-text; the "
+        "pair (its text + its SNAC codes) comes before the text, as Orpheus' pretrained model is prompted.",
+    )
+    reference_text: str | None = Field(None, description="What --reference-audio says.")
     max_new_tokens: int = Field(1200, ge=7, description="Generated tokens at most (~82 per second).")
     codec: Path | None = Field(
         None, description="SNAC directory; default the one the model was trained with."
     )
 
+    @model_validator(mode="after")
+    def _reference_is_a_pair(self) -> TtsSampleCommandOptions:
+        if (self.reference_audio is None) != (self.reference_text is None):
+            raise ValueError("--reference-audio and --reference-text go together: the clip and what it says")
+        return self
 
-def write_layout_record(out_dir: Path, assets: TtsAssets) -> None:
+
+def write_layout_record(out_dir: Path, assets: TtsAssets, speakers: list[str] | None = None) -> None:
+    """`speakers`: the names the model learned a prompt prefix for ([] = none; None = not known)."""
     record = {
         "special_tokens": vars(assets.special),
         "codebook_size": assets.layout.codebook_size,
         "codec": str(assets.codec_dir) if assets.codec_dir is not None else None,
     }
+    if speakers is not None:
+        record["speakers"] = list(speakers)
     (Path(out_dir) / LAYOUT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def check_speaker(record: dict, speaker: str | None) -> None:
+    """`--speaker NAME` must be a voice the export learned (recorded in tts_lm.json); an export older
+    than the record's `speakers` list is trusted."""
+    known = record.get("speakers")
+    if speaker is None or known is None or speaker in known:
+        return
+    fix = f"known speakers: {', '.join(known)}" if known else "it was trained without data.speaker_prefix"
+    raise ConfigError([ConfigProblem("--speaker", f"{speaker!r} is not a speaker of this model; {fix}")])
+
+
+def reference_prompt(builder: SequenceBuilder, codec, audio: Path, text: str) -> list[int]:
+    """A zero-shot voice prompt: the reference clip as a finished pair, text + its SNAC codes, exactly
+    as a training sequence; the text to speak follows it (Orpheus' README: the pretrained model
+    "generate[s] speech conditioned on one or more existing text-speech pairs in the prompt")."""
+    from framer_ds.tasks.tts_lm.audio_tokens import interleave
+    from framer_ds.tasks.tts_lm.snac_codec import AudioReadError, encode_batch, read_audio
+
+    try:
+        wave = read_audio(Path(audio), codec.sampling_rate)
+    except AudioReadError as exc:
+        raise ConfigError([ConfigProblem("--reference-audio", str(exc))]) from None
+    codes = encode_batch(codec, [wave])[0]
+    tokens = interleave(codes, builder.layout, str(audio))
+    return build_sequence(builder.text_ids(text), tokens, builder.special).input_ids
 
 
 def _speak(
@@ -55,8 +100,9 @@ def _speak(
     options,
     synced_gpus: bool = False,
     show_progress: bool = True,
+    prefix: Sequence[int] = (),
 ) -> list[int]:
-    prompt = generation_prompt(builder.text_ids(text, speaker), builder.special)
+    prompt = [*prefix, *generation_prompt(builder.text_ids(text, speaker), builder.special)]
     return generate_audio_tokens(
         model,
         prompt,
@@ -146,6 +192,9 @@ def sample_command(config, export_dir: Path, options: TtsSampleCommandOptions) -
     from framer_ds.tasks.tts_lm.snac_codec import load_codec
 
     record = read_layout_record(export_dir)
+    check_speaker(record, options.speaker)
+    if options.reference_audio is not None and not options.reference_audio.is_file():
+        raise ConfigError([ConfigProblem("--reference-audio", f"{options.reference_audio} does not exist")])
     special = SpecialTokens(**record["special_tokens"])
     codec_dir = options.codec or (Path(record["codec"]) if record.get("codec") else None)
     codec_dir = require_codec_dir(codec_dir, "--codec" if options.codec else f"{LAYOUT_RECORD} codec")
@@ -154,6 +203,9 @@ def sample_command(config, export_dir: Path, options: TtsSampleCommandOptions) -
     builder = SequenceBuilder(tokenizer, special, audio_layout(special), config.data, len(tokenizer))
     model = load_exported_model(config, export_dir, device)
     codec = load_codec(codec_dir, device)
+    prefix: list[int] = []
+    if options.reference_audio is not None:
+        prefix = reference_prompt(builder, codec, options.reference_audio, options.reference_text)
     lines = []
     for index, text in enumerate(options.text):
         out = (
@@ -162,7 +214,7 @@ def sample_command(config, export_dir: Path, options: TtsSampleCommandOptions) -
             else options.out.with_name(f"{options.out.stem}_{index}.wav")
         )
         speech: Speech = speech_to_wav(
-            _speak(model, builder, text, options.speaker, options), builder.layout, codec, out
+            _speak(model, builder, text, options.speaker, options, prefix=prefix), builder.layout, codec, out
         )
         lines.append(f"{text!r} -> {speech.describe()}")
     return "\n".join(lines)

@@ -35,7 +35,9 @@ class SequenceBuilder:
     vocab_size: int
 
     def text_ids(self, text: str, speaker: str | None = None) -> list[int]:
-        if self.data.speaker_prefix and speaker:
+        """The text's ids after the BOS; a speaker becomes Orpheus' prompt prefix "{speaker}: {text}"
+        (canopyai/Orpheus-TTS orpheus_tts/engine_class.py `_format_prompt`, README "finetune-prod")."""
+        if speaker:
             text = f"{speaker}: {text}"
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return ([self.special.start_of_text] if self.special.start_of_text is not None else []) + ids
@@ -47,7 +49,7 @@ class SequenceBuilder:
         return text
 
     def from_codes(self, row: dict[str, Any], where: str) -> TokenSequence:
-        codes = row.get(self.data.codes_column)
+        codes = row_codes(row, self.data.codes_column)
         if not isinstance(codes, list | tuple):
             raise BadSample(
                 f"{where}: column {self.data.codes_column!r} must hold three SNAC code lists, found "
@@ -60,7 +62,7 @@ class SequenceBuilder:
             audio = interleave(codes, self.layout, where)
         except AudioCodeError as exc:
             raise BadSample(str(exc)) from None
-        speaker = row.get(self.data.speaker_column) if self.data.speaker_column else None
+        speaker = row.get(self.data.speaker_column) if self.data.speaker_prefix else None
         text_ids = self.text_ids(self._text(row, where), speaker)
         return build_sequence(text_ids, audio, self.special, self.data.loss_on)
 
@@ -95,6 +97,24 @@ class SequenceBuilder:
             return self.from_tokens(row, where, speech=False)
         ids = [*self.text_ids(self._text(row, where)), self.special.end_of_text]
         return TokenSequence(ids, list(ids))
+
+
+def split_code_columns(name: str) -> list[str]:
+    """`codes_0`, `codes_1`, `codes_2`: the codebooks in a column each, as some corpora store them."""
+    return [f"{name}_{book}" for book in range(3)]
+
+
+def row_codes(row: dict[str, Any], name: str) -> Any:
+    """The three code lists of a row: its `name` column, or its split `name_0/1/2` columns."""
+    if name not in row and all(column in row for column in split_code_columns(name)):
+        return [row[column] for column in split_code_columns(name)]
+    return row.get(name)
+
+
+def code_columns(first_row: dict[str, Any], name: str) -> list[str]:
+    """The code columns a data set must have, judged on its first row (split ones when it has them)."""
+    split = split_code_columns(name)
+    return split if name not in first_row and all(c in first_row for c in split) else [name]
 
 
 @dataclass

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -74,18 +75,24 @@ def samples_per_frame(codec) -> int:
     return int(codec.hop_length) * int(codec.vq_strides[0])
 
 
-def read_audio(path: Path, sample_rate: int) -> np.ndarray:
-    """Mono float32 at `sample_rate`, whatever the file's rate and channels."""
+def read_audio(source: Path | BinaryIO, sample_rate: int, name: str | None = None) -> np.ndarray:
+    """Mono float32 at `sample_rate`, whatever the file's rate and channels. `source`: a file, or the
+    bytes of one (a data set's Audio column); `name` is what an error calls it (default the path)."""
     from scipy.signal import resample_poly
 
     soundfile = require("soundfile", "reading audio files (tts_lm data.format audio)")
+    name = name or str(source)
     try:
-        audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        audio, rate = soundfile.read(
+            str(source) if isinstance(source, Path | str) else source, dtype="float32", always_2d=True
+        )
     except Exception as exc:  # soundfile raises LibsndfileError / RuntimeError / OSError
-        raise AudioReadError(f"{path}: cannot read audio ({exc}); convert it to wav or flac") from None
+        raise AudioReadError(f"{name}: cannot read audio ({exc}); convert it to wav or flac") from None
     audio = audio.mean(axis=1)
     if audio.size == 0:
-        raise AudioReadError(f"{path}: no samples; drop the row or replace the file")
+        raise AudioReadError(f"{name}: no samples; drop the row or replace the file")
+    if not np.isfinite(audio).all():
+        raise AudioReadError(f"{name}: holds NaN or infinite samples; re-export the file")
     if rate != sample_rate:
         ratio = Fraction(sample_rate, rate)
         audio = resample_poly(audio, ratio.numerator, ratio.denominator).astype(np.float32)

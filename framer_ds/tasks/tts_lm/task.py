@@ -306,7 +306,7 @@ class TtsLmTask(PlanningHooks, Task):
             accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             self.assets.tokenizer.save_pretrained(out_dir)
-            write_layout_record(out_dir, self.assets)
+            write_layout_record(out_dir, self.assets, self.data.speakers)
 
     def load_export(self, model, export_dir: Path) -> torch.nn.Module:
         """The model `framer-ds eval` scores: an adapter export (with its trained embeddings and head)

@@ -98,7 +98,10 @@ def test_tiny_config_trains_samples_and_exports_a_loadable_model(tmp_path, tiny_
     assert model.get_input_embeddings().num_embeddings >= len(tokenizer) == 320 + 7 * 4096 + 10
 
     out = tmp_path / "speech.wav"
-    spoken = framer_ds("sample", final, "--text", "hello world", "--out", out, "--device", "cpu")
+    assert json.loads((final / "tts_lm.json").read_text())["speakers"] == ["ana", "ben"]
+    spoken = framer_ds(
+        "sample", final, "--text", "hello world", "--speaker", "ana", "--out", out, "--device", "cpu"
+    )
     assert spoken.returncode == 0, spoken.stderr[-3000:]
     assert "frames" in spoken.stdout and soundfile.read(out)[1] == 24000
 
@@ -253,7 +256,9 @@ def test_encode_audio_writes_a_resumable_cache_and_names_unreadable_files(tmp_pa
     )
     proc = framer_ds("data", "encode-audio", config)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "3 encoded, 1 failed" in proc.stdout and "broken.wav: cannot read audio" in proc.stdout
+    assert (
+        "3 encoded (3 this run), 1 failed" in proc.stdout and "broken.wav: cannot read audio" in proc.stdout
+    )
     shards = sorted((tmp_path / "codes").glob("*/shard_*.jsonl"))
     stamps = [s.stat().st_mtime_ns for s in shards]
     again = framer_ds("data", "encode-audio", config)
