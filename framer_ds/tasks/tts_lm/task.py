@@ -83,7 +83,7 @@ class TtsLmTask(PlanningHooks, Task):
         return TtsData(self.config, self.assets)
 
     def check(self) -> list[ConfigProblem]:
-        problems = self.assets.problems() + quality_problems(self.config.model, self.assets.codec_dir)
+        problems = self.assets.problems() + quality_problems(self.config, self.assets.codec_dir)
         problems += self.data.file_problems()
         if not problems and not self.assets.builtin:
             problems += self.assets.layout_problems()

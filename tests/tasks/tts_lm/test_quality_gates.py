@@ -186,3 +186,43 @@ def test_the_gates_libraries_load_only_when_a_gate_runs():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_generation_failure_during_training_is_one_line_and_no_metric(tiny_tts, monkeypatch, capsys):
+    """The gates never stop training: generation raising (an out-of-memory on a long text, say) leaves
+    the evaluation without gate metrics, says so once, and the model is back in training mode."""
+    from accelerate import Accelerator
+
+    task = load_task(TINY, "model.samples.every=0", "model.quality_eval.every=1")
+    task.build_datasets()
+    model = task.build_model().train()
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    monkeypatch.setattr(gates, "generate_tokens", out_of_memory)
+    assert task.generation_metrics(Accelerator(cpu=True), model, in_training=True) == {}
+    assert model.training
+    out = capsys.readouterr().out
+    assert (
+        out == "quality: every metric skipped: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
+
+
+def test_gates_while_training_without_a_codec_are_refused_at_validate(tmp_path, tiny_tts):
+    from test_tts_lm import write_config
+
+    model = {"source": {"path": str(tiny_tts / "model")}, "quality_eval": {"every": 2}}
+    config = write_config(
+        tmp_path / "c.yaml", tmp_path / "run", model=model, source={"builtin": "tiny_speech"}
+    )
+    (problem,) = load_task(config).check()
+    assert problem.where == "model.quality_eval.every" and "model.codec.path" in problem.message
+    model["quality_eval"] = {"every": 0}  # `framer-ds eval` alone: the audio metrics are a skipped line
+    config = write_config(
+        tmp_path / "c.yaml", tmp_path / "run", model=model, source={"builtin": "tiny_speech"}
+    )
+    assert load_task(config).check() == []
+    best = ["train.eval.best_metric=eval/wer", "train.eval.best_mode=min"]
+    (problem,) = load_task(config, *best).check()  # keep-best would stop the run where a gate is absent
+    assert problem.where == "train.eval.best_metric" and "keep the best on eval/loss" in problem.message

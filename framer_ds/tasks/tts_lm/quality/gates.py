@@ -27,6 +27,7 @@ from framer_ds.tasks.tts_lm.token_sequences import TokenSequence
 
 Report = Callable[[str], None]
 DECODE_SEED = 0
+GATE_METRICS = ("eval/wer", "eval/speaker_similarity", "eval/eos_rate", "eval/seconds_per_text_token")
 
 
 @dataclass(frozen=True)
@@ -212,16 +213,26 @@ def run_quality_gates(
     return metrics
 
 
-def quality_problems(model_config, codec_dir) -> list[ConfigProblem]:
-    """`validate`: gates while training decode speech, which needs the codec (as samples do)."""
-    options = model_config.quality_eval
+def quality_problems(config, codec_dir) -> list[ConfigProblem]:
+    """`validate`: gates while training decode speech, which needs the codec (as samples do); and they
+    cannot pick the best checkpoint, being absent from every evaluation they skip or fail."""
+    options = config.model.quality_eval
+    problems = []
     if codec_dir is None and options.enabled and options.every:
-        return [
+        problems.append(
             ConfigProblem(
                 "model.quality_eval.every",
                 f"{options.every} scores generated speech while training, which needs the SNAC codec: set "
                 "model.codec.path (`huggingface-cli download hubertsiuzdak/snac_24khz --local-dir DIR`) or "
                 "model.quality_eval.every: 0",
             )
-        ]
-    return []
+        )
+    if config.train.eval.best_metric in GATE_METRICS:
+        problems.append(
+            ConfigProblem(
+                "train.eval.best_metric",
+                f"{config.train.eval.best_metric} is a quality gate, absent from the evaluations that skip "
+                "it (model.quality_eval.every) or where it fails: keep the best on eval/loss",
+            )
+        )
+    return problems
