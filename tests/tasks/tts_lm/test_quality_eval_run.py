@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
 from test_tts_lm import TINY
 
-from conftest import read_metrics
+from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics
 from framer_ds.cli.main import main
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
@@ -71,3 +72,18 @@ def test_framer_ds_eval_writes_the_gates_the_trained_model_scored(run, capsys):
     logged = read_metrics(run)[1][-1]
     for name in GATES:
         assert metrics[name] == pytest.approx(logged[name], rel=1e-6), name
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_processes_score_the_gates_as_one(run):
+    """`accelerate launch --num_processes 2` (DDP on CPU): both ranks speak the same texts, rank 0 scores
+    and hands the metrics over, so eval.json holds the numbers one process logged, exactly."""
+    cmd = accelerate_launch_cmd("--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "eval", str(run))
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    report = json.loads((run / "eval.json").read_text())
+    logged = read_metrics(run)[1][-1]
+    assert report["processes"] == 2
+    assert {name: report["metrics"][name] for name in GATES} == {name: logged[name] for name in GATES}
