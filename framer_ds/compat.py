@@ -20,6 +20,9 @@ INSTALL = {
     "soundfile": "soundfile>=0.12",
     "datasets": "datasets>=2.19",
     "torchvision": "torchvision",
+    "pocketsphinx": "pocketsphinx>=5.0",
+    "resemblyzer": "resemblyzer>=0.1.4",
+    "webrtcvad": "webrtcvad>=2.0.10",
 }
 
 

@@ -91,7 +91,8 @@ EVAL = CliCommand(
     help="evaluate a finished run's export on its held-out data (writes RUN/eval.json)",
     description="Evaluate RUN/final (or RUN/best) with the config recorded in it, on the run's own "
     "held-out data, exactly as training evaluates: vit_classification loss, accuracy and per-class "
-    "accuracy; tts_lm loss and audio-token accuracy; drivable_vit IoU per class and mean; video_lora "
+    "accuracy; tts_lm loss, audio-token accuracy and the quality gates (WER, speaker similarity, "
+    "end-of-speech rate of generated speech); drivable_vit IoU per class and mean; video_lora "
     "eval/loss (with model.interp_eval the interpolation metrics). Prints the metrics and writes "
     "RUN/eval.json (RUN/eval_best.json), with a per_class table where the task has classes. Under "
     "`accelerate launch --num_processes N -m framer_ds eval RUN` the held-out set is split between "

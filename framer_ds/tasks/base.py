@@ -230,6 +230,15 @@ class Task(ABC):
         if accelerator.is_main_process:
             write_export_record(out_dir, self.name, self.config.model_dump(mode="json"))
 
+    def generation_metrics(
+        self, accelerator: Accelerator, model: torch.nn.Module, in_training: bool
+    ) -> dict[str, float]:
+        """`eval/*` metrics of what the model generates (tts_lm: speech scored by an offline ASR and a
+        speaker encoder), which no per-sample sum of `eval_step` can give. Called on EVERY rank right
+        after the totals of each evaluation, while training (`in_training`) and in `framer-ds eval`;
+        returns the same metrics on every rank. None by default."""
+        return {}
+
     def eval_details(self, sums: dict[str, torch.Tensor], num_samples: int) -> dict[str, Any]:
         """Sections `framer-ds eval` writes into eval.json beside the metrics, from the same totals as
         `summarize_eval`: breakdowns too long for a metrics line (a per-class table of 1,000 classes

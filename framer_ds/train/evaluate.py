@@ -17,9 +17,11 @@ def evaluate(
     eval_loader: DataLoader,
     max_batches: int | None = None,
 ) -> dict[str, float]:
-    """Run on EVERY rank (under ZeRO-3 each forward is a collective); returns `eval/*` metrics."""
+    """An evaluation while training, on EVERY rank (under ZeRO-3 each forward is a collective): the
+    summed per-sample values and the task's generation metrics, as `eval/*` metrics."""
     sums, num_samples = evaluate_totals(accelerator, task, model, eval_loader, max_batches)
-    return task.summarize_eval(sums, num_samples) if sums else {}
+    metrics = task.summarize_eval(sums, num_samples) if sums else {}
+    return {**metrics, **task.generation_metrics(accelerator, model, in_training=True)}
 
 
 @torch.no_grad()

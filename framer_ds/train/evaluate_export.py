@@ -67,6 +67,8 @@ def evaluate_run(run_dir: Path, which: str = "final", max_batches: int | None = 
         model, loader = accelerator.prepare(model, loader)
         started = time.perf_counter()
         sums, num_samples = evaluate_totals(accelerator, task, model, loader, max_batches=max_batches)
+        metrics = task.summarize_eval(sums, num_samples) if sums else {}
+        metrics.update(task.generation_metrics(accelerator, model, in_training=False))
         report = {
             "export": str(export_dir),
             "task": task.name,
@@ -74,7 +76,7 @@ def evaluate_run(run_dir: Path, which: str = "final", max_batches: int | None = 
             "eval_examples": len(eval_set),
             "evaluated_examples": num_samples,
             "seconds": round(time.perf_counter() - started, 3),
-            "metrics": task.summarize_eval(sums, num_samples) if sums else {},
+            "metrics": metrics,
             **(task.eval_details(sums, num_samples) if sums else {}),
         }
         if accelerator.is_main_process:

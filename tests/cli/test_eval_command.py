@@ -39,6 +39,7 @@ TTS_RUN = [
     "train.eval.every=null",
     "train.checkpoint.every=null",
     "model.samples.every=0",
+    "model.quality_eval.enabled=false",  # the gates' own test: tts_lm/test_quality_eval_run.py
 ]
 
 

@@ -94,6 +94,30 @@ class TtsSampleOptions(GenerationOptions):
     )
 
 
+class QualityEvalOptions(GenerationOptions):
+    """Offline quality gates (docs/tts_lm.md "Quality gates"): held-out texts spoken by the model, scored
+    with an offline ASR (eval/wer), a speaker encoder against the held-out recording
+    (eval/speaker_similarity), how often speech ends on its own (eval/eos_rate) and its duration per text
+    token (eval/seconds_per_text_token)."""
+
+    enabled: bool = Field(
+        True, description="Score in `framer-ds eval` (and, with `every`, while training); false: never."
+    )
+    count: int = Field(
+        8, ge=1, description="Held-out utterances spoken (the first ones of the eval split with speech)."
+    )
+    every: int = Field(
+        0,
+        ge=0,
+        description="While training: at every N-th evaluation of the process (a resumed run counts anew); "
+        "0 = only `framer-ds eval`. Costs `count` generations of up to max_new_tokens tokens each, plus "
+        "a few seconds of CPU scoring per utterance.",
+    )
+    max_new_tokens: int = Field(
+        1200, ge=7, description="Generated tokens at most (~82 per second); eos_rate counts ends before it."
+    )
+
+
 class TtsModelSource(Source):
     """Where the language model comes from: a saved model, a fresh init from AutoConfig fields, or the
     tiny built-in one."""
@@ -146,6 +170,9 @@ class TtsModelConfig(StrictModel):
     codec: CodecOptions = Field(default_factory=CodecOptions, description="The SNAC codec.")
     samples: TtsSampleOptions = Field(
         default_factory=TtsSampleOptions, description="Audio generated while training."
+    )
+    quality_eval: QualityEvalOptions = Field(
+        default_factory=QualityEvalOptions, description="Offline quality gates on generated speech."
     )
 
     @model_validator(mode="after")

@@ -60,8 +60,22 @@ class TokenProgress:
         self.bar.close()
 
 
+def generate_audio_tokens(model, prompt_ids: list[int], special: SpecialTokens, **options) -> list[int]:
+    """The tokens generated after the prompt, up to (not including) end_of_speech; `options` are
+    `generate_tokens`'s."""
+    return until_stop(generate_tokens(model, prompt_ids, special, **options), special)
+
+
+def until_stop(generated: list[int], special: SpecialTokens) -> list[int]:
+    """`generated` cut before its first stop (end_of_speech, end_of_ai or padding)."""
+    for stop in (special.end_of_speech, special.end_of_ai, special.pad):
+        if stop in generated:
+            generated = generated[: generated.index(stop)]
+    return generated
+
+
 @torch.no_grad()
-def generate_audio_tokens(
+def generate_tokens(
     model,
     prompt_ids: list[int],
     special: SpecialTokens,
@@ -76,8 +90,9 @@ def generate_audio_tokens(
     synced_gpus: bool = False,
     show_progress: bool = False,
 ) -> list[int]:
-    """The tokens generated after the prompt, up to (not including) end_of_speech. `show_progress`:
-    a bar of generated tokens on a terminal (`data.progress.sampling_progress`)."""
+    """Every token generated after the prompt, the stop included (the quality gates count how often
+    speech ends before max_new_tokens). `show_progress`: a bar of generated tokens on a terminal
+    (`data.progress.sampling_progress`)."""
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt_ids], device=device)
     sampling = temperature > 0
@@ -101,11 +116,7 @@ def generate_audio_tokens(
             synced_gpus=synced_gpus,
             streamer=None if bar.disable else TokenProgress(bar),  # no per-token copy when hidden
         )
-    generated = output[0, len(prompt_ids) :].tolist()
-    for stop in (special.end_of_speech, special.end_of_ai, special.pad):
-        if stop in generated:
-            generated = generated[: generated.index(stop)]
-    return generated
+    return output[0, len(prompt_ids) :].tolist()
 
 
 def speech_to_wav(tokens: list[int], layout: AudioTokenLayout, codec, path: Path) -> Speech:

@@ -27,6 +27,7 @@ from framer_ds.tasks.tts_lm.chunked_loss import ChunkedHeadLoss
 from framer_ds.tasks.tts_lm.config import TtsDataConfig, TtsModelConfig
 from framer_ds.tasks.tts_lm.data_setup import TtsData
 from framer_ds.tasks.tts_lm.inference import TtsSampleCommandOptions, sample_to_files, write_layout_record
+from framer_ds.tasks.tts_lm.quality.gates import quality_problems, run_quality_gates
 from framer_ds.tasks.tts_lm.samplers import LengthGroupedSampler, RatioMixSampler
 from framer_ds.tasks.tts_lm.splitting import split_sequence
 from framer_ds.tasks.tts_lm.token_batches import collate_packed, collate_padded
@@ -68,6 +69,8 @@ class TtsLmTask(PlanningHooks, Task):
     def __init__(self, config):
         super().__init__(config)
         self._notes: dict = {}  # what build_datasets found, for the run summary and `data check`
+        self._held_out: list[TokenSequence] = []  # whole held-out utterances, for the quality gates
+        self._evaluations = 0  # in this process, for model.quality_eval.every
 
     # --- pre-flight ----------------------------------------------------------------------------------
 
@@ -80,7 +83,7 @@ class TtsLmTask(PlanningHooks, Task):
         return TtsData(self.config, self.assets)
 
     def check(self) -> list[ConfigProblem]:
-        problems = self.assets.problems()
+        problems = self.assets.problems() + quality_problems(self.config, self.assets.codec_dir)
         problems += self.data.file_problems()
         if not problems and not self.assets.builtin:
             problems += self.assets.layout_problems()
@@ -118,6 +121,7 @@ class TtsLmTask(PlanningHooks, Task):
         data = self.config.data
         built = self.data.build_sequences()
         self._notes = dict(built.notes)
+        self._held_out = built.eval
         batch = self.config.train.micro_batch_size
         special = self.assets.special
         splitter = partial(
@@ -258,6 +262,24 @@ class TtsLmTask(PlanningHooks, Task):
             "eval/loss_audio": ratio("audio_loss_sum", "audio_tokens"),
             "eval/audio_top1": ratio("audio_correct", "audio_tokens"),
         }
+
+    def generation_metrics(self, accelerator, model, in_training: bool) -> dict[str, float]:
+        """model.quality_eval: held-out texts spoken and scored (quality/gates.py), in `framer-ds eval`
+        and, with `every`, at every N-th evaluation while training."""
+        options = self.config.model.quality_eval
+        if in_training:
+            self._evaluations += 1
+        if not options.enabled or (in_training and (not options.every or self._evaluations % options.every)):
+            return {}
+        assets = self.assets
+
+        def codec():
+            assets.require_codec("the quality gates' audio metrics")
+            return assets.codec(str(accelerator.device))
+
+        builder = self.data.builder()
+        zero3 = uses_zero3(accelerator)
+        return run_quality_gates(accelerator, model, self._held_out, builder, codec, options, zero3)
 
     # --- samples and export --------------------------------------------------------------------------
 
