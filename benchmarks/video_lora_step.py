@@ -1,5 +1,7 @@
-"""s/step and peak memory of the tiny video_lora config, with the VAE + CLIP encoding every step vs
-reading the latent cache (`data.cache.enabled`).
+"""s/step and peak memory of a tiny video_lora config (`--config`: tiny.yaml, the SVD base, or
+wan_tiny.yaml, the Wan base), with the frozen encoders encoding every step vs reading the latent cache
+(`data.cache.enabled`): the VAE + CLIP for SVD; the VAE, CLIP and UMT5 text encoder for Wan, whose cache
+holds the prompt and image embeddings too.
 
 Why: the cache's promise is that the frozen VAE and image encoder leave the device and stop costing
 time every step; this measures both on whatever machine runs it (CPU here; on a GPU pass
@@ -27,8 +29,13 @@ import torch
 from report import write_section
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
+CONFIGS = REPO / "configs" / "tasks" / "video_lora"
 SECTION = "## video_lora_step"
+
+
+def section_title(config: Path) -> str:
+    """One section per config: the SVD tiny config keeps the original title."""
+    return SECTION if config.stem == "tiny" else f"{SECTION} ({config.stem})"
 
 
 def run_mode(out: Path, cache: bool, args: argparse.Namespace) -> dict[str, float]:
@@ -48,7 +55,7 @@ def run_mode(out: Path, cache: bool, args: argparse.Namespace) -> dict[str, floa
         f"data.cache.enabled={str(cache).lower()}",
         f"data.cache.dir={out.parent / 'latents'}",
     ]
-    cmd = [sys.executable, "-m", "framer_ds", "train", str(TINY), *overrides]
+    cmd = [sys.executable, "-m", "framer_ds", "train", str(args.config), *overrides]
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     lines = [x for x in lines if "samples_per_s" in x][2:]  # skip warm-up
@@ -62,12 +69,17 @@ def run_mode(out: Path, cache: bool, args: argparse.Namespace) -> dict[str, floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--height", type=int, default=128)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--frames", type=int, default=8)
+    parser.add_argument("--config", type=Path, default=CONFIGS / "tiny.yaml", help="a tiny video_lora config")
+    parser.add_argument("--height", type=int, help="default 128 (SVD), 64 (Wan)")
+    parser.add_argument("--width", type=int, help="default 128 (SVD), 64 (Wan)")
+    parser.add_argument("--frames", type=int, help="default 8 (SVD), 9 (Wan: 4k + 1 frames)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--write", type=Path, help="update this markdown file's section")
     args = parser.parse_args()
+    wan = "wan" in args.config.stem
+    args.height = args.height or (64 if wan else 128)
+    args.width = args.width or (64 if wan else 128)
+    args.frames = args.frames or (9 if wan else 8)
     with tempfile.TemporaryDirectory() as tmp:
         results = {}
         for cache in (False, True):
@@ -82,10 +94,12 @@ def main() -> None:
         f"| {'latent cache' if cache else 'encode every step'} | {r['s_per_step']:.3f} | {r['peak_gb']:.2f} |"
         for cache, r in results.items()
     )
+    title = section_title(args.config)
+    base = "Wan (FLF2V: VAE, CLIP, UMT5)" if wan else "SVD (VAE, CLIP)"
     section = (
-        f"{SECTION}\n\n"
+        f"{title}\n\n"
         f"`python {' '.join(shlex.quote(a) for a in sys.argv)}` on {device}, {platform.python_version()}, "
-        f"torch {torch.__version__}, {dt.date.today()}. Tiny random SVD components, "
+        f"torch {torch.__version__}, {dt.date.today()}. Tiny random {base} components, "
         f"{args.frames} frames at {args.height}x{args.width}, micro batch 1, {args.steps} steps.\n\n"
         f"| mode | s/step (median) | peak {memory_name} (GiB) |\n| --- | --- | --- |\n{rows}\n\n"
         f"Step time ratio cache / encode: {results[True]['s_per_step'] / results[False]['s_per_step']:.2f}. "
@@ -93,7 +107,7 @@ def main() -> None:
     )
     print(section)
     if args.write:
-        write_section(args.write, SECTION, section)
+        write_section(args.write, title, section)
 
 
 if __name__ == "__main__":
