@@ -109,7 +109,7 @@ class WanFamily(WanExports, VideoBaseFamily):
 
     def build_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
         """The transformer, frozen, with a peft LoRA on `WAN_LORA_TARGETS` (or model.lora.target_modules
-        when the config names them)."""
+        when the config names others than the default)."""
         from diffusers import WanTransformer3DModel
         from peft import LoraConfig, get_peft_model
 
@@ -120,7 +120,10 @@ class WanFamily(WanExports, VideoBaseFamily):
         if gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
         lora = self.config.model.lora
-        named = "target_modules" in lora.model_fields_set or lora.include_feed_forward or lora.preset
+        # the SVD default (attention names) means "the base's own"; a resolved config dumps every key,
+        # so the value, not whether it was set, tells a user's choice apart
+        default = type(lora).model_fields["target_modules"].get_default(call_default_factory=True)
+        named = lora.target_modules != default or lora.include_feed_forward or lora.include_projections
         targets = lora.targets() if named else list(WAN_LORA_TARGETS)
         config = LoraConfig(
             r=lora.rank,
