@@ -125,7 +125,7 @@ def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monke
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.chdir(tmp_path)
     shipped = sorted((REPO / "configs/tasks").rglob("*.yaml"))
-    assert len(shipped) == 11
+    assert len(shipped) == 12
     stood_in, assumptions = set(), []
     for path in shipped:
         name = str(path.relative_to(REPO))
