@@ -4,8 +4,9 @@
 and resume read) AND the same LoRA in diffusers' Wan layout, `pytorch_lora_weights.safetensors`, which
 `WanImageToVideoPipeline.load_lora_weights(final/)` loads as is (wan/lora_layout.py), with the metadata
 (`framer_ds_video_lora.json`: the base folder, mode, shape, shift). `framer-ds sample` runs the
-pipeline's own computation (wan/sampling.py) with the pipeline's defaults for that base (guidance, shift,
-negative prompt), so its frames equal diffusers' for the same seed and inputs.
+pipeline's own computation (wan/sampling.py, with the base folder's own scheduler) with the pipeline's
+defaults for that base (guidance, shift, negative prompt), so its frames equal diffusers' for the same
+seed and inputs.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
     from framer_ds.tasks.video_lora.families.wan_parts import FrozenWanEncoders
     from framer_ds.tasks.video_lora.sample_shape import sample_shape
     from framer_ds.tasks.video_lora.wan import conditioning as wan
-    from framer_ds.tasks.video_lora.wan.sampling import pipeline_defaults, sample_video
+    from framer_ds.tasks.video_lora.wan.sampling import load_base_scheduler, pipeline_defaults, sample_video
 
     metadata = read_adapter_metadata(export_dir)
     _refuse_svd_flags(options, metadata)
@@ -168,6 +169,7 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
         guidance,
         torch.Generator(device=device).manual_seed(options.seed),
         defaults.shift,
+        scheduler=load_base_scheduler(base),  # the pipeline's own (UniPC on the hub folders)
     )
     settings = {"height": height, "width": width, "guidance_scale": guidance, "shift": defaults.shift}
     return frames.cpu(), {**settings, "fps": options.fps or WAN_OUTPUT_FPS}

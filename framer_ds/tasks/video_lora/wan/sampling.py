@@ -1,30 +1,35 @@
 """Wan image-to-video sampling: `WanImageToVideoPipeline.__call__`'s denoising loop and decode (diffusers
-0.42.1) on framer_ds's own flow-matching sampler (`diffusion/flow_matching.py`), so `framer-ds sample`
-and training-time samples need no pipeline object (the transformer may be peft-wrapped or sharded) and
-still give the pipeline's frames for the same seed and inputs.
+0.42.1) without a pipeline object, so `framer-ds sample` and training-time samples can run a peft-wrapped or
+sharded transformer and still give the pipeline's frames for the same seed and inputs.
 
 The pipeline's loop, step by step: latents ~ N(0, I) float32 [B, z, F', h, w] drawn from the generator
 (`randn_tensor`, before anything else draws); per step the transformer sees concat(latents, condition)
-in its dtype and the timestep sigma * 1000; with guidance > 1 it is called a second time with the
+in its dtype and the scheduler's timestep; with guidance > 1 it is called a second time with the
 negative prompt embeddings (same image embeddings) and the two are combined as
-uncond + guidance * (cond - uncond); the scheduler's Euler step; at the end the latents are
-de-normalised, decoded by the VAE and mapped from [-1, 1] to [0, 1] (clamped).
+uncond + guidance * (cond - uncond); the scheduler's step; at the end the latents are de-normalised,
+decoded by the VAE and mapped from [-1, 1] to [0, 1] (clamped).
 
-Schedulers: the tiny bases carry `FlowMatchEulerDiscreteScheduler` (exactly this sampler). diffusers'
-conversion of the real Wan 2.1/2.2 checkpoints saves `UniPCMultistepScheduler(use_flow_sigmas=True,
-flow_shift=...)`: same flow, same shift, but a multistep solver, so on those folders this Euler sampler
-does not reproduce the pipeline's frames (`pipeline_defaults(...).sampler_is_pipelines` says which).
+Schedulers: the step is the base folder's own scheduler, as the pipeline's is. diffusers' conversion of
+the real Wan 2.1/2.2 checkpoints saves `UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=...)`, a
+multistep solver that is not written again here: `load_base_scheduler(folder)` builds diffusers' own class
+from the folder's scheduler_config.json and `sample_video(..., scheduler=...)` calls its `set_timesteps`
+and `step` as the pipeline does. framer_ds's own Euler steps (`diffusion/flow_matching.py`, exact against
+`FlowMatchEulerDiscreteScheduler`) run only when the config names that scheduler and no instance is given
+(the tiny bases).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils.torch_utils import randn_tensor
 
 from framer_ds.tasks.video_lora.diffusion.flow_matching import (
     NUM_TRAIN_TIMESTEPS,
@@ -48,12 +53,27 @@ _UNSUPPORTED_EULER = {
 }
 
 
+def scheduler_name(scheduler_config: dict[str, Any]) -> str:
+    """The config's `_class_name` (a saved scheduler_config.json has it). A config taken from an instance
+    (`dict(scheduler.config)`) has none: read as Euler's only when it holds no UniPC option, so a UniPC
+    config never samples as Euler with shift 1.0 silently."""
+    name = scheduler_config.get("_class_name")
+    if name is not None:
+        return name
+    if "use_flow_sigmas" in scheduler_config or "flow_shift" in scheduler_config:
+        raise ValueError(
+            "scheduler config without _class_name holds UniPC options; pass scheduler=<the scheduler> "
+            "(load_base_scheduler(folder)) or the folder's scheduler_config.json, which names its class"
+        )
+    return EULER
+
+
 def scheduler_shift(scheduler_config: dict[str, Any]) -> float:
     """The static flow shift a Wan scheduler config samples with: Euler's `shift`, or UniPC's `flow_shift`
     (only with `use_flow_sigmas`, the flow-matching mode the Wan conversions save). Anything else is
     refused with the option that stands in the way, so a schedule this sampler cannot follow never
     samples silently different frames."""
-    name = scheduler_config.get("_class_name", EULER)
+    name = scheduler_name(scheduler_config)
     if name == EULER:
         for key, default in _UNSUPPORTED_EULER.items():
             if scheduler_config.get(key, default) != default:
@@ -66,6 +86,43 @@ def scheduler_shift(scheduler_config: dict[str, Any]) -> float:
     raise ValueError(
         f"scheduler {name} is not a flow-matching scheduler; use {EULER} or {UNIPC} with use_flow_sigmas"
     )
+
+
+def read_scheduler_config(base_folder: Path | str) -> dict[str, Any]:
+    """The base folder's scheduler/scheduler_config.json, or one line saying where to point instead."""
+    scheduler_file = Path(base_folder) / "scheduler" / "scheduler_config.json"
+    if not scheduler_file.is_file():
+        raise FileNotFoundError(
+            f"{scheduler_file} is missing; point at a diffusers Wan folder (model_index.json)"
+        )
+    return json.loads(scheduler_file.read_text())
+
+
+def scheduler_from_config(scheduler_config: dict[str, Any], shift: float | None = None) -> SchedulerMixin:
+    """diffusers' own scheduler class named by `_class_name`, built from the config as `from_pretrained`
+    builds the pipeline's; `shift` replaces the config's (`shift` for Euler, `flow_shift` for UniPC, as
+    diffusers' Wan docs swap it with `from_config(..., flow_shift=...)`). Only the flow-matching
+    schedulers `scheduler_shift` accepts: a DDPM-style config would sample noise of another kind."""
+    import diffusers
+
+    scheduler_shift(scheduler_config)
+    name = scheduler_name(scheduler_config)
+    overrides = {} if shift is None else {"shift" if name == EULER else "flow_shift": float(shift)}
+    return getattr(diffusers, name).from_config(scheduler_config, **overrides)
+
+
+def load_base_scheduler(base_folder: Path | str, shift: float | None = None) -> SchedulerMixin:
+    """The scheduler `WanImageToVideoPipeline.from_pretrained(base_folder)` gets (for the hub folders
+    `UniPCMultistepScheduler` with flow sigmas), to pass to `sample_video(..., scheduler=...)`: the class
+    model_index.json names (from_pretrained picks it there, not from the config's `_class_name`) built
+    from scheduler/scheduler_config.json."""
+    config = read_scheduler_config(base_folder)
+    index_file = Path(base_folder) / "model_index.json"
+    index = json.loads(index_file.read_text()) if index_file.is_file() else {}
+    library, name = index.get("scheduler", [None, None])
+    if library == "diffusers" and name:
+        config = {**config, "_class_name": name}
+    return scheduler_from_config(config, shift)
 
 
 @dataclass(frozen=True)
@@ -81,9 +138,8 @@ class WanSamplingDefaults:
     height: int
     width: int
     num_frames: int
-    scheduler_class: str
+    scheduler_class: str  # the folder's scheduler, the one `sample_video` steps with
     boundary_ratio: float | None  # Wan 2.2: where the high-noise expert hands over (None: one transformer)
-    sampler_is_pipelines: bool  # True when our Euler sampler IS the folder's scheduler
 
 
 def pipeline_defaults(base_folder: Path | str) -> WanSamplingDefaults:
@@ -94,18 +150,13 @@ def pipeline_defaults(base_folder: Path | str) -> WanSamplingDefaults:
     from diffusers import WanImageToVideoPipeline
 
     folder = Path(base_folder)
-    scheduler_file = folder / "scheduler" / "scheduler_config.json"
-    if not scheduler_file.is_file():
-        raise FileNotFoundError(
-            f"{scheduler_file} is missing; point at a diffusers Wan folder (model_index.json)"
-        )
-    scheduler_config = json.loads(scheduler_file.read_text())
+    scheduler_config = read_scheduler_config(folder)
     index_file = folder / "model_index.json"
     index = json.loads(index_file.read_text()) if index_file.is_file() else {}
     call = {
         name: p.default for name, p in inspect.signature(WanImageToVideoPipeline.__call__).parameters.items()
     }
-    name = scheduler_config.get("_class_name", EULER)
+    name = scheduler_name(scheduler_config)
     return WanSamplingDefaults(
         guidance_scale=float(call["guidance_scale"]),
         guidance_scale_2=call["guidance_scale_2"],
@@ -118,7 +169,6 @@ def pipeline_defaults(base_folder: Path | str) -> WanSamplingDefaults:
         num_frames=int(call["num_frames"]),
         scheduler_class=name,
         boundary_ratio=index.get("boundary_ratio"),
-        sampler_is_pipelines=name == EULER,
     )
 
 
@@ -146,6 +196,47 @@ def _velocity(transformer, model_input, timestep, text, image) -> torch.Tensor:
     )[0]
 
 
+def _guided_velocity(
+    transformer, model_input, timestep, text, negative, image, guidance: float
+) -> torch.Tensor:
+    """The pipeline's classifier-free guidance: two calls (not one batched call), then
+    uncond + guidance * (cond - uncond); one call without negative embeddings. Whether to guide is the
+    pipeline's `guidance_scale > 1` for the whole run, whatever the low-noise expert's own scale."""
+    velocity = _velocity(transformer, model_input, timestep, text, image)
+    if negative is None:
+        return velocity
+    uncond = _velocity(transformer, model_input, timestep, negative, image)
+    return uncond + guidance * (velocity - uncond)
+
+
+def _steps(
+    scheduler: SchedulerMixin | None,
+    scheduler_config: dict[str, Any],
+    num_inference_steps: int,
+    shift: float | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """The run's timesteps and its step(index, velocity, latents): a fresh copy of the given scheduler
+    (the caller's keeps its state) or of the one the config names, stepped as the pipeline steps it; our
+    Euler steps only for a FlowMatchEulerDiscreteScheduler config with no instance given."""
+    if scheduler is None and scheduler_name(scheduler_config) == EULER:
+        shift = scheduler_shift(scheduler_config) if shift is None else shift
+        num_train = int(scheduler_config.get("num_train_timesteps", NUM_TRAIN_TIMESTEPS))
+        sigmas = inference_sigmas(num_inference_steps, shift, num_train).to(device)
+        timesteps = sigmas_to_timesteps(sigmas[:-1], num_train)
+        return timesteps, lambda index, velocity, latents: euler_step(
+            latents, velocity, sigmas[index], sigmas[index + 1]
+        )
+    if scheduler is not None:  # an instance's config does not name its class
+        scheduler_config = {**scheduler.config, "_class_name": type(scheduler).__name__}
+    solver = scheduler_from_config(scheduler_config, shift)
+    solver.set_timesteps(num_inference_steps, device=device)
+    timesteps = solver.timesteps
+    return timesteps, lambda index, velocity, latents: solver.step(
+        velocity, timesteps[index], latents, return_dict=False
+    )[0]
+
+
 @torch.no_grad()
 def sample_video(
     transformer: torch.nn.Module,
@@ -159,37 +250,52 @@ def sample_video(
     guidance_scale: float,
     generator: torch.Generator | None,
     shift: float | None = None,
+    transformer_2: torch.nn.Module | None = None,
+    boundary_ratio: float | None = None,
+    guidance_scale_2: float | None = None,
+    scheduler: SchedulerMixin | None = None,
 ) -> torch.Tensor:
     """Frames [B, F, 3, H, W] float32 in [0, 1] (F = (F' - 1) * temporal + 1), the pipeline's loop.
 
     prompt_embeds [B, L, D] (`encode_prompts`); negative_prompt_embeds the same shape, needed when
     guidance_scale > 1 (the pipeline's `do_classifier_free_guidance`); image_embeds as `encode_images`
     returns them (None for a transformer without `image_dim`, Wan 2.2); condition [B, 4 + z, F', h, w]
-    (`condition_latents`); shift None = the scheduler config's. The generator draws the initial noise
-    only, on its own device, exactly as the pipeline's `randn_tensor` does."""
-    from diffusers.utils.torch_utils import randn_tensor
+    (`condition_latents`). The generator draws the initial noise only, on its own device, exactly as the
+    pipeline's `randn_tensor` does.
 
+    Scheduler: `scheduler` (`load_base_scheduler(folder)`) when given, else the one scheduler_config
+    names (diffusers' class; our Euler steps for FlowMatchEulerDiscreteScheduler); shift None = its own.
+
+    Wan 2.2's two experts: with `boundary_ratio` (the folder's model_index value) steps whose timestep is
+    >= boundary_ratio * num_train_timesteps run `transformer` (high noise) at guidance_scale, the rest
+    `transformer_2` (low noise) at guidance_scale_2 (default: guidance_scale), as the pipeline switches."""
     guided = guidance_scale > 1
     if guided and negative_prompt_embeds is None:
         raise ValueError(
             f"guidance_scale {guidance_scale} > 1 needs negative_prompt_embeds (encode the prompt '')"
         )
-    shift = scheduler_shift(scheduler_config) if shift is None else shift
+    if (transformer_2 is None) != (boundary_ratio is None):
+        raise ValueError(
+            "transformer_2 and boundary_ratio go together (Wan 2.2's two experts); pass both or neither"
+        )
     dtype, device = _parameter(transformer).dtype, condition.device
-    num_train = int(scheduler_config.get("num_train_timesteps", NUM_TRAIN_TIMESTEPS))
-    sigmas = inference_sigmas(num_inference_steps, shift, num_train).to(device)
+    timesteps, step = _steps(scheduler, scheduler_config, num_inference_steps, shift, device)
     batch, _, frames, height, width = condition.shape
     shape = (batch, vae.config.z_dim, frames, height, width)
     latents = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
     text = prompt_embeds.to(device, dtype)
     negative = negative_prompt_embeds.to(device, dtype) if guided else None
     image = None if image_embeds is None else image_embeds.to(device, dtype)
-    for index in range(num_inference_steps):
+    config = scheduler_config if scheduler is None else scheduler.config
+    num_train = int(config.get("num_train_timesteps", NUM_TRAIN_TIMESTEPS))
+    boundary = None if boundary_ratio is None else boundary_ratio * num_train
+    for index, timestep in enumerate(timesteps):
+        high_noise = boundary is None or timestep.item() >= boundary
+        model = transformer if high_noise else transformer_2
+        guidance = guidance_scale if high_noise or guidance_scale_2 is None else guidance_scale_2
         model_input = torch.cat([latents, condition], dim=1).to(dtype)
-        timestep = sigmas_to_timesteps(sigmas[index : index + 1], num_train).expand(batch)
-        velocity = _velocity(transformer, model_input, timestep, text, image)
-        if guided:
-            uncond = _velocity(transformer, model_input, timestep, negative, image)
-            velocity = uncond + guidance_scale * (velocity - uncond)
-        latents = euler_step(latents, velocity, sigmas[index], sigmas[index + 1])
+        velocity = _guided_velocity(
+            model, model_input, timestep.expand(batch), text, negative, image, guidance
+        )
+        latents = step(index, velocity, latents)
     return decode_latents(vae, latents)
