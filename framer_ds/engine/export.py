@@ -138,13 +138,17 @@ def publish_export(accelerator: Accelerator, target: Path, write: Callable[[Path
     accelerator.wait_for_everyone()
 
 
-def write_export_record(out_dir: Path, task: str, config: dict[str, Any]) -> None:
-    """What an export directory holds: the task that wrote it and the resolved config it ran with.
+def write_export_record(
+    out_dir: Path, task: str, config: dict[str, Any], extra: dict[str, Any] | None = None
+) -> None:
+    """What an export directory holds: the task that wrote it and the resolved config it ran with
+    (+ `extra`, the task's own facts, e.g. the `base_model` an adapter loads into).
     `framer-ds sample DIR` reads it to pick the task; a person reads it to know how a model was made."""
     record = {
         "format": EXPORT_RECORD_FORMAT,
         "task": task,
         "framer_ds_version": __version__,
+        **(extra or {}),
         "config": config,
     }
     atomic_write_json(Path(out_dir) / EXPORT_RECORD, record)

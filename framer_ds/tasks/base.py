@@ -228,7 +228,13 @@ class Task(ABC):
         `framer-ds sample DIR` knows what DIR holds. Every export directory goes through here."""
         self.export(accelerator, model, out_dir)
         if accelerator.is_main_process:
-            write_export_record(out_dir, self.name, self.config.model_dump(mode="json"))
+            config = self.config.model_dump(mode="json")
+            write_export_record(out_dir, self.name, config, self.export_record_fields())
+
+    def export_record_fields(self) -> dict[str, Any]:
+        """Facts of this task's exports recorded beside the config in framer_ds_export.json (e.g. the
+        base model an adapter loads into). None by default."""
+        return {}
 
     def generation_metrics(
         self, accelerator: Accelerator, model: torch.nn.Module, in_training: bool

@@ -87,8 +87,12 @@ def test_video_base_is_one_choice_that_cannot_hold_an_invalid_combination():
     svd = load_run_config(tiny, ["model.base={mode: image_to_video}"]).model.base
     assert (svd.name, svd.mode) == ("svd", "image_to_video")  # without a name: svd, as with no base at all
     assert load_run_config(framer).model.base.mode == "interpolation"
-    found = _problems(tiny, ["model.base.name=wan"])
-    assert len(found) == 1 and found[0].startswith("model.base: ") and "'svd', 'framer'" in found[0], found
+    found = _problems(tiny, ["model.base.name=hunyuan"])
+    assert len(found) == 1 and found[0].startswith("model.base: "), found
+    assert "'svd', 'framer', 'wan'" in found[0], found
+    # a Wan base names its own folder and mode: the SVD keys it lacks are named, not guessed
+    wan = _problems(tiny, ["model.base.name=wan"])
+    assert any(line.startswith("model.base.source: required key is missing") for line in wan), wan
     # svd has no Framer options, Framer has no other mode; keys are named without pydantic's union tag
     assert _problems(tiny, ["model.base.train_modules=both"])[0].startswith(
         "model.base.train_modules: unknown key. Remove it or fix the spelling. Valid keys here: mode, name."

@@ -67,6 +67,15 @@ def video_sample(scratch: Path) -> SampleCall:
     return SampleCall([*args, "--device", "cpu"], [out])
 
 
+def wan_sample(scratch: Path) -> SampleCall:
+    """A Wan FLF2V export: first and last frame, a prompt, 2 steps, the float frames saved too."""
+    first, last = _image(scratch / "first.png", 64, 1), _image(scratch / "last.png", 64, 2)
+    out, frames = scratch / "video.mp4", scratch / "frames.npy"
+    args = ["--image", str(first), "--last-image", str(last), "--prompt", "a red ball rolls"]
+    args += ["--num-inference-steps", "2", "--out", str(out), "--save-frames", str(frames)]
+    return SampleCall([*args, "--device", "cpu"], [out, frames])
+
+
 def tts_sample(scratch: Path) -> SampleCall:
     out = scratch / "speech.wav"
     args = ["--text", "hello world", "--out", str(out), "--max-new-tokens", "70", "--device", "cpu"]
@@ -112,6 +121,7 @@ CASES = [
         video_sample,
         ("model.samples.every=0", "model.interp_eval.enabled=false"),
     ),
+    ContractCase("video_lora_wan", VIDEO / "wan_tiny.yaml", wan_sample),
     ContractCase(
         "tts_lm",
         CONFIGS / "tasks" / "tts_lm" / "tiny.yaml",

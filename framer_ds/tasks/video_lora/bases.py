@@ -1,7 +1,7 @@
 """`model.base` of a video_lora run: the base model fine-tuned, one choice told apart by `name`, each
 base with its own options, so that no config can hold an invalid combination (Framer in image-to-video
-mode, Framer options on stock SVD). A new base (Wan: modes image_to_video and interpolation) is one more
-member of `VideoBase`, with its own source and options, and readers branch on `base.name`."""
+mode, Framer options on stock SVD). Each name is served by one base family (families/): svd and framer
+by the SVD family (EDM, UNet), wan by the Wan family (rectified flow, DiT)."""
 
 from __future__ import annotations
 
@@ -90,18 +90,71 @@ class FramerBase(StrictModel):
     )
 
 
+class WanSource(Source):
+    """Where the Wan components come from: one diffusers Wan image-to-video folder."""
+
+    path: Path | None = Field(
+        None,
+        description="Local diffusers Wan image-to-video folder (Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers, "
+        "Wan2.1-I2V-14B-480P-Diffusers layout: transformer/ vae/ text_encoder/ tokenizer/ image_encoder/ "
+        "image_processor/ scheduler/).",
+    )
+    builtin: Literal["tiny_wan_flf2v", "tiny_wan_i2v"] | None = Field(
+        None,
+        description="'tiny_wan_flf2v' (first + last frame) or 'tiny_wan_i2v' (first frame): a tiny random "
+        "Wan base built in the cache (tests, demo).",
+    )
+
+
+class WanBase(StrictModel):
+    """A Wan 2.1 image-to-video base (diffusers' WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP
+    vision) under the rectified-flow objective (diffusion/flow_matching.py). docs/video_lora.md, "Wan"."""
+
+    name: Literal["wan"] = Field(description="'wan': fine-tune a Wan 2.1 image-to-video base.")
+    mode: VideoMode = Field(
+        description="'interpolation': first AND last frame (FLF2V; diffusers' last_image), needs an FLF2V "
+        "base; 'image_to_video': the first frame (I2V base)."
+    )
+    source: WanSource = Field(description="The diffusers Wan folder: path or builtin.")
+    prompt: str | None = Field(
+        None,
+        description="One fixed prompt for every clip; null = each video's caption file: <video stem>.txt "
+        "beside the video (UTF-8, surrounding whitespace stripped), refused by `data check`/`validate` "
+        "when missing.",
+    )
+    shift: float | None = Field(
+        None,
+        gt=0,
+        description="The flow-matching shift of the training sigmas; null = the folder's "
+        "scheduler/scheduler_config.json (Wan: 3.0 at 480p, 5.0 at 720p).",
+    )
+    timestep_sampling: Literal["uniform", "logit_normal"] = Field(
+        "uniform",
+        description="'uniform': u ~ U(0,1) on the shifted table (Wan's own); 'logit_normal': u = "
+        "sigmoid(N(logit_mean, logit_std)) (SD3).",
+    )
+    logit_mean: float = Field(0.0, description="logit_normal: the normal's mean.")
+    logit_std: float = Field(1.0, gt=0, description="logit_normal: the normal's std.")
+    loss_weighting: Literal["none", "sigma_sqrt", "cosmap"] = Field(
+        "none", description="Per-sample loss weights (diffusers' compute_loss_weighting_for_sd3); Wan: none."
+    )
+    eval_sigmas: int = Field(
+        5, ge=1, description="Fixed sigmas of the deterministic eval loss: the training table's quantiles."
+    )
+
+
 def _base_name(value: Any) -> str:
     """The tag of a `model.base` value; a mapping without `name` is svd, as an absent model.base is (so
     the override `model.base.mode=interpolation` alone means SVD interpolation)."""
     return value.get("name", "svd") if isinstance(value, dict) else getattr(value, "name", "svd")
 
 
-# One member per base model, told apart by `name`; a new base (Wan) is one more member.
+# One member per base model, told apart by `name`.
 VideoBase = Annotated[
-    Annotated[SvdBase, Tag("svd")] | Annotated[FramerBase, Tag("framer")],
+    Annotated[SvdBase, Tag("svd")] | Annotated[FramerBase, Tag("framer")] | Annotated[WanBase, Tag("wan")],
     Discriminator(
         _base_name,
         custom_error_type="unknown_base",
-        custom_error_message="base.name is one of 'svd', 'framer' (each base with its own keys)",
+        custom_error_message="base.name is one of 'svd', 'framer', 'wan' (each base with its own keys)",
     ),
 ]

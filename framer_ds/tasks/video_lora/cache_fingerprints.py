@@ -69,10 +69,10 @@ def describe_cache(
 
 
 def latent_cache(
-    config: Any, dataset: Dataset, split: str, copies: int, svd_dir: Path, dtype: str, framer_base: bool
+    config: Any, dataset: Dataset, split: str, copies: int, base_dir: Path, described: dict[str, Any]
 ) -> LatentCache:
-    """The split's latent cache: keyed by everything `describe_cache` lists, under `data.cache.dir`."""
-    described = describe_cache(config, dataset, split, copies, svd_dir, dtype, framer_base)
+    """The split's latent cache: keyed by everything `described` lists (the base family's
+    `cache_description`, e.g. `describe_cache`), under `data.cache.dir`."""
     root = config.data.cache.dir or default_cache_dir() / "latent_cache"
-    summary = {"split": split, "copies": copies, "videos": len(dataset), "svd": str(svd_dir)}
+    summary = {"split": split, "copies": copies, "videos": len(dataset), "base": str(base_dir)}
     return LatentCache(root, cache_key(described), len(dataset) * copies, summary)

@@ -135,6 +135,19 @@ class InterpEvalOptions(SamplingSettings):
         return self
 
 
+# SVD/Framer keys that a Wan base cannot honour, each with the reason a config setting it is refused.
+WAN_REFUSED_KEYS = {
+    "source": "the SVD directory; a Wan base reads model.base.source",
+    "edm": "EDM noise settings; Wan trains under flow matching (model.base.shift, timestep_sampling)",
+    "fps": "Wan has no fps conditioning",
+    "motion_bucket": "Wan has no motion-bucket conditioning",
+    "temporal_context_order": "a UNet temporal-attention setting; Wan is a DiT",
+    "dropout_image": "SVD's image-embedding dropout; the Wan family trains without condition dropout",
+    "dropout_latents": "SVD's conditioning-latent dropout; the Wan family trains without condition dropout",
+    "vae_tile_size": "SVD's VAE tiling; Wan's VAE encodes whole frames here",
+}
+
+
 class VideoLoraModelConfig(StrictModel):
     renamed_keys: ClassVar[dict[str, str]] = {
         "base": "base.name",  # first: the old scalar becomes the section the next keys move into
@@ -149,8 +162,10 @@ class VideoLoraModelConfig(StrictModel):
         "motion_bucket_id": "motion_bucket",  # the same 0..255 (motion_bucket also takes from_data)
     }
 
-    source: SvdSource = Field(
-        description="Where the SVD components come from: path (a local diffusers SVD directory) or builtin."
+    source: SvdSource | None = Field(
+        None,
+        description="Where the SVD components come from: path (a local diffusers SVD directory) or builtin. "
+        "Required by the svd and framer bases; a wan base names its folder in base.source instead.",
     )
     base: VideoBase = Field(
         default_factory=SvdBase,
@@ -220,6 +235,26 @@ class VideoLoraModelConfig(StrictModel):
         if isinstance(value, int) and not 0 <= value <= 255:
             raise ValueError(f"a motion bucket is 0..255 (or from_data), got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _source_for_the_base(self) -> VideoLoraModelConfig:
+        """SVD and Framer read the SVD directory; Wan has its own folder and none of SVD's knobs."""
+        if self.base.name != "wan":
+            if self.source is None:
+                raise ValueError(
+                    "model.source: missing; the svd and framer bases need the SVD directory: set "
+                    "model.source.path (a diffusers SVD folder) or model.source.builtin: tiny_svd"
+                )
+            return self
+        problems = [
+            f"model.{key}: {why}; drop it for model.base.name wan"
+            for key, why in WAN_REFUSED_KEYS.items()
+            # a value other than the default (a resolved config dumps every key, defaults included)
+            if getattr(self, key) != type(self).model_fields[key].get_default(call_default_factory=True)
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _mask_token_needs_framer(self) -> VideoLoraModelConfig:

@@ -49,7 +49,24 @@ class VideoSampleCommandOptions(SampleCommandOptions):
         "centre-crops (as the training loader does), 'stretch' ignores the aspect ratio, 'pad' fits "
         "inside and pads with black.",
     )
-    steps: int = Field(25, ge=1, description="Euler sampling steps.")
+    steps: int = Field(
+        25,
+        ge=1,
+        description="Euler sampling steps.",
+        json_schema_extra={"old_flags": ["--num-inference-steps"]},
+    )
+    prompt: str | None = Field(None, description="Wan exports: the text prompt (required there).")
+    negative_prompt: str | None = Field(
+        None, description="Wan exports: the negative prompt; default: the diffusers pipeline's."
+    )
+    guidance_scale: float | None = Field(
+        None, ge=0, description="Wan exports: classifier-free guidance; default: the diffusers pipeline's."
+    )
+    save_frames: Path | None = Field(
+        None,
+        description="Wan exports: also save the float frames in [0, 1] the mp4 encodes, as a .npy of "
+        "[frames, height, width, 3].",
+    )
     seed: int = Field(0, description="Seeds the sampling noise.")
     fps: float | None = Field(
         None, gt=0, description="fps conditioning and output rate; default: the trained fps."
@@ -249,6 +266,12 @@ def require_flags_fit_adapter(metadata: dict[str, Any], options: VideoSampleComm
             "--last-image", f"this is a {metadata['mode']} adapter: --last-image is {need}"
         )
         raise ConfigError([problem], "sample")
+    wan_flags = ("prompt", "negative_prompt", "guidance_scale", "save_frames")
+    given = [name for name in wan_flags if getattr(options, name) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        problem = f"a Wan flag; this export's base is {metadata.get('base', 'svd')!r}: drop {flag}"
+        raise ConfigError([ConfigProblem(flag, problem)], "sample")
     framer_flags = {
         "--tracks": options.tracks,
         "--controlnet-scale": options.controlnet_scale,

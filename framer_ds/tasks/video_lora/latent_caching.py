@@ -43,9 +43,8 @@ class VideoLatentCaching:
 
     def _cache_for(self, accelerator, dataset: Dataset, split: str, copies: int) -> LatentCache:
         dtype = str(compute_dtype(accelerator))
-        return latent_cache(
-            self.config, dataset, split, copies, self.svd_path(), dtype, self.framer is not None
-        )
+        described = self.family.cache_description(dataset, split, copies, dtype)
+        return latent_cache(self.config, dataset, split, copies, self.family.base_path(), described)
 
     def _cached(self, accelerator, dataset: Dataset, split: str, copies: int) -> CachedEntryDataset:
         """Entry i is item i % n: training entries draw augmentation and the conditioning-noise strength

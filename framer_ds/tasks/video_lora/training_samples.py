@@ -33,8 +33,8 @@ class VideoTrainingSamples:
         from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts
 
         vae, encoder = self.frozen.on_device(self.accelerator)
-        scheduler = EulerDiscreteScheduler.from_pretrained(self.svd_path(), subfolder="scheduler")
-        return SamplerParts(model, self.unet_config, vae, encoder, scheduler)
+        scheduler = EulerDiscreteScheduler.from_pretrained(self.family.svd_path(), subfolder="scheduler")
+        return SamplerParts(model, self.family.unet_config, vae, encoder, scheduler)
 
     def sample_every(self) -> int:
         return self.config.model.samples.every

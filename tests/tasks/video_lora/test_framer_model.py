@@ -388,9 +388,9 @@ def test_sampler_feeds_framers_conditioning_and_controlnet(tmp_path):
 
     task = framer_task(tmp_path)
     model = task.build_model().eval()
-    vae = AutoencoderKLTemporalDecoder.from_pretrained(task.svd_path(), subfolder="vae")
-    encoder = CLIPVisionModelWithProjection.from_pretrained(task.svd_path(), subfolder="image_encoder")
-    scheduler = EulerDiscreteScheduler.from_pretrained(task.svd_path(), subfolder="scheduler")
+    vae = AutoencoderKLTemporalDecoder.from_pretrained(task.family.svd_path(), subfolder="vae")
+    encoder = CLIPVisionModelWithProjection.from_pretrained(task.family.svd_path(), subfolder="image_encoder")
+    scheduler = EulerDiscreteScheduler.from_pretrained(task.family.svd_path(), subfolder="scheduler")
     seen = []
 
     def denoiser(*args, **kwargs):

@@ -206,14 +206,14 @@ def test_stock_svd_runs_diffusers_order_unless_the_key_says_framer(tmp_path):
 
     tiny = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
     stock = VideoLoraTask(load_run_config(tiny, [f"output_dir={tmp_path / 'a'}"]))
-    create_tiny_svd(stock.svd_path())
+    create_tiny_svd(stock.family.svd_path())
     assert temporal_context_order(stock.build_model()) == "diffusers"
     task = VideoLoraTask(
         load_run_config(tiny, [f"output_dir={tmp_path / 'b'}", "model.temporal_context_order=framer"])
     )
     model = task.build_model()
     assert temporal_context_order(model) == "framer"
-    metadata = metadata_of(task.config, task.svd_path(), [], None)
+    metadata = metadata_of(task.config, task.family.svd_path(), [], None)
     model.save_pretrained(tmp_path / "adapter")
     atomic_write_json(tmp_path / "adapter" / EXPORT_METADATA, metadata)
     pipe, _ = load_pipeline_with_adapter(tmp_path / "adapter", "cpu", torch.float32)

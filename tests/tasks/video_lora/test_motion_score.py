@@ -96,7 +96,8 @@ def test_motion_bucket_from_data_conditions_each_clip_on_its_own_bucket(
     from conftest import REPO
     from framer_ds.tasks.run_config import load_run_config
     from framer_ds.tasks.video_lora.diffusion import svd_conditioning
-    from framer_ds.tasks.video_lora.task import EXPORT_METADATA, VideoLoraTask
+    from framer_ds.tasks.video_lora.inference import EXPORT_METADATA
+    from framer_ds.tasks.video_lora.task import VideoLoraTask
     from framer_ds.train.loop import run_training
 
     tiny = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
@@ -244,6 +245,6 @@ def test_the_latent_cache_key_holds_the_buckets_through_the_track_wrapper(tmp_pa
         task = VideoLoraTask(load_run_config(framer_tiny, overrides))
         task.prepare_data()
         train, _ = task.build_datasets()
-        keys[bucket] = describe_cache(task.config, train, "train", 1, task.svd_path(), "float32", True)
+        keys[bucket] = describe_cache(task.config, train, "train", 1, task.family.svd_path(), "float32", True)
     assert "rates" in keys["from_data"]["motion_buckets"] and "motion_buckets" not in keys["127"]
     assert keys["from_data"]["motion_from_data"] and not keys["127"]["motion_from_data"]

@@ -18,7 +18,8 @@ from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, stra
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.bases import SvdBase
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.tasks.video_lora.task import EXPORT_METADATA, VideoLoraTask
+from framer_ds.tasks.video_lora.inference import EXPORT_METADATA
+from framer_ds.tasks.video_lora.task import VideoLoraTask
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
 from framer_ds.train.loop import run_training
 
@@ -60,7 +61,7 @@ def test_tiny_interpolation_run_learns_and_exports_a_loadable_adapter(tmp_path, 
 
     # a plain diffusers + peft script: base UNet, widen conv_in, load the adapter
     task = VideoLoraTask(config)
-    unet = UNetSpatioTemporalConditionModel.from_pretrained(task.svd_path(), subfolder="unet")
+    unet = UNetSpatioTemporalConditionModel.from_pretrained(task.family.svd_path(), subfolder="unet")
     widen_conv_in(unet)
     tuned = PeftModel.from_pretrained(unet, final)
     conv_in = tuned.base_model.model.conv_in.modules_to_save["default"]
@@ -128,7 +129,7 @@ def test_adapter_round_trip_gives_identical_unet_outputs(tmp_path):
                 param.add_(0.05 * torch.randn_like(param))  # a "trained" adapter, not the init
     model.save_pretrained(tmp_path / "adapter")
 
-    unet = UNetSpatioTemporalConditionModel.from_pretrained(task.svd_path(), subfolder="unet")
+    unet = UNetSpatioTemporalConditionModel.from_pretrained(task.family.svd_path(), subfolder="unet")
     reloaded = PeftModel.from_pretrained(widen_conv_in(unet), tmp_path / "adapter")
     sample = torch.randn(1, 4, 9, 8, 8)
     embeddings = torch.randn(1, 1, 32)
@@ -146,8 +147,10 @@ def test_adapter_round_trip_gives_identical_unet_outputs(tmp_path):
 def test_widened_conv_in_starts_as_the_pretrained_unet(tmp_path):
     task = VideoLoraTask(tiny_config(tmp_path))
     task.prepare_data()
-    base = UNetSpatioTemporalConditionModel.from_pretrained(task.svd_path(), subfolder="unet")
-    wide = widen_conv_in(UNetSpatioTemporalConditionModel.from_pretrained(task.svd_path(), subfolder="unet"))
+    base = UNetSpatioTemporalConditionModel.from_pretrained(task.family.svd_path(), subfolder="unet")
+    wide = widen_conv_in(
+        UNetSpatioTemporalConditionModel.from_pretrained(task.family.svd_path(), subfolder="unet")
+    )
     assert wide.config.in_channels == 9
     x = torch.randn(1, 4, 8, 8, 8)
     mask = torch.ones(1, 4, 1, 8, 8)
@@ -419,7 +422,7 @@ def test_image_to_video_adapter_merges_into_a_pipeline_that_runs(tmp_path, capsy
     assert "StableVideoDiffusionPipeline.from_pretrained" in capsys.readouterr().out
     pipe = StableVideoDiffusionPipeline.from_pretrained(out)
     task = VideoLoraTask(config)
-    base = UNetSpatioTemporalConditionModel.from_pretrained(task.svd_path(), subfolder="unet")
+    base = UNetSpatioTemporalConditionModel.from_pretrained(task.family.svd_path(), subfolder="unet")
     tuned = PeftModel.from_pretrained(base, final).merge_and_unload()
     for name, weight in tuned.state_dict().items():
         torch.testing.assert_close(pipe.unet.state_dict()[name], weight)
@@ -447,7 +450,9 @@ def test_sampling_encodes_with_the_vae_dtype_training_uses(tmp_path):
     model = task.build_model()
     model.save_pretrained(tmp_path / "adapter")
     (tmp_path / "adapter" / EXPORT_METADATA).write_text(
-        json.dumps({"base_model": str(task.svd_path()), "mode": "interpolation", "conv_in_extra_channels": 1})
+        json.dumps(
+            {"base_model": str(task.family.svd_path()), "mode": "interpolation", "conv_in_extra_channels": 1}
+        )
     )
     pipe, _ = load_pipeline_with_adapter(tmp_path / "adapter", "cpu", torch.float16)
     assert pipe.vae.config.force_upcast and pipe.vae.dtype == torch.float32

@@ -1,0 +1,141 @@
+"""What a family of video bases supplies to the video_lora task (finetrainers' per-model
+"specification", `finetrainers/models/wan/base_specification.py`, is the pattern).
+
+Why one object per family: SVD/Framer (EDM on a UNet) and Wan (rectified flow on a DiT) differ in what
+they load, how they encode a clip, their objective, LoRA targets, export layout and sampler, but share
+the task's data, buckets, latent cache, strategies and loop. `VideoLoraTask` keeps what every base
+shares and asks its family (chosen from `model.base.name`, `families.family_for`) for the rest, so a
+new base is one more family, not one more `if` in the task.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from framer_ds.config.errors import ConfigProblem
+
+
+class VideoBaseFamily(ABC):
+    """One base family of a video_lora run; built from the run's config, bound to the accelerator in
+    `setup_frozen`."""
+
+    def __init__(self, config: Any):
+        self.config = config
+        self.accelerator = None  # from setup_frozen: the device per-batch hooks draw on
+
+    # --- paths, pre-flight, data shape ---------------------------------------------------------------
+
+    @abstractmethod
+    def base_path(self) -> Path:
+        """The base model's diffusers folder (a builtin base's in the cache)."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Build a builtin base once (before any rank loads it)."""
+
+    @abstractmethod
+    def check(self, data_root: Path) -> list[ConfigProblem]:
+        """Every problem of the config for this base (files on disk, keys that do not apply)."""
+
+    @abstractmethod
+    def size_multiple(self) -> int:
+        """What frame height and width must be multiples of (the VAE's and the denoiser's downsampling)."""
+
+    @abstractmethod
+    def min_frames(self) -> int:
+        """Fewest frames a training clip may have."""
+
+    def record_problems(self, records: Callable[[], list[Any]]) -> list[ConfigProblem]:
+        """Problems of the indexed videos (`records()` indexes them) this base alone has (a missing
+        caption); a base without per-clip files never indexes."""
+        return []
+
+    def note_records(self, records: list[Any]) -> None:
+        """The videos the run trains and evaluates on (a base that reads per-clip files keeps them)."""
+        return None
+
+    def frame_count_problem(self, num_frames: int) -> str | None:
+        """Why `num_frames` cannot train on this base (None: it can)."""
+        return None
+
+    # --- models --------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def build_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
+        """The trainable denoiser with its LoRA (the one model that goes through `prepare`)."""
+
+    def optimizer_groups(self, model: torch.nn.Module) -> list[dict] | None:
+        """Parameter groups with their own settings; None: one group."""
+        return None
+
+    @abstractmethod
+    def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
+        """Class names of the denoiser's repeated blocks (one FSDP2 unit each)."""
+
+    @property
+    @abstractmethod
+    def frozen(self) -> Any:
+        """The holder of the frozen encoders (`vae` None until loaded, `on_device`, `load`, `release`,
+        `release_if_lent`)."""
+
+    # --- objective -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def encode(self, batch: dict, eval_generator: list[torch.Generator] | None = None) -> Any:
+        """A batch as the loss reads it (the latent cache stores its `cache_entry(0)`): read back from
+        the cache, or encoded now by the frozen encoders. `eval_generator`: eval's per-clip generators,
+        every draw deterministic."""
+
+    @abstractmethod
+    def training_loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        """The training objective on one batch (a mean)."""
+
+    @abstractmethod
+    def eval_losses(
+        self, model: torch.nn.Module, batch: dict, generators: list[torch.Generator]
+    ) -> dict[str, torch.Tensor]:
+        """Per-clip held-out losses at fixed noise levels (`loss` their mean), seeded per clip."""
+
+    @abstractmethod
+    def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
+        """Everything that decides a split's cached tensors (its hash is the cache key)."""
+
+    @abstractmethod
+    def example_batch(self, config: Any, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """`framer-ds plan`'s batch, shaped as the cache stores it, from configs only (no weights)."""
+
+    # --- export and sampling -------------------------------------------------------------------------
+
+    @abstractmethod
+    def export(self, accelerator, model: torch.nn.Module, out_dir: Path, run_facts: dict[str, Any]) -> None:
+        """Write the adapter and its metadata to `out_dir` (every rank calls; ZeRO-3 gathers).
+        `run_facts`: what the task learnt from the data (trained fps, shapes, motion buckets)."""
+
+    @abstractmethod
+    def load_export(self, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
+        """An export's adapter into the model `build_model` made."""
+
+    @abstractmethod
+    def sample(self, export_dir: Path, options: Any) -> str:
+        """`framer-ds sample`: a video file from an export; returns a one-line summary."""
+
+    @abstractmethod
+    def export_command(self, export_dir: Path, options: Any) -> str:
+        """`framer-ds export --format ...`; returns a one-line summary."""
+
+
+def per_clip_noise(target: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """Float32 noise shaped like `target`, each clip's from its own generator (the same for a clip
+    whichever clips share its batch)."""
+    return torch.stack(
+        [
+            torch.randn(target.shape[1:], generator=g, device=target.device, dtype=torch.float32)
+            for g in generators
+        ]
+    )

@@ -1,0 +1,247 @@
+"""The SVD family: stock Stable Video Diffusion (`model.base.name: svd`) and Framer checkpoints
+(`framer`), both an SVD UNet trained under EDM with the frozen SVD VAE and CLIP image encoder.
+
+Framer's own model, conditioning and export live in framer_setup.py; this family routes to it where the
+base is Framer, so the task never asks which of the two it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from framer_ds.config.errors import ConfigProblem
+from framer_ds.engine.export import save_peft_adapter_gathered
+from framer_ds.engine.export_load import load_peft_adapter
+from framer_ds.storage.atomic import atomic_write_json
+from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.video_lora.bases import FramerBase
+from framer_ds.tasks.video_lora.cache_fingerprints import describe_cache
+from framer_ds.tasks.video_lora.data.buckets import min_frames_for, size_multiple
+from framer_ds.tasks.video_lora.diffusion import edm
+from framer_ds.tasks.video_lora.diffusion.temporal_context import set_temporal_context_order
+from framer_ds.tasks.video_lora.encoding import (
+    EncodedClip,
+    FrozenEncoders,
+    encode_clips,
+    encode_pairs,
+    example_encoded_batch,
+)
+from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
+from framer_ds.tasks.video_lora.eval_memory import samples_during_training
+from framer_ds.tasks.video_lora.export_formats import export_format
+from framer_ds.tasks.video_lora.families.protocol import VideoBaseFamily, per_clip_noise
+from framer_ds.tasks.video_lora.framer_setup import FramerSetup
+from framer_ds.tasks.video_lora.frozen_encoders import FrozenSvdEncoders
+from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_metadata, sample_to_file
+from framer_ds.tasks.video_lora.preflight import config_problems
+from framer_ds.tasks.video_lora.unet_lora import build_svd_lora_unet
+
+
+class SvdFamily(VideoBaseFamily):
+    """SVD and Framer bases: EDM on the SVD UNet (`framer` set for a Framer base)."""
+
+    def __init__(self, config: Any):
+        super().__init__(config)
+        # the VAE and image encoder; idle on the CPU between sampling rounds when the latent cache is on
+        self._frozen = FrozenSvdEncoders(self.base_path(), keep_on_cpu=samples_during_training(config))
+        self.unet_config = None  # the UNet's config (added-time ids), from build_model
+        framer_base = isinstance(config.model.base, FramerBase)
+        self.framer = FramerSetup(config.model, self.base_path()) if framer_base else None
+
+    @property
+    def frozen(self) -> FrozenSvdEncoders:
+        return self._frozen
+
+    def base_path(self) -> Path:
+        source = self.config.model.source
+        return default_cache_dir() / "tiny_svd" if source.builtin else Path(source.path)
+
+    svd_path = base_path  # the name the SVD code and its tests use
+
+    @property
+    def uses_pairs(self) -> bool:
+        return self.config.data.layout == "image_pairs"
+
+    def prepare(self) -> None:
+        if self.config.model.source.builtin == "tiny_svd":
+            from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
+
+            create_tiny_svd(self.base_path())
+        if self.framer is not None:
+            self.framer.prepare()
+
+    def check(self, data_root: Path) -> list[ConfigProblem]:
+        return config_problems(self.config, self.base_path(), data_root, self.framer)
+
+    def size_multiple(self) -> int:
+        return size_multiple(self.base_path(), self.config.model.source.builtin is not None)
+
+    def min_frames(self) -> int:
+        return min_frames_for(self.config.model.base.mode)
+
+    # --- models --------------------------------------------------------------------------------------
+
+    def build_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
+        if self.framer is not None:
+            model = self.framer.build_model(gradient_checkpointing)
+            self.unet_config = self.framer.bare_unet  # config + added-time embedding, as for SVD
+        else:
+            self.unet_config, model = build_svd_lora_unet(
+                self.base_path(), self.config.model, gradient_checkpointing
+            )
+        # Framer's or diffusers' (diffusion/temporal_context.py), for both bases
+        return set_temporal_context_order(model, self.config.model.context_order)
+
+    def optimizer_groups(self, model: torch.nn.Module) -> list[dict] | None:
+        """A Framer run's mask_token at `model.mask_token_lr` (framer_setup.py); otherwise one group."""
+        return self.framer.optimizer_groups(model) if self.framer is not None else None
+
+    def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
+        """The SVD UNet's repeated units (both bases build it): a res block and a spatio-temporal
+        transformer, each one FSDP2 unit; a diffusers UNet has no `_no_split_modules` to go by."""
+        present = {type(module).__name__ for module in model.modules()}
+        return [
+            name for name in ("SpatioTemporalResBlock", "TransformerSpatioTemporalModel") if name in present
+        ]
+
+    # --- objective -----------------------------------------------------------------------------------
+
+    def _train_cond_sigma(self, batch_size: int) -> torch.Tensor:
+        edm_options = self.config.model.edm
+        return edm.sample_cond_noise_sigma(
+            batch_size,
+            edm_options.cond_noise_mean,
+            edm_options.cond_noise_std,
+            device=self.accelerator.device,
+        )
+
+    def encode(self, batch, eval_generator: list[torch.Generator] | None = None) -> EncodedClip:
+        """Conditioning for one batch: read from the cache, or encoded now by the frozen VAE + CLIP.
+
+        Training draws the conditioning-noise strength; eval (`eval_generator`) uses its fixed value
+        and takes every draw from the generator, which the caller goes on drawing the eval noise from.
+        """
+        if "target" in batch:
+            return EncodedClip.from_cached_batch(batch)
+        options, pixels = self.config.model, batch["pixel_values"]
+        if eval_generator is None:
+            cond_sigma = self._train_cond_sigma(pixels.shape[0])
+        else:
+            fixed = math.exp(options.edm.cond_noise_mean)
+            cond_sigma = torch.full((pixels.shape[0],), fixed, device=pixels.device)
+        encoders = FrozenEncoders(
+            self.frozen.vae, self.frozen.image_encoder, options.vae_chunk_size, options.vae_tile_size
+        )
+        if self.uses_pairs:
+            fps = torch.full((pixels.shape[0],), float(options.fps), device=pixels.device)
+            num_frames = self.config.data.num_frames
+            return encode_pairs(
+                encoders, pixels, num_frames, fps, cond_sigma, eval_generator, self.framer is not None
+            )
+        interpolation, framer = options.base.mode == "interpolation", self.framer is not None
+        return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, eval_generator, framer)
+
+    def _denoise(
+        self, model, noisy, sigma, encoded: EncodedClip, cond, mask, image_emb, controlnet_cond=None
+    ) -> torch.Tensor:
+        options = self.config.model
+        fps_value = options.fps if options.fps is not None else encoded.fps.float()
+        time_ids = _svd().added_time_ids(
+            fps_value,
+            encoded.motion_bucket.float()
+            if encoded.motion_bucket is not None
+            else options.fixed_motion_bucket,
+            encoded.cond_sigma.float(),
+            noisy.shape[0],
+            self.unet_config,
+            device=noisy.device,
+        )
+        if self.framer is not None:  # cond carries Framer's mask channel already
+            return self.framer.denoise(model, noisy, sigma, cond, image_emb, time_ids, controlnet_cond)
+        if mask is not None:
+            cond = torch.cat([cond, mask.to(cond.dtype)], dim=2)
+        return _svd().unet_denoise(model, noisy, sigma, cond, image_emb, time_ids)
+
+    def training_loss(self, model, batch) -> torch.Tensor:
+        options = self.config.model
+        encoded = self.encode(batch)
+        encoded.motion_bucket = batch.get("motion_bucket_id", encoded.motion_bucket)  # else the cache's
+        target = encoded.target.float()
+        batch_size = target.shape[0]
+        if self.framer is not None:
+            (cond, image_emb), mask = self.framer.conditioning(encoded, target.shape[1], dropout=True), None
+        else:
+            cond, mask = encoded.unet_conditioning(target.shape[1])
+            image_emb, cond = _svd().conditioning_dropout(
+                encoded.image_emb, cond, options.dropout_image, options.dropout_latents
+            )
+        sigma = edm.sample_sigmas(batch_size, options.edm.p_mean, options.edm.p_std, device=target.device)
+        noisy = edm.add_noise(target, sigma)
+        tracks = batch.get("controlnet_cond")
+        denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, image_emb, tracks)
+        return edm.edm_loss(denoised, target, sigma, frame_weights=encoded.frame_weights)
+
+    def eval_losses(self, model, batch, generators: list[torch.Generator]) -> dict[str, torch.Tensor]:
+        """EDM losses at fixed sigma quantiles, the noise drawn from each clip's own generator."""
+        options = self.config.model
+        encoded = self.encode(batch, generators)
+        encoded.motion_bucket = batch.get("motion_bucket_id", encoded.motion_bucket)  # else the cache's
+        target = encoded.target.float()
+        cond, mask = encoded.unet_conditioning(target.shape[1])
+        image_emb = encoded.image_emb
+        if self.framer is not None:
+            (cond, image_emb), mask = self.framer.conditioning(encoded, target.shape[1], dropout=False), None
+        noise = per_clip_noise(target, generators)
+        values: dict[str, torch.Tensor] = {}
+        for sigma_value in edm.fixed_sigma_quantiles(
+            options.edm.eval_sigmas, options.edm.p_mean, options.edm.p_std
+        ):
+            sigma = torch.full((target.shape[0],), float(sigma_value), device=target.device)
+            noisy = target + sigma.view(-1, 1, 1, 1, 1) * noise
+            tracks = batch.get("controlnet_cond")
+            denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, image_emb, tracks)
+            values[f"loss_sigma_{float(sigma_value):.3g}"] = edm.edm_loss(
+                denoised, target, sigma, "none", frame_weights=encoded.frame_weights
+            )
+        values["loss"] = torch.stack(list(values.values())).mean(dim=0)
+        return values
+
+    def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
+        framer_base = self.framer is not None
+        return describe_cache(self.config, dataset, split, copies, self.base_path(), dtype, framer_base)
+
+    def example_batch(self, config: Any, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """From the VAE's and image encoder's config.json (`encoding.example_encoded_batch`)."""
+        framer_base = self.framer is not None
+        return example_encoded_batch(config, self.base_path(), micro_batch_size, framer_base=framer_base)
+
+    # --- export and sampling -------------------------------------------------------------------------
+
+    def export(self, accelerator, model, out_dir: Path, run_facts: dict[str, Any]) -> None:
+        """adapter_model.safetensors + adapter_config.json (peft; with conv_in for interpolation), and
+        the conditioning settings a sampler needs."""
+        framer = self.framer.export(accelerator, model, out_dir) if self.framer is not None else {}
+        if self.framer is None:
+            save_peft_adapter_gathered(accelerator, model, out_dir)
+        if accelerator.is_main_process:
+            metadata = export_metadata(
+                self.config, self.base_path(), run_facts["trained_fps"], run_facts["motion_buckets"]
+            )
+            metadata["trained_shapes"] = run_facts["trained_shapes"]  # what `sample --height ...` accepts
+            atomic_write_json(Path(out_dir) / EXPORT_METADATA, {**metadata, **framer})
+
+    def load_export(self, model, export_dir: Path) -> torch.nn.Module:
+        load = self.framer.load_export if self.framer is not None else load_peft_adapter
+        load(model, Path(export_dir))
+        return model
+
+    def sample(self, export_dir: Path, options: Any) -> str:
+        return sample_to_file(export_dir, options)
+
+    def export_command(self, export_dir: Path, options: Any) -> str:
+        return export_format(export_dir, options)

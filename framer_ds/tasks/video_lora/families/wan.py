@@ -1,0 +1,260 @@
+"""The Wan family: Wan 2.1 image-to-video (I2V) and first-last-frame (FLF2V) bases under rectified flow,
+through diffusers' own classes (`WanTransformer3DModel`, `AutoencoderKLWan`, UMT5, CLIP vision).
+
+What it encodes is exactly what diffusers' `WanImageToVideoPipeline` feeds the transformer (wan/
+conditioning.py): the normalised video latents (the target), the frame mask + latents of the given
+frames (the condition), CLIP's penultimate states of the given frames and the UMT5 prompt states. All
+four are cached, so with a complete latent cache no encoder, UMT5 included, is ever loaded. The loss is
+flow matching in diffusers' scheduler conventions (diffusion/flow_matching.py); export and sampling are
+in wan_export.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from framer_ds.config.errors import ConfigProblem
+from framer_ds.engine.pretrained import load_pretrained
+from framer_ds.storage.locations import default_cache_dir
+from framer_ds.tasks.video_lora.cache_fingerprints import CACHE_FORMAT_VERSION, source_fingerprint
+from framer_ds.tasks.video_lora.diffusion import flow_matching as fm
+from framer_ds.tasks.video_lora.families.protocol import VideoBaseFamily, per_clip_noise
+from framer_ds.tasks.video_lora.families.wan_export import WanExports
+from framer_ds.tasks.video_lora.families.wan_parts import FrozenWanEncoders, WanEncodedClip, clip_prompts
+from framer_ds.tasks.video_lora.families.wan_preflight import wan_problems
+
+ENCODER_FOLDERS = ("vae", "image_encoder", "image_processor", "text_encoder", "tokenizer")
+MAX_SEQUENCE_LENGTH = 512  # the pipeline's default; the cached prompt states have this length
+
+
+class WanFamily(WanExports, VideoBaseFamily):
+    """Wan bases (`model.base.name: wan`): LoRA on the DiT, the rest frozen."""
+
+    def __init__(self, config: Any):
+        super().__init__(config)
+        self._frozen = FrozenWanEncoders(self.base_path())
+        self.prompts: dict[str, str] = {}  # video_id -> prompt, from `note_records`
+
+    @property
+    def frozen(self) -> FrozenWanEncoders:
+        return self._frozen
+
+    def base_path(self) -> Path:
+        source = self.config.model.base.source
+        return default_cache_dir() / source.builtin if source.builtin else Path(source.path)
+
+    def _folder_config(self, sub: str, name: str = "config.json") -> dict[str, Any]:
+        return json.loads((self.base_path() / sub / name).read_text())
+
+    def prepare(self) -> None:
+        builtin = self.config.model.base.source.builtin
+        if builtin is not None:
+            from framer_ds.tasks.video_lora.models.tiny_wan import create_tiny_wan
+
+            create_tiny_wan(self.base_path(), mode="flf2v" if builtin == "tiny_wan_flf2v" else "i2v")
+
+    def check(self, data_root: Path) -> list[ConfigProblem]:
+        frames = self.frame_count_problem(self.config.data.num_frames)
+        return wan_problems(self.config, self.base_path(), data_root, self.size_multiple(), frames)
+
+    def record_problems(self, records: Callable[[], list[Any]]) -> list[ConfigProblem]:
+        """A clip without a caption (and no fixed prompt), named by its caption file."""
+        if self.config.model.base.prompt is not None:
+            return []
+        return clip_prompts(records(), None)[1]
+
+    def note_records(self, records: list[Any]) -> None:
+        self.prompts.update(clip_prompts(records, self.config.model.base.prompt)[0])
+
+    def size_multiple(self) -> int:
+        """The VAE's spatial compression times the transformer's patch (8 x 2 in Wan 2.1); Wan 2.1's
+        before a built-in base is built."""
+        try:
+            spatial = self._folder_config("vae")["scale_factor_spatial"]
+            return spatial * self._folder_config("transformer")["patch_size"][1]
+        except (OSError, ValueError, KeyError):
+            return 16
+
+    def temporal_factor(self) -> int:
+        """Pixel frames per latent frame after the first (4 in Wan 2.1)."""
+        try:
+            return self._folder_config("vae")["scale_factor_temporal"]
+        except (OSError, ValueError, KeyError):
+            return 4
+
+    def min_frames(self) -> int:
+        return 1 + self.temporal_factor()
+
+    def frame_count_problem(self, num_frames: int) -> str | None:
+        step = self.temporal_factor()
+        if (num_frames - 1) % step:
+            return f"Wan's VAE needs 1 + a multiple of {step} frames, got {num_frames}: e.g. {1 + step * 2}"
+        return None
+
+    def shift(self) -> float:
+        """model.base.shift, else the folder's scheduler config (the pipeline samples with it)."""
+        if self.config.model.base.shift is not None:
+            return self.config.model.base.shift
+        from framer_ds.tasks.video_lora.wan.sampling import scheduler_shift
+
+        return scheduler_shift(self._folder_config("scheduler", "scheduler_config.json"))
+
+    # --- models --------------------------------------------------------------------------------------
+
+    def build_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
+        """The transformer, frozen, with a peft LoRA on `WAN_LORA_TARGETS` (or model.lora.target_modules
+        when the config names others than the default)."""
+        from diffusers import WanTransformer3DModel
+        from peft import LoraConfig, get_peft_model
+
+        from framer_ds.tasks.video_lora.wan.lora_layout import WAN_LORA_TARGETS
+
+        transformer = load_pretrained(WanTransformer3DModel, self.base_path(), subfolder="transformer")
+        transformer.requires_grad_(False)
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        lora = self.config.model.lora
+        # the SVD default (attention names) means "the base's own"; a resolved config dumps every key,
+        # so the value, not whether it was set, tells a user's choice apart
+        default = type(lora).model_fields["target_modules"].get_default(call_default_factory=True)
+        named = lora.target_modules != default or lora.include_feed_forward or lora.include_projections
+        targets = lora.targets() if named else list(WAN_LORA_TARGETS)
+        config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=targets,
+            init_lora_weights=lora.peft_init(),
+        )
+        return get_peft_model(transformer, config)
+
+    def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
+        return ["WanTransformerBlock"]
+
+    # --- objective -----------------------------------------------------------------------------------
+
+    def encode(self, batch, eval_generator: list[torch.Generator] | None = None) -> WanEncodedClip:
+        """Read back from the cache, or encoded now exactly as the pipeline encodes (deterministic: the
+        VAE's mode for the target as for the condition, so eval and training encode alike)."""
+        if "target" in batch:
+            return WanEncodedClip.from_cached_batch(batch)
+        from framer_ds.tasks.video_lora.wan import conditioning as wan
+
+        frozen, pixels = self.frozen, batch["pixel_values"]  # [B, T, 3, H, W] in [-1, 1]
+        first, last = pixels[:, 0], pixels[:, -1] if self.interpolation else None
+        num_frames = pixels.shape[1]
+        prompts = [self.prompts[video_id] for video_id in batch["video_id"]]
+        images = wan.encode_images(frozen.image_encoder, frozen.image_processor, first, last)
+        return WanEncodedClip(
+            target=wan.encode_video_latents(frozen.vae, pixels.transpose(1, 2)),
+            condition=wan.condition_latents(frozen.vae, first, last, num_frames),
+            image_emb=images.view(pixels.shape[0], -1, *images.shape[1:]),
+            prompt_emb=wan.encode_prompts(
+                frozen.text_encoder, frozen.tokenizer, prompts, MAX_SEQUENCE_LENGTH
+            ),
+        )
+
+    @property
+    def interpolation(self) -> bool:
+        return self.config.model.base.mode == "interpolation"
+
+    def velocity(
+        self, model, noisy: torch.Tensor, sigmas: torch.Tensor, encoded: WanEncodedClip
+    ) -> torch.Tensor:
+        """The transformer's velocity for noisy latents at `sigmas`, inputs cast to its dtype as the
+        pipeline casts them."""
+        dtype = next(model.parameters()).dtype
+        return model(
+            hidden_states=torch.cat([noisy, encoded.condition.to(noisy)], dim=1).to(dtype),
+            timestep=fm.sigmas_to_timesteps(sigmas),
+            encoder_hidden_states=encoded.prompt_emb.to(dtype),
+            encoder_hidden_states_image=encoded.image_tokens().to(dtype),
+            return_dict=False,
+        )[0]
+
+    def _loss_at(
+        self, model, encoded: WanEncodedClip, noise: torch.Tensor, sigmas: torch.Tensor, reduce=True
+    ):
+        x0 = encoded.target.float()
+        prediction = self.velocity(model, fm.noisy_latents(x0, noise, sigmas), sigmas, encoded)
+        weights = fm.loss_weights(sigmas, self.config.model.base.loss_weighting)
+        if reduce:
+            return fm.flow_matching_loss(prediction, fm.flow_target(x0, noise), weights)
+        squared = (prediction.float() - fm.flow_target(x0, noise)).pow(2).flatten(1).mean(dim=1)
+        return weights.float() * squared
+
+    def training_loss(self, model, batch) -> torch.Tensor:
+        base = self.config.model.base
+        encoded = self.encode(batch)
+        x0 = encoded.target.float()
+        sigmas = fm.sample_training_sigmas(
+            x0.shape[0], self.shift(), base.timestep_sampling, base.logit_mean, base.logit_std
+        ).to(x0.device)
+        return self._loss_at(model, encoded, torch.randn_like(x0), sigmas)
+
+    def eval_sigmas(self) -> list[float]:
+        """The training table's entries at the quantiles (i + 0.5) / n: fixed noise levels spread as
+        uniform training sampling spreads them."""
+        n, table = self.config.model.base.eval_sigmas, fm.training_sigma_table(self.shift())
+        return [float(table[int((i + 0.5) / n * len(table))]) for i in range(n)]
+
+    def eval_losses(self, model, batch, generators: list[torch.Generator]) -> dict[str, torch.Tensor]:
+        """Per-clip flow-matching losses at fixed sigmas, the noise from each clip's own generator."""
+        encoded = self.encode(batch, generators)
+        noise = per_clip_noise(encoded.target, generators)
+        values: dict[str, torch.Tensor] = {}
+        for sigma in self.eval_sigmas():
+            sigmas = torch.full((noise.shape[0],), sigma, device=noise.device)
+            values[f"loss_sigma_{sigma:.3g}"] = self._loss_at(model, encoded, noise, sigmas, reduce=False)
+        values["loss"] = torch.stack(list(values.values())).mean(dim=0)
+        return values
+
+    def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
+        """The source clips, the encoders' files, the prompts each clip is encoded with, the mode."""
+        records = getattr(dataset, "records", [])
+        return {
+            "format": CACHE_FORMAT_VERSION,
+            "base": "wan",
+            "split": split,
+            "copies": copies,
+            "seed": self.config.train.seed,
+            "source": source_fingerprint(dataset),
+            "encoders": encoder_fingerprint(self.base_path()),
+            "prompts": sorted((r.video_id, self.prompts.get(r.video_id)) for r in records),
+            "max_sequence_length": MAX_SEQUENCE_LENGTH,
+            "dtype": dtype,
+            "mode": self.config.model.base.mode,
+            "data": self.config.data.model_dump(mode="json", exclude={"cache", "val_fraction", "source"}),
+        }
+
+    def example_batch(self, config: Any, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """From the VAE's, transformer's, image and text encoders' config.json (no weights)."""
+        vae, transformer = self._folder_config("vae"), self._folder_config("transformer")
+        image = self._folder_config("image_encoder")
+        text = self._folder_config("text_encoder")
+        data, k, scale = config.data, micro_batch_size, vae["scale_factor_spatial"]
+        latent_frames = (data.num_frames - 1) // self.temporal_factor() + 1
+        latent = (latent_frames, data.height // scale, data.width // scale)
+        tokens = (image["image_size"] // image["patch_size"]) ** 2 + 1
+        return {
+            "target": torch.zeros(k, vae["z_dim"], *latent),
+            "condition": torch.zeros(k, transformer["in_channels"] - vae["z_dim"], *latent),
+            "image_emb": torch.zeros(k, 2 if self.interpolation else 1, tokens, image["hidden_size"]),
+            "prompt_emb": torch.zeros(k, MAX_SEQUENCE_LENGTH, text["d_model"]),
+        }
+
+
+def encoder_fingerprint(base_dir: Path) -> list:
+    """The frozen encoders' files (they decide every cached tensor), with sizes and mtimes."""
+    found = []
+    for sub in ENCODER_FOLDERS:
+        for path in sorted((Path(base_dir) / sub).glob("*")):
+            info = path.stat()
+            found.append([f"{sub}/{path.name}", info.st_size, info.st_mtime_ns])
+    return found

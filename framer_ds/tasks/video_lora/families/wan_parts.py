@@ -1,0 +1,145 @@
+"""The Wan family's frozen encoders, the encoded batch it trains on, and its captions.
+
+Why apart from wan.py: these are the pieces the latent cache touches (what an entry holds, which
+encoders fill it, which text decides it), while wan.py is the objective and the model.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from framer_ds.config.errors import ConfigProblem
+from framer_ds.engine.accelerator import frozen_model_init
+from framer_ds.engine.precision import compute_dtype
+from framer_ds.engine.pretrained import load_pretrained
+
+CAPTION_SUFFIX = ".txt"
+
+
+@dataclass
+class WanEncodedClip:
+    """One batch as the Wan transformer reads it (and a latent-cache entry stores it, per clip)."""
+
+    target: Tensor  # [B, z, F', h, w] normalised VAE latents (mode): the flow's x0
+    condition: Tensor  # [B, 4 + z, F', h, w] frame mask + normalised latents of the given frames
+    image_emb: Tensor  # [B, k, T, D] CLIP penultimate states of the first (and last, k=2) frame
+    prompt_emb: Tensor  # [B, L, D] UMT5 states, zero past each prompt's length
+
+    def image_tokens(self) -> Tensor:
+        """[B*k, T, D], first_0, last_0, first_1, ...: the order the FLF2V image embedder pairs."""
+        return self.image_emb.flatten(0, 1)
+
+    def cache_entry(self, index: int) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name)[index] for f in fields(self)}
+
+    @classmethod
+    def from_cached_batch(cls, batch: dict[str, Any]) -> WanEncodedClip:
+        return cls(**{f.name: batch[f.name] for f in fields(cls)})
+
+
+class FrozenWanEncoders:
+    """The VAE, CLIP image encoder (+ processor) and UMT5 text encoder (+ tokenizer) of a Wan run.
+
+    Loaded together only when something must be encoded (a latent cache with entries left, or no
+    cache), outside ZeRO-3 init, in the compute dtype (the VAE in float32: its conditioning latents
+    are compared with the pipeline's); dropped once the cache is filled, so a complete cache never
+    loads UMT5 at all."""
+
+    def __init__(self, base_dir: Path):
+        self.base_dir = base_dir
+        self.vae: torch.nn.Module | None = None
+        self.image_encoder: torch.nn.Module | None = None
+        self.text_encoder: torch.nn.Module | None = None
+        self.image_processor = self.tokenizer = None
+        self.lent = False  # the SVD holder's interp_eval flag; Wan runs have no interp_eval
+
+    def load(self) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        """Fresh (vae, image encoder, text encoder) (`framer-ds plan` counts them on meta)."""
+        from diffusers import AutoencoderKLWan
+        from transformers import CLIPVisionModel, UMT5EncoderModel
+
+        vae = load_pretrained(AutoencoderKLWan, self.base_dir, subfolder="vae")
+        image = load_pretrained(CLIPVisionModel, self.base_dir, subfolder="image_encoder")
+        text = load_pretrained(UMT5EncoderModel, self.base_dir, subfolder="text_encoder")
+        return vae, image, text
+
+    def _load_all(self) -> None:
+        from transformers import AutoTokenizer
+
+        from framer_ds.compat import image_processor_class
+
+        modules = self.load()
+        for module in modules:
+            module.requires_grad_(False).eval()
+        self.vae, self.image_encoder, self.text_encoder = modules
+        self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir, subfolder="tokenizer")
+        processor = image_processor_class("CLIPImageProcessor")
+        self.image_processor = processor.from_pretrained(self.base_dir, subfolder="image_processor")
+
+    def on_device(self, accelerator) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        """Loaded once (frozen, eval, outside ZeRO-3 init), then on the device: the VAE in float32 (the
+        pipeline's dtype for it), the encoders in the compute dtype."""
+        if self.vae is None:
+            with frozen_model_init(accelerator):
+                self._load_all()
+        dtype = compute_dtype(accelerator)
+        for module, wanted in (
+            (self.vae, torch.float32),
+            (self.image_encoder, dtype),
+            (self.text_encoder, dtype),
+        ):
+            module.to(accelerator.device)
+            if module.dtype != wanted:
+                module.to(dtype=wanted)
+        return self.vae, self.image_encoder, self.text_encoder
+
+    def for_sampling(self, device: str) -> FrozenWanEncoders:
+        """All of them in float32 on `device`, as `WanImageToVideoPipeline.from_pretrained` loads them."""
+        self._load_all()
+        for module in (self.vae, self.image_encoder, self.text_encoder):
+            module.to(device)
+        return self
+
+    def release_if_lent(self) -> None:
+        """Nothing lends them out during training on a Wan base (no interp_eval)."""
+
+    def release(self) -> None:
+        """Dropped: the cache holds what they made, and nothing samples during training."""
+        self.vae = self.image_encoder = self.text_encoder = None
+        self.image_processor = self.tokenizer = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def caption_file(video: Path) -> Path:
+    """The caption rule: `<video stem>.txt` beside the video."""
+    return Path(video).with_suffix(CAPTION_SUFFIX)
+
+
+def clip_prompts(records: list[Any], fixed: str | None) -> tuple[dict[str, str], list[ConfigProblem]]:
+    """{video_id: prompt} for every record, and one problem per video without a caption: the fixed
+    prompt, else a manifest row's caption, else the caption file."""
+    prompts, problems = {}, []
+    for record in records:
+        if fixed is not None:
+            prompts[record.video_id] = fixed
+        elif getattr(record, "caption", None):
+            prompts[record.video_id] = record.caption.strip()
+        elif caption_file(record.path).is_file():
+            prompts[record.video_id] = caption_file(record.path).read_text(encoding="utf-8").strip()
+        else:
+            problems.append(
+                ConfigProblem(
+                    "model.base.prompt",
+                    f"{caption_file(record.path)} is missing: write the clip's caption there, or set "
+                    "model.base.prompt to one prompt for every clip",
+                )
+            )
+    return prompts, problems

@@ -1,0 +1,90 @@
+"""The Wan family's pre-flight: what a `model.base.name: wan` config needs on disk and which of the
+task's options it cannot honour, every problem at once, one line each naming the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from framer_ds.config.errors import ConfigProblem
+
+WAN_SUBFOLDERS = ("transformer", "vae", "text_encoder", "image_encoder", "scheduler")
+
+
+def _folder_problems(base: Any, folder: Path) -> list[ConfigProblem]:
+    """The folder's components, and its transformer's kind against `base.mode` (an FLF2V transformer's
+    image embedder needs the last frame; an I2V one has no place for it)."""
+    if base.source.builtin is not None:
+        flf2v = base.source.builtin == "tiny_wan_flf2v"
+    else:
+        missing = [s for s in WAN_SUBFOLDERS if not any((folder / s).glob("*config.json"))]
+        if missing:
+            return [
+                ConfigProblem(
+                    "model.base.source.path",
+                    f"{folder} is not a diffusers Wan image-to-video folder (missing {', '.join(missing)}/); "
+                    "download one, e.g. `huggingface-cli download Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers "
+                    "--local-dir DIR`, and point this key at DIR",
+                )
+            ]
+        transformer = json.loads((folder / "transformer" / "config.json").read_text())
+        flf2v = transformer.get("pos_embed_seq_len") is not None
+    if flf2v != (base.mode == "interpolation"):
+        kind, fix = ("an FLF2V", "interpolation") if flf2v else ("an I2V", "image_to_video")
+        return [
+            ConfigProblem(
+                "model.base.mode",
+                f"{base.mode} does not fit {kind} base (its image embedder takes "
+                f"{'first and last' if flf2v else 'the first'} frame): set model.base.mode: {fix}",
+            )
+        ]
+    return []
+
+
+def _unsupported(config: Any) -> list[ConfigProblem]:
+    """The task's options that belong to the SVD family (ControlNet tracks, motion scores, Framer's
+    recipe) or that the Wan family does not run yet (samples and interpolation metrics during
+    training: sample an export with `framer-ds sample` instead)."""
+    model, data, problems = config.model, config.data, []
+    refused = {
+        "data.tracks": (data.tracks is not None, "point tracks feed Framer's ControlNet; Wan has none"),
+        "data.layout": (data.layout != "videos", "a Wan base trains on videos; set data.layout: videos"),
+        "data.buckets": (data.buckets is not None, "not yet for Wan bases; set data.buckets: null"),
+        "model.samples.every": (
+            bool(model.samples.every),
+            "samples during training are not wired for Wan yet; set 0 and use `framer-ds sample` on a "
+            "checkpoint's adapter",
+        ),
+        "model.interp_eval.enabled": (
+            model.interp_eval.enabled,
+            "interpolation metrics are not wired for Wan yet; set false",
+        ),
+        "model.lora.preset": (model.lora.preset is not None, "'framer' names Framer's UNet layers; drop it"),
+    }
+    for key, (bad, why) in refused.items():
+        if bad:
+            problems.append(ConfigProblem(key, why))
+    return problems
+
+
+def wan_problems(
+    config: Any, folder: Path, data_root: Path, multiple: int, frames: str | None
+) -> list[ConfigProblem]:
+    """Every problem of a Wan config: the folder, the mode, the data (`multiple`: what H and W must be
+    multiples of; `frames`: why data.num_frames does not fit, or None) and the options that do not apply."""
+    data = config.data
+    problems = _folder_problems(config.model.base, folder)
+    if data.source.builtin is None and not data_root.is_dir():
+        problems.append(
+            ConfigProblem("data.source.path", f"{data_root} does not exist; point it at a video folder.")
+        )
+    if frames:
+        problems.append(ConfigProblem("data.num_frames", frames))
+    for key in ("height", "width"):
+        value = getattr(data, key)
+        if value % multiple:
+            problems.append(
+                ConfigProblem(f"data.{key}", f"{value} is not a multiple of {multiple} (VAE x patch size)")
+            )
+    return problems + _unsupported(config)
