@@ -175,6 +175,8 @@ class TtsData:
         self.speakers = None if self.data.speaker_prefix else []
         train, failures = self._sequences(self.train_path())
         problems += train.problems + failures
+        if self.data.speaker_prefix and not self.speakers:  # the flag would do nothing
+            raise ConfigError([ConfigProblem("data.speaker_prefix", self._no_speaker())], "data")
         eval_path = self.eval_path()
         if eval_path is not None:
             evaluation, eval_failures = self._sequences(eval_path)
@@ -198,6 +200,17 @@ class TtsData:
                 [ConfigProblem("data.source.path", "no usable rows left: see the problems above")], "data"
             )
         return BuiltData(train.sequences, eval_sequences, mix, notes)
+
+    def _no_speaker(self) -> str:
+        where = (
+            "its subfolders (clips at the top level have none)"
+            if self.data.format == "audio" and self.data.layout == "folder"
+            else f"column {self.data.speaker_column!r}"
+        )
+        return (
+            f"no row of {self.train_path()} names a speaker in {where}: set data.speaker_column to the "
+            "column that does, or data.speaker_prefix false"
+        )
 
     def _report_bad_rows(self, problems: list[str], notes: dict[str, Any]) -> None:
         shown = problems[:SHOWN_PROBLEMS]
