@@ -278,11 +278,6 @@ class TtsDataConfig(StrictModel):
         if self.layout != "jsonl" and self.format != "audio":
             raise ValueError(f"data.layout {self.layout!r} lays out audio files: set data.format 'audio'")
         speakers_from_folders = self.format == "audio" and self.layout == "folder"  # the subfolder names
-        if self.speaker_prefix and self.format == "audio" and self.layout == "ljspeech":
-            raise ValueError(
-                "data.speaker_prefix: an 'ljspeech' layout names no speakers (one voice): set "
-                "data.speaker_prefix false"
-            )
         if self.speaker_prefix and self.speaker_column is None and not speakers_from_folders:
             raise ValueError("data.speaker_prefix needs data.speaker_column")
         if not self.shuffle and self.text_mix is not None:

@@ -72,7 +72,7 @@ class TtsData:
             problems.append(
                 ConfigProblem("model.codec.path", "data.format 'audio' is encoded with SNAC: set this key")
             )
-        return problems
+        return problems or self.speaker_problems()
 
     # --- audio -> codes ------------------------------------------------------------------------------
 
@@ -175,8 +175,6 @@ class TtsData:
         self.speakers = None if self.data.speaker_prefix else []
         train, failures = self._sequences(self.train_path())
         problems += train.problems + failures
-        if self.data.speaker_prefix and not self.speakers:  # the flag would do nothing
-            raise ConfigError([ConfigProblem("data.speaker_prefix", self._no_speaker())], "data")
         eval_path = self.eval_path()
         if eval_path is not None:
             evaluation, eval_failures = self._sequences(eval_path)
@@ -201,16 +199,35 @@ class TtsData:
             )
         return BuiltData(train.sequences, eval_sequences, mix, notes)
 
-    def _no_speaker(self) -> str:
-        where = (
-            "its subfolders (clips at the top level have none)"
-            if self.data.format == "audio" and self.data.layout == "folder"
-            else f"column {self.data.speaker_column!r}"
-        )
-        return (
-            f"no row of {self.train_path()} names a speaker in {where}: set data.speaker_column to the "
-            "column that does, or data.speaker_prefix false"
-        )
+    def speaker_problems(self) -> list[ConfigProblem]:
+        """data.speaker_prefix whose training rows name no speaker would do nothing (and `sample
+        --speaker` would then call the model one trained without it). Refused where `check` runs
+        (validate, train, data commands), not when an existing export is evaluated or sampled."""
+        if not self.data.speaker_prefix or self.data.source.builtin:
+            return []
+        path, audio = self.train_path(), self.data.format == "audio"
+        if audio and self.data.layout == "ljspeech":
+            fix = "an 'ljspeech' layout names no speakers (one voice): set data.speaker_prefix false"
+            return [ConfigProblem("data.speaker_prefix", fix)]
+        try:
+            if audio:
+                named = any(item.speaker for item in layout_items(self.data.layout, path, self._columns()))
+            else:
+                named = any(row.get(self.data.speaker_column) for row in read_rows(path))
+        except (LayoutError, TableReadError):  # file_problems names those
+            return []
+        if named:
+            return []
+        folders = audio and self.data.layout == "folder"
+        where = "its subfolders" if folders else f"column {self.data.speaker_column!r}"
+        return [
+            ConfigProblem(
+                "data.speaker_prefix",
+                f"no row of {path} names a speaker in {where}: set data.speaker_column to the column "
+                "that does (layout 'folder': put each voice's clips in a subfolder), or set "
+                "data.speaker_prefix false",
+            )
+        ]
 
     def _report_bad_rows(self, problems: list[str], notes: dict[str, Any]) -> None:
         shown = problems[:SHOWN_PROBLEMS]

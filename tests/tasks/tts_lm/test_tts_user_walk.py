@@ -11,9 +11,8 @@ import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from test_tts_audio_layouts import audio_config, speak
-from test_tts_lm import load_task, write_config, write_jsonl
+from test_tts_lm import framer_ds, load_task, write_config, write_jsonl
 
 from framer_ds.config.errors import ConfigError
 
@@ -32,36 +31,46 @@ def test_a_clip_that_metadata_lists_but_wavs_lacks_is_named_missing_not_unreadab
     assert "no such file; add it, or drop the row that names it" in line and "convert" not in line
 
 
-def test_a_speaker_prefix_on_an_ljspeech_layout_is_refused(tmp_path, tiny_tts):
+def test_a_speaker_prefix_on_an_ljspeech_layout_is_refused_before_training_only(tmp_path, tiny_tts):
     """LJSpeech is one voice: with data.speaker_prefix (the tiny config sets it) nothing was prefixed and
-    the export listed no speaker, so `sample --speaker` then said it was trained without the prefix."""
+    the export listed no speaker, so `sample --speaker` then said it was trained without the prefix.
+    validate / train refuse it; a run already trained that way still loads (eval, sample)."""
     root = tmp_path / "LJSpeech"
-    (root / "wavs").mkdir(parents=True)
+    speak("hello world", root / "wavs" / "LJ001-0001.wav")
     (root / "metadata.csv").write_text("LJ001-0001|hello world|hello world\n")
     config = audio_config(tmp_path, root, "ljspeech", speaker_prefix=True, speaker_column="speaker")
-    with pytest.raises(ConfigError, match=r"'ljspeech' layout names no speakers .*data.speaker_prefix false"):
-        load_task(config)
+    task = load_task(config)  # what `framer-ds eval` and `sample` load: no error
+    assert [str(p) for p in task.check()] == [
+        "data.speaker_prefix: an 'ljspeech' layout names no speakers (one voice): set data.speaker_prefix "
+        "false"
+    ]
+    proc = framer_ds("validate", config)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert "'ljspeech' layout names no speakers" in proc.stdout + proc.stderr
 
 
-def test_a_speaker_prefix_whose_rows_name_no_speaker_stops_at_start(tmp_path, tiny_tts):
+def test_a_speaker_prefix_whose_rows_name_no_speaker_is_refused(tmp_path, tiny_tts):
     """Rows without the speaker column (or a folder layout's clips all at its top level): the flag would do
-    nothing, silently; the start names the column and both fixes."""
+    nothing, silently; validate names the column and both fixes."""
     rows = [json.loads(line) for line in (tiny_tts / "data" / "train.jsonl").read_text().splitlines()[:4]]
     data = write_jsonl(tmp_path / "rows.jsonl", [{"text": r["text"], "codes": r["codes"]} for r in rows])
     config = write_config(
         tmp_path / "c.yaml", tmp_path / "run", source={"path": str(data)}, speaker_column="voice",
         speaker_prefix=True, val_fraction=0,
     )  # fmt: skip
-    expected = r"no row of .*rows.jsonl names a speaker in column 'voice': .* or data.speaker_prefix false"
-    with pytest.raises(ConfigError, match=expected):
-        load_task(config).data.build_sequences()
+    (problem,) = load_task(config).check()
+    assert re.fullmatch(
+        r"data.speaker_prefix: no row of .*rows.jsonl names a speaker in column 'voice': set "
+        r"data.speaker_column to the column that does .*, or set data.speaker_prefix false",
+        str(problem),
+    )
+    named = write_jsonl(tmp_path / "named.jsonl", [{**rows[0], "voice": "ana"}, *rows[1:]])
+    assert load_task(config, f"data.source.path={named}").check() == []  # one named row is enough
     flat = tmp_path / "flat"
     speak("hello world", flat / "a.wav")
     (flat / "a.txt").write_text("hello world")
-    task = load_task(audio_config(tmp_path, flat, "folder", speaker_prefix=True, val_fraction=0))
-    task.encode_data()
-    with pytest.raises(ConfigError, match=r"names a speaker in its subfolders"):
-        task.data.build_sequences()
+    (problem,) = load_task(audio_config(tmp_path, flat, "folder", speaker_prefix=True)).check()
+    assert "names a speaker in its subfolders" in str(problem)
 
 
 def test_a_gate_skipped_for_a_config_reason_says_the_reason():
