@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from test_tts_audio_layouts import audio_config, speak
 from test_tts_lm import framer_ds, load_task, write_config, write_jsonl
 
@@ -122,3 +123,17 @@ def test_the_documented_ljspeech_walk_validates_with_a_held_out_set(tmp_path, ti
     assert "10 encoded" in task.encode_data()
     built = task.data.build_sequences()
     assert len(built.eval) >= 1 and task.data.speakers == []
+
+
+def test_a_sample_option_rule_reads_as_the_rule_not_pydantics_prefix():
+    """`sample --reference-audio ref.wav` without its text printed "options: Value error, --reference-audio
+    and ...": pydantic's prefix of a model validator's message, which config files already drop."""
+    from framer_ds.cli.options import build_options_parser, parse_options
+    from framer_ds.tasks.tts_lm.inference import TtsSampleCommandOptions
+
+    parser = build_options_parser(TtsSampleCommandOptions, prog="sample", description="")
+    with pytest.raises(ConfigError) as info:
+        parse_options(TtsSampleCommandOptions, parser, ["--text", "hi", "--reference-audio", "ref.wav"])
+    assert [str(p) for p in info.value.problems] == [
+        "options: --reference-audio and --reference-text go together: the clip and what it says"
+    ]
