@@ -117,6 +117,9 @@ def test_the_documented_ljspeech_walk_validates_with_a_held_out_set(tmp_path, ti
     assert any("--reference-audio" in c for c in commands)
     overrides = [arg for arg in commands[1][3:] if "=" in arg]
     assert overrides == [arg for arg in commands[0][4:] if "=" in arg]  # encode and train agree
+    out = next(arg.split("=", 1)[1] for arg in overrides if arg.startswith("output_dir="))
+    assert [c[2] for c in commands if c[1] == "eval"] == [out]  # eval and sample read that run
+    assert f"{out}/final" in [c[2] for c in commands if c[1] == "sample"]
     monkeypatch.chdir(tmp_path)
     task = load_task(repo / "configs/tasks/tts_lm/tiny.yaml", *overrides, f"data.encoded_dir={tmp_path}")
     assert task.check() == []
