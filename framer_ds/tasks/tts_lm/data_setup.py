@@ -218,16 +218,17 @@ class TtsData:
             return []
         if named:
             return []
-        folders = audio and self.data.layout == "folder"
-        where = "its subfolders" if folders else f"column {self.data.speaker_column!r}"
-        return [
-            ConfigProblem(
-                "data.speaker_prefix",
-                f"no row of {path} names a speaker in {where}: set data.speaker_column to the column "
-                "that does (layout 'folder': put each voice's clips in a subfolder), or set "
-                "data.speaker_prefix false",
+        if audio and self.data.layout == "folder":
+            fix = (
+                f"no clip of {path} lies in a speaker subfolder: put each voice's clips in a subfolder "
+                "named after it, or set data.speaker_prefix false"
             )
-        ]
+        else:
+            fix = (
+                f"no row of {path} names a speaker in column {self.data.speaker_column!r}: set "
+                "data.speaker_column to the column that does, or set data.speaker_prefix false"
+            )
+        return [ConfigProblem("data.speaker_prefix", fix)]
 
     def _report_bad_rows(self, problems: list[str], notes: dict[str, Any]) -> None:
         shown = problems[:SHOWN_PROBLEMS]
