@@ -108,7 +108,11 @@ def parse_options(model: type[Options], parser: argparse.ArgumentParser, argv: S
         return model.model_validate(given)
     except ValidationError as exc:
         problems = [
-            ConfigProblem(_flag(str(err["loc"][0])) if err["loc"] else "options", err["msg"])
+            # a model validator's rule reads as the rule (as in config files), without pydantic's prefix
+            ConfigProblem(
+                _flag(str(err["loc"][0])) if err["loc"] else "options",
+                err["msg"].removeprefix("Value error, "),
+            )
             for err in exc.errors()
         ]
         raise ConfigError(problems, "command-line options") from None

@@ -72,7 +72,7 @@ class TtsData:
             problems.append(
                 ConfigProblem("model.codec.path", "data.format 'audio' is encoded with SNAC: set this key")
             )
-        return problems
+        return problems or self.speaker_problems()
 
     # --- audio -> codes ------------------------------------------------------------------------------
 
@@ -198,6 +198,37 @@ class TtsData:
                 [ConfigProblem("data.source.path", "no usable rows left: see the problems above")], "data"
             )
         return BuiltData(train.sequences, eval_sequences, mix, notes)
+
+    def speaker_problems(self) -> list[ConfigProblem]:
+        """data.speaker_prefix whose training rows name no speaker would do nothing (and `sample
+        --speaker` would then call the model one trained without it). Refused where `check` runs
+        (validate, train, data commands), not when an existing export is evaluated or sampled."""
+        if not self.data.speaker_prefix or self.data.source.builtin:
+            return []
+        path, audio = self.train_path(), self.data.format == "audio"
+        if audio and self.data.layout == "ljspeech":
+            fix = "an 'ljspeech' layout names no speakers (one voice): set data.speaker_prefix false"
+            return [ConfigProblem("data.speaker_prefix", fix)]
+        try:
+            if audio:
+                named = any(item.speaker for item in layout_items(self.data.layout, path, self._columns()))
+            else:
+                named = any(row.get(self.data.speaker_column) for row in read_rows(path))
+        except (LayoutError, TableReadError):  # file_problems names those
+            return []
+        if named:
+            return []
+        if audio and self.data.layout == "folder":
+            fix = (
+                f"no clip of {path} lies in a speaker subfolder: put each voice's clips in a subfolder "
+                "named after it, or set data.speaker_prefix false"
+            )
+        else:
+            fix = (
+                f"no row of {path} names a speaker in column {self.data.speaker_column!r}: set "
+                "data.speaker_column to the column that does, or set data.speaker_prefix false"
+            )
+        return [ConfigProblem("data.speaker_prefix", fix)]
 
     def _report_bad_rows(self, problems: list[str], notes: dict[str, Any]) -> None:
         shown = problems[:SHOWN_PROBLEMS]

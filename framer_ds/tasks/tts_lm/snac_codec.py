@@ -82,6 +82,8 @@ def read_audio(source: Path | BinaryIO, sample_rate: int, name: str | None = Non
 
     soundfile = require("soundfile", "reading audio files (tts_lm data.format audio)")
     name = name or str(source)
+    if isinstance(source, Path | str) and not Path(source).is_file():  # soundfile says "System error."
+        raise AudioReadError(f"{name}: no such file; add it, or drop the row that names it")
     try:
         audio, rate = soundfile.read(
             str(source) if isinstance(source, Path | str) else source, dtype="float32", always_2d=True

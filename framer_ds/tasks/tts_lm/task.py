@@ -274,7 +274,7 @@ class TtsLmTask(PlanningHooks, Task):
         assets = self.assets
 
         def codec():
-            assets.require_codec("the quality gates' audio metrics")
+            assets.require_codec("scoring the quality gates' speech")
             return assets.codec(str(accelerator.device))
 
         builder = self.data.builder()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from framer_ds.config.errors import ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.rng import isolated_seed
 from framer_ds.tasks.tts_lm.audio_tokens import deinterleave
 from framer_ds.tasks.tts_lm.config import QualityEvalOptions
@@ -167,6 +167,10 @@ def speaker_similarity(recorded: Sequence[np.ndarray], spoken: Sequence[np.ndarr
 
 
 def _cause(exc: Exception) -> str:
+    """One line: the exception's type and first line; a ConfigError's own problems (its first line is
+    only their count)."""
+    if isinstance(exc, ConfigError):
+        return "; ".join(str(problem) for problem in exc.problems)
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
 
 
