@@ -14,6 +14,12 @@ logger or warning category it comes from AND its message, never a whole logger o
 - diffusers' "There are modules in X that should be kept in float32: []": diffusers >= 0.36 warns on
   every `.to(dtype)` of a model, even one with no float32 modules (the empty list). A model that does
   list modules still warns.
+- torchao's "Failed to load .../torchao/_C_*.so: Could not load this library" (its CUDA kernels, which a
+  CPU build of torch cannot load; the int8 weight-only path framer_ds uses needs none of them), torch's
+  "<enum ...> is an Enum subclass and is now natively supported by torch.compile" (torchao registers its
+  enums the old way at import) and diffusers' "Unable to import `torchao` Tensor objects" (its loader
+  for checkpoints that diffusers serialised with torchao, which framer_ds never reads): printed by every
+  command once torchao (`model.base_precision: int8`) is installed.
 - torch >= 2.10's FutureWarnings that `all_gather_into_tensor` / `reduce_scatter_tensor` (and their
   private `_base` forms) are deprecated: called by DeepSpeed's and accelerate's collectives, not by
   framer_ds.
@@ -29,6 +35,9 @@ import warnings
 _LOG_FILTERS = {
     "transformers.utils.import_utils": re.compile(r"requires torchvision \(not installed\); falling back"),
     "diffusers.models.modeling_utils": re.compile(r"should be kept in float32: \[\]\."),
+    "torchao": re.compile(r"^Failed to load .*torchao/_C\w*\..*\.so: "),
+    "torch.utils._pytree": re.compile(r"is an Enum subclass and is now natively supported by torch\.compile"),
+    "diffusers.quantizers.torchao.torchao_quantizer": re.compile(r"^Unable to import `torchao` Tensor"),
 }
 _DEPRECATED_COLLECTIVES = (
     r"`torch\.distributed\.(all_gather_into_tensor|_all_gather_base|reduce_scatter_tensor"

@@ -68,3 +68,27 @@ def test_deepspeed_is_told_it_runs_on_the_cpu_and_does_not_warn():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["cpu", "cpu"]
     assert "unable to detect it" not in done.stderr and "WARNING" not in done.stderr, done.stderr
+
+
+def test_torchaos_import_lines_are_dropped_and_a_real_torchao_warning_kept(quiet, caplog):
+    """Once torchao is installed (model.base_precision: int8) every command printed these three kinds of
+    lines; other lines of the same loggers still show."""
+    caplog.set_level(logging.WARNING)
+    torchao = logging.getLogger("torchao")
+    torchao.warning(
+        "Failed to load /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: "
+        "Could not load this library: /venv/.../_C_mxfp8.cpython-310-x86_64-linux-gnu.so"
+    )
+    torchao.warning("Skipping import of cpp extensions due to incompatible torch version.")
+    pytree = logging.getLogger("torch.utils._pytree")
+    pytree.warning(
+        "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type.",
+        "<enum 'KernelPreference'>",
+    )
+    pytree.warning("something else from pytree")
+    diffusers = logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer")
+    diffusers.warning("Unable to import `torchao` Tensor objects. This may affect loading checkpoints ...")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Skipping import of cpp extensions due to incompatible torch version.",
+        "something else from pytree",
+    ]
