@@ -112,6 +112,31 @@ def check_no_optimizer_scheduler(ds: Cfg, src: str) -> Problems:
     ]
 
 
+def check_train_levers(ds: Cfg, src: str, train: TrainConfig | None) -> Problems:
+    """Fit and speed levers of `train:` that DeepSpeed cannot run (docs/benchmarks.md, "Fit and speed
+    levers", says what was tried on deepspeed 0.19.8)."""
+    if train is None:
+        return []
+    out = []
+    if train.optimizer.name == "adamw_8bit":
+        msg = (
+            "train.optimizer.name is adamw_8bit, but DeepSpeed's ZeRO optimizer owns the optimizer states "
+            "(fp32, on its flat partitions): it refuses an optimizer it does not know (zero_allow_untested_"
+            "optimizer) and with offload_optimizer accelerate swaps in DeepSpeedCPUAdam, dropping the 8-bit "
+            "states silently; use train.optimizer.name=adamw here, or adamw_8bit with DDP or FSDP2"
+        )
+        out.append(_p(src, "zero_optimization", msg))
+    if train.compile and mapping_section(ds, "zero_optimization").get("stage") == 3:
+        msg = (
+            "is 3 and train.compile is true: ZeRO-3 gathers each parameter in a hook dynamo cannot trace, so "
+            "every compiled block breaks into pieces around them; the losses match eager but steps ran ~6x "
+            "slower (measured on CPU, the quickstart ViT) after a ~100 s compile. Set train.compile=false "
+            "under ZeRO-3, or use ZeRO-2 or FSDP2 with compile"
+        )
+        out.append(_p(src, "zero_optimization.stage", msg))
+    return out
+
+
 def check_deepspeed_json(ds: Cfg, src: str, train: TrainConfig | None) -> Problems:
     """Every DeepSpeed JSON rule, all problems at once."""
     return [
@@ -121,4 +146,5 @@ def check_deepspeed_json(ds: Cfg, src: str, train: TrainConfig | None) -> Proble
         *check_buffer_fields(ds, src),
         *check_offload_param_stage(ds, src),
         *check_no_optimizer_scheduler(ds, src),
+        *check_train_levers(ds, src, train),
     ]

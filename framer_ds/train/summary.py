@@ -29,6 +29,7 @@ def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None
         "processes": run.accelerator.num_processes,
         "global batch": plan.global_batch,
         "mixed precision": train.mixed_precision,
+        "torch.compile": run.compiled or "off (train.compile: false)",
         "strategy": describe_strategy(run.accelerator),
         "trainable parameters": run.trainable_parameters,
         "total parameters": run.total_parameters,
