@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase, TrainConfig
+from framer_ds.engine.base_precision import quantize_frozen_base
 from framer_ds.engine.compile import compile_repeated_blocks
 from framer_ds.engine.fsdp2 import set_wrap_classes
 from framer_ds.engine.optim8bit import adamw_8bit
@@ -44,6 +45,8 @@ class TrainingRun:
     """DeepSpeed's buffer fields as the engine runs them (None without DeepSpeed)."""
     compiled: str | None = None
     """What `train.compile` compiled (for the run summary); None when it is off."""
+    quantized: str | None = None
+    """What `model.base_precision` quantized (for the run summary); None at full precision."""
 
 
 def fused_adam_supported(device: torch.device, parameters: list[torch.nn.Parameter]) -> bool:
@@ -166,6 +169,8 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision, per_node)
     blocks = task.fsdp_block_classes(model)
     set_wrap_classes(accelerator, blocks)  # before prepare shards the model
+    base_precision = config.model.base_precision
+    quantized = quantize_frozen_base(model, base_precision) if base_precision != "full" else None
     compiled = compile_repeated_blocks(model, blocks) if train_cfg.compile else None
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = build_optimizer(model, train_cfg, accelerator.device, task.optimizer_groups(model))
@@ -200,4 +205,5 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         sizes.total,
         zero_buffers,
         compiled,
+        quantized,
     )
