@@ -137,12 +137,16 @@ def estimate(
 def _ddp(census: ParameterCensus, mixed_precision: str) -> list[Term]:
     """accelerate's DDP keeps fp32 weights and gradients (the gradients are views into the all-reduce
     buckets, gradient_as_bucket_view) and fused AdamW's two states; autocast caches a bf16/fp16 copy of
-    every trainable weight it casts, from forward to the end of backward."""
+    every trainable weight it casts, from forward to the end of backward. Under bf16/fp16 the frozen
+    weights are stored in that dtype (engine.precision.store_frozen_in_compute_dtype), as under DeepSpeed,
+    so autocast copies none of them."""
     t = census.trainable
-    autocast = element_bytes(mixed_precision) if mixed_precision in ("bf16", "fp16") else 0
+    mixed = mixed_precision in ("bf16", "fp16")
+    autocast = element_bytes(mixed_precision) if mixed else 0
+    frozen_b = element_bytes(mixed_precision) if mixed else census.frozen_bytes_per_element
     return [
         Term("trainable weights (fp32)", FP32 * t, "device", "persistent"),
-        Term("frozen weights", census.frozen_bytes_per_element * census.frozen, "device", "persistent"),
+        Term("frozen weights", frozen_b * census.frozen, "device", "persistent"),
         Term("frozen weights (quantized)", census.quantized_frozen_bytes, "device", "persistent"),
         Term("gradients (fp32, in the DDP buckets)", FP32 * t, "device", "persistent"),
         Term(f"optimizer states ({census.adam_label})", census.adam_bytes(), "device", "persistent"),

@@ -17,6 +17,7 @@ from framer_ds.engine.base_precision import quantize_frozen_base
 from framer_ds.engine.compile import compile_repeated_blocks
 from framer_ds.engine.fsdp2 import set_wrap_classes
 from framer_ds.engine.optim8bit import adamw_8bit
+from framer_ds.engine.precision import store_frozen_in_compute_dtype
 from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
 from framer_ds.tasks.assemble import assemble
 from framer_ds.tasks.base import Task
@@ -169,6 +170,7 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision, per_node)
     blocks = task.fsdp_block_classes(model)
     set_wrap_classes(accelerator, blocks)  # before prepare shards the model
+    store_frozen_in_compute_dtype(accelerator, model)  # as DeepSpeed holds them (before quantizing)
     base_precision = config.model.base_precision
     quantized = quantize_frozen_base(model, base_precision) if base_precision != "full" else None
     compiled = compile_repeated_blocks(model, blocks) if train_cfg.compile else None

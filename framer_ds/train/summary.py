@@ -31,6 +31,7 @@ def run_summary(run: TrainingRun, state: TrainerState, resumed_from: Path | None
         "mixed precision": train.mixed_precision,
         "torch.compile": run.compiled or "off (train.compile: false)",
         "frozen base": run.quantized or "full precision (model.base_precision: full)",
+        **({"frozen helpers": helpers} if (helpers := run.task.frozen_helpers_placement()) else {}),
         "strategy": describe_strategy(run.accelerator),
         "trainable parameters": run.trainable_parameters,
         "total parameters": run.total_parameters,

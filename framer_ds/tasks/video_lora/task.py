@@ -213,6 +213,17 @@ class VideoLoraTask(
         """With the latent cache on they are on the device only to fill it and to draw samples."""
         return [] if self.config.data.cache.enabled else list(self.frozen.load())
 
+    def frozen_helpers_placement(self) -> str:
+        """Where the VAE and image encoder are while training (after `precompute`)."""
+        helpers = "VAE + image encoder"
+        if not self.config.data.cache.enabled:
+            return f"{helpers}: on the GPU all run, encoding every step (data.cache.enabled=true frees them)"
+        later = "back only to draw samples" if samples_during_training(self.config) else "never back"
+        if self.frozen.vae is None:
+            off = "off the GPU (loaded only to fill the latent cache, not once complete)"
+            return f"{helpers}: {off}, {later}"
+        return f"{helpers}: on the GPU only while encoding the latent cache, now in CPU memory, {later}"
+
     # --- objective -----------------------------------------------------------------------------------
 
     def _train_cond_sigma(self, batch_size: int) -> torch.Tensor:
