@@ -168,6 +168,13 @@ class TrainConfig(StrictModel):
         "no", description="Autocast dtype (DDP) or the DeepSpeed engine's dtype."
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    checkpoint_blocks: bool = Field(
+        False,
+        description="Activation-checkpoint each of the task's repeated blocks whole (the blocks FSDP2 and "
+        "compile use), beside the model's own gradient checkpointing: only each block's inputs are kept, "
+        "one block is recomputed at a time in backward (e.g. SVD's temporal transformer blocks, which "
+        "diffusers does not checkpoint). Costs one more forward of those blocks per step.",
+    )
     compile: bool = Field(
         False,
         description="torch.compile the trained model's repeated blocks in place (regional: one block's "

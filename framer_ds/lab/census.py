@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from framer_ds.config.zero_fields import element_bytes
+from framer_ds.engine.block_checkpoint import checkpoint_repeated_blocks
 from framer_ds.engine.optim8bit import state_bytes
 from framer_ds.engine.precision import dtype_of
 from framer_ds.engine.pretrained import empty_weights
@@ -92,7 +93,10 @@ def meta_model(task: Task) -> torch.nn.Module:
     models; a classifier's head needs its classes): what the census counts and the probe runs."""
     planning_hooks(task).prepare_model_assets()
     with empty_weights():
-        return task.build_model()
+        model = task.build_model()
+    if task.config.train.checkpoint_blocks:  # as train/run.py does, so the probe measures its graph
+        checkpoint_repeated_blocks(model, task.fsdp_block_classes(model))
+    return model
 
 
 @dataclass

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase, TrainConfig
 from framer_ds.engine.base_precision import quantize_frozen_base
+from framer_ds.engine.block_checkpoint import checkpoint_repeated_blocks
 from framer_ds.engine.compile import compile_repeated_blocks
 from framer_ds.engine.fsdp2 import set_wrap_classes
 from framer_ds.engine.optim8bit import adamw_8bit
@@ -173,6 +174,8 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     store_frozen_in_compute_dtype(accelerator, model)  # as DeepSpeed holds them (before quantizing)
     base_precision = config.model.base_precision
     quantized = quantize_frozen_base(model, base_precision) if base_precision != "full" else None
+    if train_cfg.checkpoint_blocks:
+        checkpoint_repeated_blocks(model, blocks)  # before compile: the compiled call runs this forward
     compiled = compile_repeated_blocks(model, blocks) if train_cfg.compile else None
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = build_optimizer(model, train_cfg, accelerator.device, task.optimizer_groups(model))
