@@ -96,7 +96,8 @@ BASE_PRECISION_FIELD = (
         "e.g. under a LoRA): 'full' as the run computes; 'int8' weight-only with a per-row scale (torchao, "
         "QLoRA-style: ~1 byte per weight, LoRA trained on top in the compute dtype); 'fp8' likewise on GPUs "
         "of compute capability 8.9+ (refused elsewhere). Exports are unchanged (adapters; merges read the "
-        "base from disk). Not with ZeRO-3 or FSDP2, which shard parameters torchao's tensors cannot be.",
+        "base from disk). Plain/DDP only: DeepSpeed's module cast cannot swap torchao's weights and FSDP2 "
+        "cannot shard them (both refused by validate).",
     ),
 )
 """`model.base_precision`: a key every task's `model:` section has (added by `run_config_class`), since

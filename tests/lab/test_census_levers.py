@@ -42,3 +42,15 @@ def test_int8_base_and_8bit_states_are_counted_at_their_stored_size():
     assert levers.optimizer_state_bytes == 2 * 2048 * 8 + 2 * (2 * 4096 + 2 * 4 * 4096 // 256)
     saved = estimate("ddp", full, 1, "no", 0).peak() - estimate("ddp", levers, 1, "no", 0).peak()
     assert saved == (4 * weights - levers.quantized_frozen_bytes) + (8 * sum(lora) - levers.adam_bytes())
+
+
+def test_the_plan_marks_strategies_the_levers_cannot_run_with():
+    from framer_ds.lab.planner import lever_refusal
+
+    model = lora_mlp()
+    int8 = census_of(model, base_precision="int8")
+    states = census_of(model, optimizer="adamw_8bit")
+    assert lever_refusal("ddp", int8) == "" and lever_refusal("ddp", states) == ""
+    assert all("model.base_precision" in lever_refusal(s, int8) for s in ("zero2", "zero3", "fsdp2"))
+    assert lever_refusal("fsdp2", states) == "" and "adamw_8bit" in lever_refusal("zero2_offload", states)
+    assert lever_refusal("zero3", census_of(model)) == ""
