@@ -367,6 +367,7 @@ def format_plan(plan: Plan) -> str:
         + (f"; host {gib(hw.cpu_bytes)} per node" if hw.cpu_bytes else ""),
         *plan.assumptions,
         f"parameters: {census.trainable:,} trainable, {census.frozen:,} frozen"
+        + (f" (+ quantized Linear weights: {gib(q)})" if (q := census.quantized_frozen_bytes) else "")
         + (f"; frozen helpers on every GPU: {gib(census.helper_bytes)}" if census.helper_bytes else ""),
     ]
     for name, probe in plan.activations.items():
