@@ -49,6 +49,11 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
         "--deepspeed-dir", type=Path, default=Path("configs/deepspeed"), help="the strategies' JSONs"
     )
     bench.add_argument(
+        "--compile",
+        action="store_true",
+        help="run every cell eager and with train.compile=true: step time, step 1 and compile time",
+    )
+    bench.add_argument(
         "--profile",
         action="store_true",
         help="PyTorch profiler traces of steps 3-5 per run (Chrome trace JSON) and where the time goes",
@@ -109,7 +114,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = shlex.join(["framer-ds", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else ""
     rows, files = run_bench(
         args.config, args.overrides, strategies, counts, args.steps, out, args.deepspeed_dir, args.profile,
-        command=command,
+        command=command, compile_too=args.compile,
     )  # fmt: skip
     print(markdown(rows))
     print(f"wrote {', '.join(str(f) for f in files)}")

@@ -111,6 +111,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         deepspeed_config=args.deepspeed_config,
         launch_flags=launch_flags,
         warnings=warnings,
+        base_precision=config.model.base_precision,
     )
     if args.hostfile is not None or args.accelerate_config is not None:
         from framer_ds.launch.environment import hostfile_launch_problems

@@ -112,8 +112,45 @@ def check_no_optimizer_scheduler(ds: Cfg, src: str) -> Problems:
     ]
 
 
-def check_deepspeed_json(ds: Cfg, src: str, train: TrainConfig | None) -> Problems:
-    """Every DeepSpeed JSON rule, all problems at once."""
+def check_train_levers(
+    ds: Cfg, src: str, train: TrainConfig | None, base_precision: str = "full"
+) -> Problems:
+    """Fit and speed levers (`train:`, model.base_precision) that DeepSpeed cannot run (docs/benchmarks.md,
+    "Fit and speed levers", says what was tried on deepspeed 0.19.8)."""
+    out = []
+    if base_precision != "full":
+        msg = (
+            f"model.base_precision is {base_precision}, but DeepSpeed moves and casts the whole module with "
+            "Module._apply, which cannot swap torchao's quantized weights (\"_apply(): Couldn't swap "
+            'Linear.weight", measured with ZeRO-2 and ZeRO-3); use model.base_precision=full here, or the '
+            "quantized base with plain/DDP training"
+        )
+        out.append(_p(src, "zero_optimization", msg))
+    if train is None:
+        return out
+    if train.optimizer.name == "adamw_8bit":
+        msg = (
+            "train.optimizer.name is adamw_8bit, but DeepSpeed's ZeRO optimizer owns the optimizer states "
+            "(fp32, on its flat partitions): it refuses an optimizer it does not know (zero_allow_untested_"
+            "optimizer) and with offload_optimizer accelerate swaps in DeepSpeedCPUAdam, dropping the 8-bit "
+            "states silently; use train.optimizer.name=adamw here, or adamw_8bit with DDP or FSDP2"
+        )
+        out.append(_p(src, "zero_optimization", msg))
+    if train.compile and mapping_section(ds, "zero_optimization").get("stage") == 3:
+        msg = (
+            "is 3 and train.compile is true: ZeRO-3 gathers each parameter in a hook dynamo cannot trace, so "
+            "every compiled block breaks into pieces around them; the losses match eager but steps ran ~6x "
+            "slower (measured on CPU, the quickstart ViT) after a ~100 s compile. Set train.compile=false "
+            "under ZeRO-3, or use ZeRO-2 or FSDP2 with compile"
+        )
+        out.append(_p(src, "zero_optimization.stage", msg))
+    return out
+
+
+def check_deepspeed_json(
+    ds: Cfg, src: str, train: TrainConfig | None, base_precision: str = "full"
+) -> Problems:
+    """Every DeepSpeed JSON rule, all problems at once; `base_precision` is the run's model.base_precision."""
     return [
         *check_zero_section(ds, src),
         *check_batch_fields_auto(ds, src),
@@ -121,4 +158,5 @@ def check_deepspeed_json(ds: Cfg, src: str, train: TrainConfig | None) -> Proble
         *check_buffer_fields(ds, src),
         *check_offload_param_stage(ds, src),
         *check_no_optimizer_scheduler(ds, src),
+        *check_train_levers(ds, src, train, base_precision),
     ]

@@ -11,6 +11,7 @@ build without a word. Each rule returns every problem it finds, so a user fixes 
 
 from __future__ import annotations
 
+from framer_ds.config.errors import ConfigProblem
 from framer_ds.config.launch_files import Cfg, Problems, mapping_section
 from framer_ds.config.launch_files import problem_at as _p
 from framer_ds.config.schema import TrainConfig
@@ -33,8 +34,11 @@ def _total_processes(acc: Cfg) -> int | None:
     return processes if isinstance(processes, int) and not isinstance(processes, bool) else None
 
 
-def check_fsdp_config(acc: Cfg, src: str, train: TrainConfig | None) -> Problems:
-    """Every FSDP problem of an accelerate YAML (with the launch flags merged in)."""
+def check_fsdp_config(
+    acc: Cfg, src: str, train: TrainConfig | None, base_precision: str = "full"
+) -> Problems:
+    """Every FSDP problem of an accelerate YAML (with the launch flags merged in); `base_precision` is the
+    run's model.base_precision."""
     section = mapping_section(acc, "fsdp_config")
     if not is_fsdp(acc):
         if not section:
@@ -45,7 +49,8 @@ def check_fsdp_config(acc: Cfg, src: str, train: TrainConfig | None) -> Problems
         )
         return [_p(src, "distributed_type", msg)]
     return (
-        _fallback_problems(acc, src, section)
+        fsdp_lever_problems(base_precision)
+        + _fallback_problems(acc, src, section)
         + _fsdp2_key_problems(src, section)
         + _train_yaml_problems(src, section, train)
     )
@@ -131,3 +136,15 @@ def _train_yaml_problems(src: str, section: Cfg, train: TrainConfig | None) -> P
         )
         out.append(_p(src, "fsdp_config.fsdp_mixed_precision_policy", msg))
     return out
+
+
+def fsdp_lever_problems(base_precision: str) -> Problems:
+    """Fit levers FSDP2 cannot run (docs/benchmarks.md, "Fit and speed levers")."""
+    if base_precision == "full":
+        return []
+    msg = (
+        f"is {base_precision}, but FSDP2 shards every parameter along dim 0 (aten.split), which torchao's "
+        "quantized weights do not implement (NotImplementedError, measured with torchao 0.18); use "
+        "model.base_precision=full with FSDP2, or the quantized base with plain/DDP training"
+    )
+    return [ConfigProblem("model.base_precision", msg)]

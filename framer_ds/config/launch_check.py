@@ -27,7 +27,7 @@ from framer_ds.config.accelerate_yaml_rules import (
 )
 from framer_ds.config.deepspeed_json_rules import check_deepspeed_json
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.config.fsdp_yaml_rules import check_fsdp_config
+from framer_ds.config.fsdp_yaml_rules import check_fsdp_config, fsdp_lever_problems
 from framer_ds.config.launch_files import Problems, load_json_config, load_yaml_file, mapping_section
 from framer_ds.config.launch_files import problem_at as _p
 from framer_ds.config.schema import TrainConfig
@@ -54,11 +54,12 @@ def check_launch_configs(
     deepspeed_config: Path | None = None,
     launch_flags: Mapping[str, Any] | None = None,
     warnings: list[str] | None = None,
+    base_precision: str = "full",
 ) -> list[ConfigProblem]:
     """Every problem across the three configs; `deepspeed_config` mirrors --deepspeed_config_file and
     `launch_flags` the `accelerate launch` flags that beat the YAML's keys (num_processes, num_machines,
     machine_rank, main_process_ip, main_process_port). Costly but legal choices (a fixed 5e8 bucket) are
-    appended to `warnings` when given."""
+    appended to `warnings` when given; `base_precision` is the run's model.base_precision."""
     problems: Problems = []
     json_path = Path(deepspeed_config) if deepspeed_config is not None else None
     if accelerate_config is not None:
@@ -73,7 +74,7 @@ def check_launch_configs(
             problems += check_ignored_with_config_file(acc, src, explicit or bool(yaml_json))
             problems += check_plugin_values_match_train(acc, src, train)
             problems += check_deepspeed_source(acc, src, explicit)
-            problems += check_fsdp_config(acc, src, train)
+            problems += check_fsdp_config(acc, src, train, base_precision)
             if not explicit and yaml_json and is_deepspeed(acc):
                 json_path, found = _resolve_json(str(yaml_json), Path(accelerate_config), src)
                 problems += found
@@ -81,7 +82,7 @@ def check_launch_configs(
         ds, load_problems = load_json_config(json_path)
         problems += load_problems
         if ds is not None:
-            problems += check_deepspeed_json(ds, str(json_path), train)
+            problems += check_deepspeed_json(ds, str(json_path), train, base_precision)
             mixed = train.mixed_precision if train is not None else "no"
             warning = fixed_bucket_warning(mapping_section(ds, "zero_optimization"), mixed)
             if warnings is not None and warning is not None:
@@ -129,11 +130,11 @@ def _fsdp_env_problems(env: Mapping[str, str]) -> Problems:
     return out
 
 
-def check_runtime_environment(train: TrainConfig) -> list[ConfigProblem]:
+def check_runtime_environment(train: TrainConfig, base_precision: str = "full") -> list[ConfigProblem]:
     """The same checks at training start, from the env vars accelerate's DeepSpeed / FSDP launcher sets."""
     env = os.environ
     if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        return _env_overrides(env, train) + _fsdp_env_problems(env)
+        return _env_overrides(env, train) + _fsdp_env_problems(env) + fsdp_lever_problems(base_precision)
     if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
         return []
     problems = _env_overrides(env, train)
@@ -148,5 +149,5 @@ def check_runtime_environment(train: TrainConfig) -> list[ConfigProblem]:
         ds, load_problems = load_json_config(Path(json_file))
         problems += load_problems
         if ds is not None:
-            problems += check_deepspeed_json(ds, json_file, train)
+            problems += check_deepspeed_json(ds, json_file, train, base_precision)
     return problems

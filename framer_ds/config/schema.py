@@ -8,6 +8,7 @@ the task (see `framer_ds.tasks.registry`) and combined with this base by `run_co
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
@@ -87,11 +88,36 @@ class RunConfigBase(StrictModel):
         return self
 
 
+BASE_PRECISION_FIELD = (
+    Literal["full", "int8", "fp8"],
+    Field(
+        "full",
+        description="How the frozen base's nn.Linear weights are stored (every Linear that does not train, "
+        "e.g. under a LoRA): 'full' as the run computes; 'int8' weight-only with a per-row scale (torchao, "
+        "QLoRA-style: ~1 byte per weight, LoRA trained on top in the compute dtype); 'fp8' likewise on GPUs "
+        "of compute capability 8.9+ (refused elsewhere). Exports are unchanged (adapters; merges read the "
+        "base from disk). Plain/DDP only: DeepSpeed's module cast cannot swap torchao's weights and FSDP2 "
+        "cannot shard them (both refused by validate).",
+    ),
+)
+"""`model.base_precision`: a key every task's `model:` section has (added by `run_config_class`), since
+which weights are frozen is generic (engine/base_precision.py)."""
+GENERIC_MODEL_KEYS = frozenset({"base_precision"})
+"""Keys `run_config_class` adds to every task's `model:` section; a task re-reading its own section from a
+record (an export) with its ModelConfig alone drops them."""
+
+
 def run_config_class(task_name: str, model_cls: type[BaseModel], data_cls: type[BaseModel]) -> type:
-    """The full schema for one task: the shared base plus the task's `model:` and `data:` sections."""
+    """The full schema for one task: the shared base plus the task's `model:` (with the generic
+    `base_precision`) and `data:` sections."""
+    model_section = create_model(model_cls.__name__, __base__=model_cls, base_precision=BASE_PRECISION_FIELD)
+    model_section.__doc__ = model_cls.__doc__
     return create_model(
         f"RunConfig_{task_name}",
         __base__=RunConfigBase,
-        model=(model_cls, Field(default_factory=model_cls, description="Task-specific model options.")),
+        model=(
+            model_section,
+            Field(default_factory=model_section, description="Task-specific model options."),
+        ),
         data=(data_cls, Field(description="Task-specific data options.")),
     )

@@ -20,6 +20,15 @@ from framer_ds.config.strict import StrictModel, expand_path
 class OptimizerConfig(StrictModel):
     """AdamW and gradient clipping."""
 
+    name: Literal["adamw", "adamw_8bit"] = Field(
+        "adamw",
+        description="'adamw': torch's AdamW, fp32 moments (8 bytes per trainable parameter). 'adamw_8bit': "
+        "torchao's AdamW8bit, both moments block-wise quantized to 8 bits (2 bytes per parameter plus one "
+        "fp32 scale per 256 values; tensors under 4,096 values keep fp32 moments), checkpointed and resumed "
+        "exactly. torchao because it is maintained by PyTorch, runs on CPU and GPU alike (bitsandbytes' "
+        "8-bit Adam needs CUDA) and its states are tensors that torch.save and FSDP2 handle. Not with "
+        "DeepSpeed, whose ZeRO optimizer keeps its own fp32 states.",
+    )
     learning_rate: float = Field(1e-4, gt=0, description="Peak AdamW learning rate (after warmup).")
     weight_decay: float = Field(
         0.0,
@@ -159,6 +168,19 @@ class TrainConfig(StrictModel):
         "no", description="Autocast dtype (DDP) or the DeepSpeed engine's dtype."
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    checkpoint_blocks: bool = Field(
+        False,
+        description="Activation-checkpoint each of the task's repeated blocks whole (the blocks FSDP2 and "
+        "compile use), beside the model's own gradient checkpointing: only each block's inputs are kept, "
+        "one block is recomputed at a time in backward (e.g. SVD's temporal transformer blocks, which "
+        "diffusers does not checkpoint). Costs one more forward of those blocks per step.",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile the trained model's repeated blocks in place (regional: one block's "
+        "compile time, not the whole model's); plain, DDP, ZeRO-2 and FSDP2 runs, with or without gradient "
+        "checkpointing. Refused under ZeRO-3, where it runs but slower than eager (docs/benchmarks.md).",
+    )
     log_every: int = Field(1, ge=1, description="Write a metrics line every N optimizer steps.")
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
     collective_timeout_s: int = Field(

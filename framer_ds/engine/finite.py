@@ -84,8 +84,20 @@ def optimizer_tensors(optimizer: object) -> list[torch.Tensor]:
         inner = inner.optimizer
     found = [p for group in getattr(inner, "param_groups", ()) for p in group["params"]]
     for state in getattr(inner, "state", {}).values():
-        found += [value for value in state.values() if isinstance(value, torch.Tensor)]
+        found += [part for value in state.values() for part in _plain_parts(value)]
     return found
+
+
+def _plain_parts(value: object) -> list[torch.Tensor]:
+    """A plain tensor as itself; a tensor subclass (torchao's 8-bit Adam moments: uint8 codes and fp32
+    scales, `train.optimizer.name=adamw_8bit`) as the plain tensors it is made of, which the fused norm
+    can read: a NaN moment shows as a NaN scale."""
+    if not isinstance(value, torch.Tensor):
+        return []
+    flatten = getattr(value, "__tensor_flatten__", None)
+    if flatten is None or type(value) is torch.nn.Parameter:
+        return [value]
+    return [part for name in flatten()[0] for part in _plain_parts(getattr(value, name))]
 
 
 def agreed_finiteness(

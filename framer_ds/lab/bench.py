@@ -117,6 +117,10 @@ def failure_reason(error: str) -> str:
     return (raised or lines or ["failed"])[-1][:300]
 
 
+COMPILED = "+compile"
+"""The suffix of a `--compile` row's strategy: its cell ran with train.compile=true."""
+
+
 def run_cell(
     config: Path,
     overrides: list[str],
@@ -129,12 +133,16 @@ def run_cell(
     port: int,
     cwd: Path,
 ) -> BenchRow:
+    """One launch; a `strategy` ending in COMPILED runs its base strategy with train.compile=true."""
     import torch
 
     gpu = torch.cuda.is_available()
-    cell = out_dir / f"{strategy}_n{processes}"
+    compiled = strategy.endswith(COMPILED)
+    cell = out_dir / f"{strategy.replace(COMPILED, '_compile')}_n{processes}"
     shutil.rmtree(cell, ignore_errors=True)  # a cell run again starts clean (its worker records, its run)
     run_overrides = [*overrides, *RUN_OVERRIDES, f"train.length.steps={steps}", f"output_dir={cell / 'run'}"]
+    run_overrides += ["train.compile=true"] if compiled else []
+    strategy_label, strategy = strategy, strategy.removesuffix(COMPILED)
     env = measurement_env(default_cache_dir())
     if profile:
         env[PROFILE_ENV] = "1"
@@ -145,12 +153,13 @@ def run_cell(
         reason = failure_reason(str(exc))
         if strategy == "zeropp" and not gpu:
             reason = f"ZeRO++ quantizes with CUDA kernels, this machine has no GPU ({reason})"
-        return BenchRow(strategy, processes, ok=False, error=reason)
+        return BenchRow(strategy_label, processes, ok=False, error=reason)
     history = read_history(cell / "run")
     global_batch = history.summary.get("global batch")
     last_eval = history.evals[-1] if history.evals else {}
+    first_rate = history.train[0].get("samples_per_s") if history.train else None
     return BenchRow(
-        strategy,
+        strategy_label,
         processes,
         ok=True,
         peak_mib_per_rank=[b / MiB for b in found.tensor_rank_bytes],
@@ -163,7 +172,18 @@ def run_cell(
         profile=found.profile_seconds,
         hta=hta_breakdown(cell) if profile and gpu else None,
         traces=[str(p) for p in sorted(cell.glob("trace_rank*.json"))],
+        first_step_s=global_batch / first_rate if global_batch and first_rate else None,
     )
+
+
+def add_compile_times(rows: list[BenchRow]) -> None:
+    """Each compiled row's compile time: its step 1 minus the eager twin's step 1 (both warm up alike;
+    the difference is dynamo's tracing and inductor's code generation)."""
+    eager = {(r.strategy, r.processes): r.first_step_s for r in rows}
+    for row in rows:
+        base = eager.get((row.strategy.removesuffix(COMPILED), row.processes))
+        if row.strategy.endswith(COMPILED) and row.first_step_s is not None and base is not None:
+            row.compile_s = row.first_step_s - base
 
 
 def scaling_efficiency(rows: list[BenchRow]) -> dict[tuple[str, int], float]:
@@ -190,8 +210,9 @@ def markdown(rows: list[BenchRow]) -> str:
     efficiency = scaling_efficiency(rows)
     eval_names = sorted({k for r in rows for k in r.eval})
     host = any(r.process_mib_per_rank and r.process_mib_per_rank != r.peak_mib_per_rank for r in rows)
+    timed = any(r.strategy.endswith(COMPILED) for r in rows)  # `--compile`: step 1 and compile time
     head = ["strategy", "processes", "peak MiB/rank (max)", *(["process MiB/rank"] if host else []), "s/step",
-            "samples/s", "scaling", "final loss"]  # fmt: skip
+            *(["step 1 s", "compile s"] if timed else []), "samples/s", "scaling", "final loss"]  # fmt: skip
     lines = [
         "| " + " | ".join([*head, *eval_names, "wall s", "note"]) + " |",
         "|" + "---|" * (len(head) + len(eval_names) + 2),
@@ -202,6 +223,7 @@ def markdown(rows: list[BenchRow]) -> str:
         cells = [
             r.strategy, str(r.processes), _number(r.peak_mib, ".0f"),
             *([_number(r.process_mib, ".0f")] if host else []), _number(r.s_per_step, ".3f"),
+            *([_number(r.first_step_s, ".2f"), _number(r.compile_s, ".1f")] if timed else []),
             _number(r.samples_per_s, ".3g"), "-" if scaling is None else f"{scaling:.0%}",
             _number(r.final_loss, ".4f"), *[_number(r.eval.get(n), ".4f") for n in eval_names],
             _number(r.wall_s, ".0f"), note.replace("|", "/"),
@@ -223,8 +245,9 @@ def write_bench_files(rows: list[BenchRow], out_dir: Path, header: dict[str, Any
         for r in rows
     ]
     (out_dir / "bench.json").write_text(json.dumps({**header, "cells": records}, indent=2))
-    columns = ["strategy", "processes", "ok", "peak_mib", "process_mib", "s_per_step", "samples_per_s",
-               "scaling_efficiency", "final_loss", "wall_s", "error"]  # fmt: skip
+    columns = ["strategy", "processes", "ok", "peak_mib", "process_mib", "s_per_step", "first_step_s",
+               "compile_s", "samples_per_s", "scaling_efficiency", "final_loss", "wall_s",
+               "error"]  # fmt: skip
     with (out_dir / "bench.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
@@ -277,10 +300,14 @@ def run_bench(
     port: int = 29620,
     cwd: Path | None = None,
     command: str = "",
+    compile_too: bool = False,
 ) -> tuple[list[BenchRow], list[Path]]:
+    """Every strategy at every process count; with `compile_too` each also with train.compile=true (a
+    `<strategy>+compile` row: eager vs compiled step time and the compile time)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for strategy in strategies:
+    cells = [v for s in strategies for v in ([s, s + COMPILED] if compile_too else [s])]
+    for strategy in cells:
         for n in processes:
             row = run_cell(
                 config,
@@ -302,6 +329,7 @@ def run_bench(
                 else f"failed: {row.error}"
             )
             print(f"{strategy} x{n}: {status}", flush=True)
+    add_compile_times(rows)
     header = {
         "config": str(config),
         "overrides": overrides,

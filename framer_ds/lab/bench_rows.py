@@ -29,6 +29,10 @@ class BenchRow:
     profile: dict[str, float] | None = None
     hta: dict[str, float] | None = None
     traces: list[str] = field(default_factory=list)
+    first_step_s: float | None = None
+    """Optimizer step 1 (start-up excluded): warm-up, plus tracing and code generation under compile."""
+    compile_s: float | None = None
+    """`--compile` rows: step 1 compiled minus step 1 eager, same strategy and process count."""
 
     @property
     def peak_mib(self) -> float | None:

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from framer_ds.config.zero_fields import element_bytes
+from framer_ds.engine.block_checkpoint import checkpoint_repeated_blocks
+from framer_ds.engine.optim8bit import state_bytes
 from framer_ds.engine.precision import dtype_of
 from framer_ds.engine.pretrained import empty_weights
 from framer_ds.engine.zero_buffers import ParameterSizes, auto_values, persistence_threshold
@@ -26,24 +28,40 @@ from framer_ds.tasks.run_config import load_run_config
 
 
 def census_of(
-    model: torch.nn.Module, helpers: Sequence[torch.nn.Module] = (), mixed_precision: str = "no"
+    model: torch.nn.Module,
+    helpers: Sequence[torch.nn.Module] = (),
+    mixed_precision: str = "no",
+    base_precision: str = "full",
+    optimizer: str = "adamw",
 ) -> ParameterCensus:
-    """The element counts the memory model needs; helpers are counted in the training compute dtype."""
+    """The element counts the memory model needs; helpers are counted in the training compute dtype.
+    `base_precision` int8/fp8 counts the frozen Linear weights as engine.base_precision stores them;
+    `optimizer` adamw_8bit counts the moments as torchao's AdamW8bit stores them."""
     sizes = ParameterSizes.of(model)
     parameters = list(model.parameters())  # tied weights once
     trainable = [p.numel() for p in parameters if p.requires_grad]
     frozen = [p for p in parameters if not p.requires_grad]
     threshold = persistence_threshold(sizes.numels, sizes.total)
     helper_elements = sum(p.numel() for helper in helpers for p in helper.parameters())
+    quantized = [m.weight for m in model.modules() if _stored_quantized(m, base_precision)]
+    quantized_elements = sum(w.numel() for w in quantized)
     return ParameterCensus(
         trainable=sizes.trainable,
-        frozen=sizes.total - sizes.trainable,
+        frozen=sizes.total - sizes.trainable - quantized_elements,
         largest_trainable=max(trainable, default=0),
         persistent_small=sum(n for n in sizes.numels if n <= threshold) if threshold else 0,
         helper_bytes=helper_elements * element_bytes(mixed_precision),
         frozen_bytes_per_element=frozen[0].element_size() if frozen else 4,
         auto_buffers=auto_values(sizes),
+        quantized_frozen_bytes=sum(w.numel() + 5 * w.shape[0] for w in quantized),  # + scale, zero point
+        optimizer_state_bytes=int(sum(map(state_bytes, trainable))) if optimizer == "adamw_8bit" else None,
     )
+
+
+def _stored_quantized(module: torch.nn.Module, base_precision: str) -> bool:
+    """What engine.base_precision quantizes: a frozen nn.Linear, when the base is stored int8/fp8."""
+    linear = isinstance(module, torch.nn.Linear)
+    return base_precision != "full" and linear and not module.weight.requires_grad
 
 
 def largest_fsdp_unit(model: torch.nn.Module, block_classes: Sequence[str]) -> int:
@@ -75,7 +93,10 @@ def meta_model(task: Task) -> torch.nn.Module:
     models; a classifier's head needs its classes): what the census counts and the probe runs."""
     planning_hooks(task).prepare_model_assets()
     with empty_weights():
-        return task.build_model()
+        model = task.build_model()
+    if task.config.train.checkpoint_blocks:  # as train/run.py does, so the probe measures its graph
+        checkpoint_repeated_blocks(model, task.fsdp_block_classes(model))
+    return model
 
 
 @dataclass
@@ -106,7 +127,9 @@ def task_census(
     census and the activation probe)."""
     model = meta_model(task) if model is None else model
     helpers = helper_modules(task) if helpers is None else helpers
-    census = census_of(model, helpers.frozen, task.config.train.mixed_precision)
+    train = task.config.train
+    base = task.config.model.base_precision
+    census = census_of(model, helpers.frozen, train.mixed_precision, base, train.optimizer.name)
     compute = dtype_of(task.config.train.mixed_precision)
     in_evaluation = helpers.in_evaluation
     dtypes = planning_hooks(task).helper_dtypes(in_evaluation, compute)

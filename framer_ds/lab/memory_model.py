@@ -52,6 +52,21 @@ class ParameterCensus:
     largest_fsdp_unit: int = 0
     """Elements of the largest FSDP2 unit: one of the task's repeated blocks (`Task.fsdp_block_classes`)
     or the root's remainder; 0 when unknown (then the whole model counts as one unit)."""
+    quantized_frozen_bytes: int = 0
+    """model.base_precision int8/fp8: the frozen Linear weights as stored (1 byte each plus a 4-byte scale
+    and a 1-byte zero point per output row); those elements are not in `frozen`."""
+    optimizer_state_bytes: int | None = None
+    """train.optimizer.name=adamw_8bit: both moments of every trainable tensor as torchao stores them
+    (engine.optim8bit.state_bytes); None: fp32 Adam, 8 bytes per trainable element."""
+
+    def adam_bytes(self, shards: int = 1) -> int:
+        """The optimizer states of the trainable elements, over `shards` ranks."""
+        whole = ADAM_STATES * FP32 * self.trainable if self.optimizer_state_bytes is None else None
+        return _ceil_div(whole if whole is not None else self.optimizer_state_bytes, shards)
+
+    @property
+    def adam_label(self) -> str:
+        return "fp32 Adam" if self.optimizer_state_bytes is None else "8-bit Adam"
 
 
 @dataclass(frozen=True)
@@ -122,14 +137,19 @@ def estimate(
 def _ddp(census: ParameterCensus, mixed_precision: str) -> list[Term]:
     """accelerate's DDP keeps fp32 weights and gradients (the gradients are views into the all-reduce
     buckets, gradient_as_bucket_view) and fused AdamW's two states; autocast caches a bf16/fp16 copy of
-    every trainable weight it casts, from forward to the end of backward."""
+    every trainable weight it casts, from forward to the end of backward. Under bf16/fp16 the frozen
+    weights are stored in that dtype (engine.precision.store_frozen_in_compute_dtype), as under DeepSpeed,
+    so autocast copies none of them."""
     t = census.trainable
-    autocast = element_bytes(mixed_precision) if mixed_precision in ("bf16", "fp16") else 0
+    mixed = mixed_precision in ("bf16", "fp16")
+    autocast = element_bytes(mixed_precision) if mixed else 0
+    frozen_b = element_bytes(mixed_precision) if mixed else census.frozen_bytes_per_element
     return [
         Term("trainable weights (fp32)", FP32 * t, "device", "persistent"),
-        Term("frozen weights", census.frozen_bytes_per_element * census.frozen, "device", "persistent"),
+        Term("frozen weights", frozen_b * census.frozen, "device", "persistent"),
+        Term("frozen weights (quantized)", census.quantized_frozen_bytes, "device", "persistent"),
         Term("gradients (fp32, in the DDP buckets)", FP32 * t, "device", "persistent"),
-        Term("optimizer states (fp32 Adam)", ADAM_STATES * FP32 * t, "device", "persistent"),
+        Term(f"optimizer states ({census.adam_label})", census.adam_bytes(), "device", "persistent"),
         Term("autocast weight copies", autocast * t, "device", "backward"),
     ]
 
@@ -144,6 +164,7 @@ def _zero2(census: ParameterCensus, n: int, b: int, zero: Mapping[str, Any], off
     terms = [
         Term("trainable weights", b * t, "device", "persistent"),
         Term("frozen weights", b * census.frozen, "device", "persistent"),
+        Term("frozen weights (quantized)", census.quantized_frozen_bytes, "device", "persistent"),
         Term("fp32 master partition", FP32 * p, optimizer, "persistent"),
         Term("optimizer states partition (fp32 Adam)", ADAM_STATES * FP32 * p, optimizer, "persistent"),
         Term("reduce buckets", _reduce_buckets({**zero, "stage": 2}, b, offload), "device", "backward"),
@@ -233,7 +254,7 @@ def _fsdp2(census: ParameterCensus, n: int, b: int, accumulation: int) -> list[T
             "frozen weights shard", census.frozen_bytes_per_element * _ceil_div(f, n), "device", "persistent"
         ),
         Term("gradient shard (fp32)", FP32 * p, "device", "persistent"),
-        Term("optimizer states shard (fp32 Adam)", ADAM_STATES * FP32 * p, "device", "persistent"),
+        Term(f"optimizer states shard ({census.adam_label})", census.adam_bytes(n), "device", "persistent"),
         Term("gathered unit + the prefetched next", 2 * b * unit, "device", "backward"),
         Term("a unit's gradients before reduce-scatter", FP32 * min(unit, t), "device", "backward"),
         Term(

@@ -183,9 +183,11 @@ def strategy_row(
         note = "FSDP2 shards over 2+ processes; on one it trains unsharded (`framer-ds validate` refuses it)"
     if hardware.cpu_bytes is not None and host_per_node(found) > hardware.cpu_bytes:
         note = f"needs {host_per_node(found) / GiB:.1f} GiB of host memory per node"
+    refused = lever_refusal(strategy, census)
+    note = refused or note
     return StrategyRow(
         strategy=strategy,
-        fits=within(found) and not (strategy == "fsdp2" and hardware.world == 1),
+        fits=within(found) and not (strategy == "fsdp2" and hardware.world == 1) and not refused,
         device_bytes=found.peak("device"),
         host_bytes_per_node=host_per_node(found),
         largest_micro_batch=largest,
@@ -196,6 +198,17 @@ def strategy_row(
         note=note,
         terms=found.by_name(),
     )
+
+
+def lever_refusal(strategy: str, census: ParameterCensus) -> str:
+    """Why `framer-ds validate` refuses this strategy with the config's fit levers, or "": an int8/fp8
+    base runs plain/DDP only, 8-bit Adam states not under DeepSpeed (config/deepspeed_json_rules.py,
+    config/fsdp_yaml_rules.py)."""
+    if census.quantized_frozen_bytes and strategy != "ddp":
+        return "refused: a quantized base (model.base_precision) trains plain/DDP only"
+    if census.optimizer_state_bytes is not None and strategy not in ("ddp", "fsdp2"):
+        return "refused: DeepSpeed owns the optimizer states (train.optimizer.name=adamw_8bit)"
+    return ""
 
 
 def launch_command(
@@ -354,6 +367,7 @@ def format_plan(plan: Plan) -> str:
         + (f"; host {gib(hw.cpu_bytes)} per node" if hw.cpu_bytes else ""),
         *plan.assumptions,
         f"parameters: {census.trainable:,} trainable, {census.frozen:,} frozen"
+        + (f" (+ quantized Linear weights: {gib(q)})" if (q := census.quantized_frozen_bytes) else "")
         + (f"; frozen helpers on every GPU: {gib(census.helper_bytes)}" if census.helper_bytes else ""),
     ]
     for name, probe in plan.activations.items():

@@ -149,6 +149,13 @@ class Task(ABC):
         (`tasks.assemble`)."""
         return None
 
+    def frozen_helpers_placement(self) -> str | None:
+        """Where the frozen helpers (a VAE, an image or text encoder) live during training, for the run
+        summary, e.g. "VAE + image encoder: not loaded (latent cache complete)"; called after
+        `precompute`. Why: a helper on the GPU all run costs its weights in every step's memory, so a
+        user checking whether a run fits needs to see it. None (the default): the task has no helpers."""
+        return None
+
     def precompute(
         self, accelerator: Accelerator, train_set: Dataset, eval_set: Dataset | None
     ) -> tuple[Dataset, Dataset | None]:

@@ -81,7 +81,7 @@ def _start(config: RunConfigBase, stop: StopRequest) -> TrainResult:
     """Whatever happens after the Accelerator exists (success, a config error found late, a crash, a
     preemption), its trackers are finished and its process group destroyed exactly once."""
     task = get_task_class(config.task)(config)
-    problems = task.check() + check_runtime_environment(config.train)
+    problems = task.check() + check_runtime_environment(config.train, config.model.base_precision)
     if problems:
         raise ConfigError(problems, "pre-flight checks")
     check_run_dir(config)

@@ -13,7 +13,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import RunConfigBase, TrainConfig
+from framer_ds.engine.base_precision import quantize_frozen_base
+from framer_ds.engine.block_checkpoint import checkpoint_repeated_blocks
+from framer_ds.engine.compile import compile_repeated_blocks
 from framer_ds.engine.fsdp2 import set_wrap_classes
+from framer_ds.engine.optim8bit import adamw_8bit
+from framer_ds.engine.precision import store_frozen_in_compute_dtype
 from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
 from framer_ds.tasks.assemble import assemble
 from framer_ds.tasks.base import Task
@@ -40,6 +45,10 @@ class TrainingRun:
     total_parameters: int
     zero_buffers: ZeroBuffers | None = None
     """DeepSpeed's buffer fields as the engine runs them (None without DeepSpeed)."""
+    compiled: str | None = None
+    """What `train.compile` compiled (for the run summary); None when it is off."""
+    quantized: str | None = None
+    """What `model.base_precision` quantized (for the run summary); None at full precision."""
 
 
 def fused_adam_supported(device: torch.device, parameters: list[torch.nn.Parameter]) -> bool:
@@ -81,19 +90,16 @@ def build_optimizer(
     train_cfg: TrainConfig,
     device: torch.device,
     task_groups: list[dict] | None = None,
-) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters: the task's groups (`Task.optimizer_groups`, or one), each
-    split by `decay_groups`."""
+) -> torch.optim.Optimizer:
+    """AdamW (train.optimizer.name: torch's, or torchao's 8-bit one) over the trainable parameters: the
+    task's groups (`Task.optimizer_groups`, or one), each split by `decay_groups`."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = train_cfg.optimizer
     groups = decay_groups(param_groups(task_groups, trainable, opt.learning_rate), opt.weight_decay)
-    return torch.optim.AdamW(
-        groups,
-        lr=opt.learning_rate,
-        betas=(opt.beta1, opt.beta2),
-        eps=opt.epsilon,
-        fused=fused_adam_supported(device, trainable),
-    )
+    hyper = {"lr": opt.learning_rate, "betas": (opt.beta1, opt.beta2), "eps": opt.epsilon}
+    if opt.name == "adamw_8bit":
+        return adamw_8bit(groups, **hyper)
+    return torch.optim.AdamW(groups, **hyper, fused=fused_adam_supported(device, trainable))
 
 
 def training_loaders(
@@ -163,7 +169,14 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     if plugin is not None:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))  # set by torchrun
         zero_buffers = size_zero_buffers(plugin.deepspeed_config, sizes, train_cfg.mixed_precision, per_node)
-    set_wrap_classes(accelerator, task.fsdp_block_classes(model))  # before prepare shards the model
+    blocks = task.fsdp_block_classes(model)
+    set_wrap_classes(accelerator, blocks)  # before prepare shards the model
+    store_frozen_in_compute_dtype(accelerator, model)  # as DeepSpeed holds them (before quantizing)
+    base_precision = config.model.base_precision
+    quantized = quantize_frozen_base(model, base_precision) if base_precision != "full" else None
+    if train_cfg.checkpoint_blocks:
+        checkpoint_repeated_blocks(model, blocks)  # before compile: the compiled call runs this forward
+    compiled = compile_repeated_blocks(model, blocks) if train_cfg.compile else None
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = build_optimizer(model, train_cfg, accelerator.device, task.optimizer_groups(model))
     train_loader, eval_loader = training_loaders(task, train_cfg, train_set, eval_set)
@@ -196,4 +209,6 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         sizes.trainable,
         sizes.total,
         zero_buffers,
+        compiled,
+        quantized,
     )

@@ -57,6 +57,9 @@ def test_the_summary_says_what_runs(one_process):
     assert summary["strategy"] == "single CPU process"
     assert summary["trainable parameters"] == summary["total parameters"] > 100_000
     assert summary["start"] == "step 0 (new run)"
+    assert summary["torch.compile"] == "off (train.compile: false)"
+    assert summary["frozen base"] == "full precision (model.base_precision: full)"
+    assert "frozen helpers" not in summary  # the ViT has none
 
 
 @pytest.mark.distributed

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.config.renames import move_renamed_keys, schema_renames
+from framer_ds.config.schema import GENERIC_MODEL_KEYS
 from framer_ds.engine.export import read_export_json
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.tasks.base import SampleCommandOptions
@@ -82,9 +83,8 @@ def load_drivable_vit(export_dir: Path, device: str = "cpu") -> LoadedModel:
         )
     record = read_export_json(export_dir / RECORD)
     # an export written before a model key was renamed (img_size) reads as this version's section
-    config = DrivableModelConfig.model_validate(
-        move_renamed_keys(record["model"], schema_renames(DrivableModelConfig))
-    )
+    own = {k: v for k, v in record["model"].items() if k not in GENERIC_MODEL_KEYS}
+    config = DrivableModelConfig.model_validate(move_renamed_keys(own, schema_renames(DrivableModelConfig)))
     model = DrivableViT(config, views=len(record["views"]), frames=record["frames"])
     state = {k: v.float() for k, v in load_file(str(export_dir / WEIGHTS)).items()}
     model.load_state_dict(state)

@@ -25,7 +25,7 @@ from framer_ds.tasks.video_lora.bucket_hooks import VideoBuckets
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.tasks.video_lora.data_setup import VideoLoraData
-from framer_ds.tasks.video_lora.eval_memory import VideoEvalMemory
+from framer_ds.tasks.video_lora.eval_memory import VideoEvalMemory, samples_during_training
 from framer_ds.tasks.video_lora.export_formats import VideoExportCommandOptions
 from framer_ds.tasks.video_lora.families import family_for
 from framer_ds.tasks.video_lora.inference import VideoSampleCommandOptions
@@ -183,6 +183,17 @@ class VideoLoraTask(
     def frozen_helpers(self) -> list[torch.nn.Module]:
         """With the latent cache on they are on the device only to fill it and to draw samples."""
         return [] if self.config.data.cache.enabled else list(self.frozen.load())
+
+    def frozen_helpers_placement(self) -> str:
+        """Where the base's frozen encoders are while training (after `precompute`)."""
+        helpers = self.family.frozen_helper_names
+        if not self.config.data.cache.enabled:
+            return f"{helpers}: on the GPU all run, encoding every step (data.cache.enabled=true frees them)"
+        later = "back only to draw samples" if samples_during_training(self.config) else "never back"
+        if self.frozen.vae is None:
+            off = "off the GPU (loaded only to fill the latent cache, not once complete)"
+            return f"{helpers}: {off}, {later}"
+        return f"{helpers}: on the GPU only while encoding the latent cache, now in CPU memory, {later}"
 
     # --- objective -----------------------------------------------------------------------------------
 

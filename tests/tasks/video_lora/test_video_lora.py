@@ -314,6 +314,12 @@ def test_latent_cache_trains_without_the_vae_once_built(tmp_path, monkeypatch):
     monkeypatch.setattr(AutoencoderKLTemporalDecoder, "from_pretrained", refuse)
     second = run_training(tiny_config(tmp_path / "b", *overrides))
     assert second.eval_metrics == first.eval_metrics  # same cached tensors, same seed: same run
+    import json
+
+    summary = json.loads((tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()[0])[
+        "run_summary"
+    ]
+    assert summary["frozen helpers"].startswith("VAE + image encoder: off the GPU"), summary
 
     # an edited source video changes the key: the cache is rebuilt, not silently reused
     config = tiny_config(tmp_path / "c", *overrides)

@@ -127,6 +127,9 @@ def test_a_complete_cache_never_loads_an_encoder(wan_run: Path, monkeypatch: pyt
     ]
     run_training(load_run_config(CONFIG, overrides))
     assert len(read_metrics(wan_run / "again")[0]) >= 1
+    first_line = (wan_run / "again" / "metrics.jsonl").read_text().splitlines()[0]
+    placement = json.loads(first_line)["run_summary"]["frozen helpers"]
+    assert placement.startswith("VAE + CLIP image encoder + UMT5 text encoder: off the GPU"), placement
 
 
 @pytest.mark.slow  # the module's one training run: ~30 s on 2 cores

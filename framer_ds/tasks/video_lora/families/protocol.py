@@ -25,6 +25,9 @@ class VideoBaseFamily(ABC):
     """One base family of a video_lora run; built from the run's config, bound to the accelerator in
     `setup_frozen`."""
 
+    frozen_helper_names = "VAE + image encoder"
+    """The frozen encoders, as the run summary names them (`VideoLoraTask.frozen_helpers_placement`)."""
+
     def __init__(self, config: Any):
         self.config = config
         self.accelerator = None  # from setup_frozen: the device per-batch hooks draw on

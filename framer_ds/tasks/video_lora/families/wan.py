@@ -36,6 +36,8 @@ MAX_SEQUENCE_LENGTH = 512  # the pipeline's default; the cached prompt states ha
 class WanFamily(WanExports, VideoBaseFamily):
     """Wan bases (`model.base.name: wan`): LoRA on the DiT, the rest frozen."""
 
+    frozen_helper_names = "VAE + CLIP image encoder + UMT5 text encoder"
+
     def __init__(self, config: Any):
         super().__init__(config)
         self._frozen = FrozenWanEncoders(self.base_path())

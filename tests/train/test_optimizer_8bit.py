@@ -1,0 +1,68 @@
+"""train.optimizer.name=adamw_8bit: torchao's AdamW8bit trains the MLP task (width 256: its 32x256 and
+256x256 matrices hold 8-bit moments, its biases fp32 ones), resumes bit for bit from a checkpoint, and
+is refused with DeepSpeed.
+
+Resume vs straight is compared exactly (rel 0): one process, fp32 on CPU, the same data position, RNG,
+weights, LR and quantized moments (codes + scales restored as they were saved): every operation repeats.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import mlp_config, read_metrics
+from framer_ds.config.launch_check import check_launch_configs
+from framer_ds.config.train_config import TrainConfig
+from framer_ds.engine.optim8bit import state_bytes
+from framer_ds.tasks.run_config import load_run_config
+from framer_ds.train import loop
+from framer_ds.train.run import build_optimizer
+
+
+def train(path, *overrides: str) -> None:
+    loop.run_training(load_run_config(path, list(overrides)))
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def test_two_steps_and_a_resume_repeat_four_straight_steps(tmp_path):
+    sections = {"train": {"optimizer.name": "adamw_8bit", "length.steps": 4, "checkpoint.every.steps": 2,
+                          "gradient_accumulation_steps": 1}}  # fmt: skip
+    straight = mlp_config(tmp_path / "straight.yaml", tmp_path / "straight", **sections)
+    train(straight)
+    resumed = mlp_config(tmp_path / "resumed.yaml", tmp_path / "resumed", **sections)
+    train(resumed, "train.length.steps=2")
+    train(resumed, "train.resume=latest")
+    expected = [line["loss"] for line in read_metrics(tmp_path / "straight")[0]]
+    got = [line["loss"] for line in read_metrics(tmp_path / "resumed")[0]]
+    assert len(expected) == 4 and got == expected
+    checkpoint = tmp_path / "resumed" / "checkpoints" / "step_4" / "optimizer.bin"
+    state = torch.load(checkpoint, weights_only=False)["state"]
+    kinds = {type(moment).__name__ for entry in state.values() for moment in (entry["exp_avg"],)}
+    assert "OptimState8bit" in kinds, kinds  # the checkpoint holds quantized moments, not fp32 copies
+
+
+def test_the_8bit_states_cost_what_the_planner_counts():
+    """2 bytes per value plus a 4-byte scale per 256 values; small tensors keep fp32 moments."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 3))
+    optimizer = build_optimizer(model, TrainConfig.model_validate({"optimizer": {"name": "adamw_8bit"}}),
+                                torch.device("cpu"))  # fmt: skip
+    model(torch.randn(2, 256)).sum().backward()
+    optimizer.step()
+    measured = 0
+    for entry in optimizer.state.values():
+        for moment in (entry["exp_avg"], entry["exp_avg_sq"]):
+            parts = [moment.codes, moment.scale] if hasattr(moment, "codes") else [moment]
+            measured += sum(t.numel() * t.element_size() for t in parts)
+    assert measured == sum(state_bytes(p.numel()) for p in model.parameters())
+    assert isinstance(optimizer.param_groups[0]["lr"], float)  # LR schedulers and resume write floats
+
+
+@pytest.mark.parametrize("json_name", ["zero2.json", "zero2_offload.json", "zero3.json"])
+def test_deepspeed_refuses_8bit_states_with_the_reason(json_name):
+    train = TrainConfig.model_validate({"optimizer": {"name": "adamw_8bit"}})
+    problems = check_launch_configs(train, deepspeed_config=f"configs/deepspeed/{json_name}")
+    assert any("adamw_8bit" in p.message and "DeepSpeed" in p.message for p in problems), problems
