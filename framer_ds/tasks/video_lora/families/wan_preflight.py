@@ -12,11 +12,30 @@ from framer_ds.config.errors import ConfigProblem
 WAN_SUBFOLDERS = ("transformer", "vae", "text_encoder", "image_encoder", "scheduler")
 
 
+def two_experts(folder: Path) -> bool:
+    """Whether `folder` is a Wan 2.2 base: a high-noise `transformer` and a low-noise `transformer_2`
+    switched at `boundary_ratio`. Training the first alone at every noise level would fit an expert
+    the pipeline only runs at high noise, so such a base is refused until experts are trained apart."""
+    index = folder / "model_index.json"
+    if not index.is_file():
+        return False
+    component = json.loads(index.read_text()).get("transformer_2")
+    return bool(component and component[0] is not None)
+
+
 def _folder_problems(base: Any, folder: Path) -> list[ConfigProblem]:
     """The folder's components, and its transformer's kind against `base.mode` (an FLF2V transformer's
     image embedder needs the last frame; an I2V one has no place for it)."""
     if base.source.builtin is not None:
         flf2v = base.source.builtin == "tiny_wan_flf2v"
+    elif two_experts(folder):
+        return [
+            ConfigProblem(
+                "model.base.source.path",
+                f"{folder} is a two-expert Wan 2.2 base (transformer_2, boundary_ratio): training one "
+                "expert at its own noise levels is not supported yet; use a Wan 2.1 I2V or FLF2V folder",
+            )
+        ]
     else:
         missing = [s for s in WAN_SUBFOLDERS if not any((folder / s).glob("*config.json"))]
         if missing:
