@@ -82,6 +82,11 @@ class GenerationOptions(StrictModel):
         "early model yields decodable audio; false shows the raw generations (malformed ones reported).",
     )
 
+    def generation_settings(self) -> dict[str, Any]:
+        """These options as `speech.generate_tokens` takes them: the one mapping that sampling, the
+        samples during training and the quality gates share (a subclass's own keys left out)."""
+        return {name: getattr(self, name) for name in GenerationOptions.model_fields}
+
 
 class TtsSampleOptions(GenerationOptions):
     """Speech generated for fixed prompts while training, decoded with SNAC to samples/step_N/*.wav and

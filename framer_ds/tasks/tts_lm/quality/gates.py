@@ -87,13 +87,7 @@ def speak(
             model,
             utterance.prompt,
             builder.special,
-            max_new_tokens=options.max_new_tokens,
-            min_new_tokens=options.min_new_tokens,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            repetition_penalty=options.repetition_penalty,
-            seed=options.seed,
-            constrain_slots=options.constrain_slots,
+            **options.generation_settings(),
             synced_gpus=synced_gpus,
         )
         for utterance in utterances
