@@ -79,31 +79,25 @@ def test_framer_ds_sample_equals_the_diffusers_pipeline_with_load_lora_weights(
     base = json.loads((final / "framer_ds_export.json").read_text())["base_model"]
     pipe = WanImageToVideoPipeline.from_pretrained(base)
     pipe.load_lora_weights(final)
-    theirs = pipe(
-        image=Image.open(first),
-        last_image=Image.open(last),
-        prompt=PROMPT,
-        num_frames=9,
-        height=64,
-        width=64,
-        num_inference_steps=3,
-        generator=torch.Generator("cpu").manual_seed(0),
-        output_type="np",
-    ).frames[0]
+
+    def pipeline_frames() -> np.ndarray:  # the sample command's inputs, through diffusers' pipeline
+        return pipe(
+            image=Image.open(first),
+            last_image=Image.open(last),
+            prompt=PROMPT,
+            num_frames=9,
+            height=64,
+            width=64,
+            num_inference_steps=3,
+            generator=torch.Generator("cpu").manual_seed(0),
+            output_type="np",
+        ).frames[0]
+
+    theirs = pipeline_frames()
     assert ours.shape == theirs.shape == (9, 64, 64, 3)
     assert np.abs(ours - theirs).max() <= 1e-3
     pipe.unload_lora_weights()  # the LoRA matters: without it the frames differ
-    bare = pipe(
-        image=Image.open(first),
-        last_image=Image.open(last),
-        prompt=PROMPT,
-        num_frames=9,
-        height=64,
-        width=64,
-        num_inference_steps=3,
-        generator=torch.Generator("cpu").manual_seed(0),
-        output_type="np",
-    ).frames[0]
+    bare = pipeline_frames()
     assert np.abs(bare - theirs).max() > 1e-2
     assert out.stat().st_size > 0
 
