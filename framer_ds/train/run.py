@@ -180,7 +180,9 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
     examples = (len(train_set), len(eval_set) if eval_set is not None else 0)
     optimizer = build_optimizer(model, train_cfg, accelerator.device, task.optimizer_groups(model))
     train_loader, eval_loader = training_loaders(task, train_cfg, train_set, eval_set)
-    plan = plan_steps(len(train_set), train_cfg, accelerator.num_processes)
+    # the sampler's length, not the set's: a task's sampler may repeat items (video_lora's buckets fill
+    # each bucket's last block with its own clips), and the loader yields what the sampler does
+    plan = plan_steps(len(train_loader.sampler), train_cfg, accelerator.num_processes)
     scheduler = build_lr_scheduler(train_cfg.lr_schedule.name, optimizer, plan.warmup_steps, plan.total_steps)
     if eval_loader is not None:
         model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from torch.utils.data import Dataset
 
@@ -12,12 +13,12 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig
 from framer_ds.tasks.video_lora.data.buckets import (
+    AUTO_FRAME_STEP,
     Bucket,
     BucketPlan,
     assign_buckets,
     auto_buckets,
     bucket_problems,
-    min_frames_for,
 )
 from framer_ds.tasks.video_lora.data.image_pairs import scan_image_pairs
 from framer_ds.tasks.video_lora.data.motion_score import MotionBuckets, WithMotionBucket, motion_rates
@@ -75,8 +76,9 @@ def layout_problems(data: VideoLoraDataConfig, mode: str, fps: float | None) -> 
     return problems
 
 
-def bucket_config_problems(data: VideoLoraDataConfig, mode: str, multiple: int) -> list[ConfigProblem]:
-    """data.buckets: an explicit list's shapes (multiples of `multiple`, enough frames for `mode`), and
+def bucket_config_problems(data: VideoLoraDataConfig, family: Any) -> list[ConfigProblem]:
+    """data.buckets: an explicit list's shapes by the base family's rules (`VideoBaseFamily`: H and W
+    multiples of `size_multiple()`, at least `min_frames()`, a length `frame_count_problem` takes), and
     only with the videos layout (image pairs have one frame size and no length)."""
     if data.buckets is None:
         return []
@@ -86,7 +88,9 @@ def bucket_config_problems(data: VideoLoraDataConfig, mode: str, multiple: int) 
             ConfigProblem("data.buckets", "applies to layout videos: set it to null for image_pairs")
         )
     if isinstance(data.buckets, list):
-        found = bucket_problems(data.buckets, multiple, min_frames_for(mode))
+        found = bucket_problems(
+            data.buckets, family.size_multiple(), family.min_frames(), family.frame_count_problem
+        )
         problems += [ConfigProblem("data.buckets", line) for line in found]
     return problems
 
@@ -115,8 +119,9 @@ class VideoLoraData:
     fixed_fps: float | None  # model.fps
     motion_from_data: bool = False  # model.motion_bucket: from_data
     seed: int | None = None  # train.seed: training items draw their augmentation from (seed, epoch, index)
-    size_multiple: int = 64  # data.buckets: H and W multiples of this (the model's VAE x UNet downsampling)
-    min_frames: int = 2  # data.buckets: the fewest frames the mode trains on
+    size_multiple: int = 64  # data.buckets: H and W multiples of this (VAE x denoiser downsampling)
+    min_frames: int = 2  # data.buckets: the fewest frames the base and mode train on
+    frame_grid: tuple[int, int] = (0, AUTO_FRAME_STEP)  # data.buckets auto: lengths offset + k * step
 
     @property
     def sampler(self) -> ClipSampler:
@@ -157,7 +162,7 @@ class VideoLoraData:
         if data.buckets == "auto":
             area = data.height * data.width
             args = (area, data.num_frames, self.size_multiple, data.min_stride, self.min_frames)
-            shapes = auto_buckets(records, *args)
+            shapes = auto_buckets(records, *args, self.frame_grid)
         else:
             shapes = sorted(Bucket.parse(text) for text in data.buckets)
         if not shapes:

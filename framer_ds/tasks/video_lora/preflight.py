@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.tasks.video_lora.data.buckets import size_multiple
 from framer_ds.tasks.video_lora.data.video_clips import validate_svd_size
-from framer_ds.tasks.video_lora.data_setup import bucket_config_problems, layout_problems
+from framer_ds.tasks.video_lora.data_setup import layout_problems
 from framer_ds.tasks.video_lora.framer_setup import FramerSetup
 from framer_ds.tasks.video_lora.interp_eval import interp_eval_problems
 from framer_ds.tasks.video_lora.tracks_setup import track_problems
@@ -57,6 +56,4 @@ def config_problems(
             )
         )
     problems += track_problems(data, framer_base=framer is not None)
-    multiple = size_multiple(svd_path, model.source.builtin is not None)
-    problems += bucket_config_problems(data, model.base.mode, multiple)
     return problems + layout_problems(data, model.base.mode, model.fps)

@@ -24,7 +24,7 @@ from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers -
 from framer_ds.tasks.video_lora.bucket_hooks import VideoBuckets
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.tasks.video_lora.data_setup import VideoLoraData
+from framer_ds.tasks.video_lora.data_setup import VideoLoraData, bucket_config_problems
 from framer_ds.tasks.video_lora.eval_memory import VideoEvalMemory, samples_during_training
 from framer_ds.tasks.video_lora.export_formats import VideoExportCommandOptions
 from framer_ds.tasks.video_lora.families import family_for
@@ -87,9 +87,9 @@ class VideoLoraTask(
         return self.config.data.layout == "image_pairs"
 
     def check(self) -> list[ConfigProblem]:
-        """The base family's problems, then those of the indexed videos it alone has (a missing caption
-        file of a Wan run: read only when the rest is sound)."""
-        problems = self.family.check(self.data_root())
+        """The base family's problems and data.buckets' by its rules, then those of the indexed videos it
+        alone has (a missing caption file of a Wan run: read only when the rest is sound)."""
+        problems = self.family.check(self.data_root()) + bucket_config_problems(self.config.data, self.family)
         return problems or self.family.record_problems(lambda: self._data().index().records)
 
     def prepare_data(self) -> None:
@@ -111,6 +111,7 @@ class VideoLoraTask(
             self.config.train.seed,
             self.family.size_multiple(),
             self.family.min_frames(),
+            self.family.frame_grid(),
         )
 
     def data_report(self) -> str:

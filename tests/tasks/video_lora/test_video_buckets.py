@@ -45,8 +45,9 @@ def record(video_id: str, height: int, width: int, frames: int) -> VideoRecord:
 def test_a_bucket_list_is_validated_line_by_line():
     problems = bucket_problems(["64x96x8", "60x96x8", "64x96x2", "64x96x8", "wide"], 32, 3)
     assert problems == [
-        "60x96x8: height 60 is not a multiple of 32 (what this model's VAE and UNet downsample by); use 64",
-        "64x96x2: 2 frames, this mode needs at least 3",
+        "60x96x8: height 60 is not a multiple of 32 (what this base's VAE and denoiser downsample by); "
+        "use 64",
+        "64x96x2: 2 frames, this base needs at least 3",
         "64x96x8 is listed twice",
         "'wide' is not a bucket: write HxWxF in pixels and frames, e.g. 64x96x8",
     ]

@@ -12,19 +12,16 @@ latent cache and the point tracks see the same shape for the same video on every
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 
 BUCKET_PATTERN = re.compile(r"^(\d+)x(\d+)x(\d+)$")
-SVD_SIZE_MULTIPLE = 64  # SVD's VAE downsamples by 8 and its UNet by 8 more
-TINY_SIZE_MULTIPLE = 16  # the built-in tiny SVD: VAE /8, a UNet of two down blocks /2
-AUTO_FRAME_STEP = 4  # auto length buckets below data.num_frames: multiples of this (few shapes)
+AUTO_FRAME_STEP = 4  # SVD's auto length buckets below data.num_frames: multiples of this (few shapes)
 MAX_CROP_FRACTION = 0.4  # a clip whose nearest bucket would crop away more of its frame fits none
 
 
@@ -56,24 +53,15 @@ class Bucket:
         return cls(*(int(g) for g in match.groups()))
 
 
-def size_multiple(svd_dir: Path, builtin: bool) -> int:
-    """What H and W must be multiples of: the VAE's downsampling times the UNet's (2 per down block but
-    the last), read from the model's config.json files; the built-in tiny model's before it is built."""
-    try:
-        vae = json.loads((Path(svd_dir) / "vae" / "config.json").read_text())
-        unet = json.loads((Path(svd_dir) / "unet" / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return TINY_SIZE_MULTIPLE if builtin else SVD_SIZE_MULTIPLE
-    return 2 ** (len(vae["block_out_channels"]) - 1) * 2 ** (len(unet["down_block_types"]) - 1)
-
-
-def min_frames_for(mode: str) -> int:
-    """Fewest frames a clip of `mode` trains on: interpolation needs a frame between its two ends."""
-    return 3 if mode == "interpolation" else 2
-
-
-def bucket_problems(texts: list[str], multiple: int, min_frames: int) -> list[str]:
-    """Every problem of an explicit bucket list, one line each naming the fix."""
+def bucket_problems(
+    texts: list[str],
+    multiple: int,
+    min_frames: int,
+    frame_problem: Callable[[int], str | None] = lambda frames: None,
+) -> list[str]:
+    """Every problem of an explicit bucket list, one line each naming the fix: H and W multiples of
+    `multiple`, at least `min_frames` frames, and a length the base takes (`frame_problem`: why not,
+    from the base family, e.g. Wan's 1 + 4k)."""
     problems, seen = [], set()
     for text in texts:
         try:
@@ -85,11 +73,13 @@ def bucket_problems(texts: list[str], multiple: int, min_frames: int) -> list[st
             if value < multiple or value % multiple:
                 nearest = max(multiple, round(value / multiple) * multiple)
                 problems.append(
-                    f"{text}: {side} {value} is not a multiple of {multiple} (what this model's VAE and "
-                    f"UNet downsample by); use {nearest}"
+                    f"{text}: {side} {value} is not a multiple of {multiple} (what this base's VAE and "
+                    f"denoiser downsample by); use {nearest}"
                 )
         if bucket.num_frames < min_frames:
-            problems.append(f"{text}: {bucket.num_frames} frames, this mode needs at least {min_frames}")
+            problems.append(f"{text}: {bucket.num_frames} frames, this base needs at least {min_frames}")
+        elif (why := frame_problem(bucket.num_frames)) is not None:
+            problems.append(f"{text}: {why}")
         if bucket in seen:
             problems.append(f"{text} is listed twice")
         seen.add(bucket)
@@ -102,14 +92,21 @@ def clip_frames(record: VideoRecord, stride: int) -> int:
 
 
 def auto_buckets(
-    records: list[VideoRecord], area: int, max_frames: int, multiple: int, stride: int, min_frames: int
+    records: list[VideoRecord],
+    area: int,
+    max_frames: int,
+    multiple: int,
+    stride: int,
+    min_frames: int,
+    grid: tuple[int, int] = (0, AUTO_FRAME_STEP),
 ) -> list[Bucket]:
     """One bucket per distinct (shape, length) the clips call for: H x W with the clip's aspect ratio and
     an area near `area`, rounded to `multiple`; frames = the clip's length at `stride`, capped at
-    `max_frames` and, below it, rounded down to a multiple of AUTO_FRAME_STEP (few shapes)."""
+    `max_frames` and, below it, rounded down to the base family's `grid` (offset, step): offset + k * step
+    (`VideoBaseFamily.frame_grid`: few shapes for SVD, the lengths its VAE takes for Wan)."""
     found = set()
     for record in records:
-        frames = _auto_frames(clip_frames(record, stride), max_frames, min_frames)
+        frames = _auto_frames(clip_frames(record, stride), max_frames, min_frames, grid)
         if frames is None:
             continue
         aspect = record.width / record.height
@@ -119,10 +116,13 @@ def auto_buckets(
     return sorted(found)
 
 
-def _auto_frames(available: int, max_frames: int, min_frames: int) -> int | None:
+def _auto_frames(available: int, max_frames: int, min_frames: int, grid: tuple[int, int]) -> int | None:
+    """Below the grid's first length at or above `min_frames` a clip keeps its own length (SVD's 2- and
+    3-frame clips); a family whose every length must be on the grid starts it at `min_frames` (Wan: 5)."""
     if available >= max_frames:
         return max_frames
-    stepped = available // AUTO_FRAME_STEP * AUTO_FRAME_STEP
+    offset, step = grid
+    stepped = offset + (available - offset) // step * step
     frames = stepped if stepped >= min_frames else available
     return frames if frames >= min_frames else None
 

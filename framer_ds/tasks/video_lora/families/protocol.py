@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
+from framer_ds.tasks.video_lora.data.buckets import AUTO_FRAME_STEP
 
 
 class VideoBaseFamily(ABC):
@@ -66,6 +67,12 @@ class VideoBaseFamily(ABC):
     def frame_count_problem(self, num_frames: int) -> str | None:
         """Why `num_frames` cannot train on this base (None: it can)."""
         return None
+
+    def frame_grid(self) -> tuple[int, int]:
+        """(offset, step): `data.buckets: auto` gives a clip shorter than data.num_frames the longest
+        length offset + k * step it holds. SVD's UNet takes any length, so the step only keeps auto's
+        shapes few (multiples of 4); a base whose VAE compresses time needs its own grid (Wan: 1 + 4k)."""
+        return 0, AUTO_FRAME_STEP
 
     # --- models --------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ base is Framer, so the task never asks which of the two it runs.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.bases import FramerBase
 from framer_ds.tasks.video_lora.cache_fingerprints import describe_cache
-from framer_ds.tasks.video_lora.data.buckets import min_frames_for, size_multiple
 from framer_ds.tasks.video_lora.diffusion import edm
 from framer_ds.tasks.video_lora.diffusion.temporal_context import set_temporal_context_order
 from framer_ds.tasks.video_lora.encoding import (
@@ -40,6 +40,9 @@ from framer_ds.tasks.video_lora.frozen_encoders import FrozenSvdEncoders
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_metadata, sample_to_file
 from framer_ds.tasks.video_lora.preflight import config_problems
 from framer_ds.tasks.video_lora.unet_lora import build_svd_lora_unet
+
+SVD_SIZE_MULTIPLE = 64  # SVD's VAE downsamples by 8 and its UNet by 8 more
+TINY_SIZE_MULTIPLE = 16  # the built-in tiny SVD: VAE /8, a UNet of two down blocks /2
 
 
 class SvdFamily(VideoBaseFamily):
@@ -79,10 +82,18 @@ class SvdFamily(VideoBaseFamily):
         return config_problems(self.config, self.base_path(), data_root, self.framer)
 
     def size_multiple(self) -> int:
-        return size_multiple(self.base_path(), self.config.model.source.builtin is not None)
+        """The VAE's downsampling times the UNet's (2 per down block but the last), read from the
+        model's config.json files; before a folder exists, the built-in tiny model's or SVD's."""
+        try:
+            vae = json.loads((self.base_path() / "vae" / "config.json").read_text())
+            unet = json.loads((self.base_path() / "unet" / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return TINY_SIZE_MULTIPLE if self.config.model.source.builtin is not None else SVD_SIZE_MULTIPLE
+        return 2 ** (len(vae["block_out_channels"]) - 1) * 2 ** (len(unet["down_block_types"]) - 1)
 
     def min_frames(self) -> int:
-        return min_frames_for(self.config.model.base.mode)
+        """Interpolation needs a frame between its two ends; image-to-video one after the first."""
+        return 3 if self.config.model.base.mode == "interpolation" else 2
 
     # --- models --------------------------------------------------------------------------------------
 

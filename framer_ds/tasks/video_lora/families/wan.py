@@ -94,10 +94,16 @@ class WanFamily(WanExports, VideoBaseFamily):
         return 1 + self.temporal_factor()
 
     def frame_count_problem(self, num_frames: int) -> str | None:
+        """Wan's VAE encodes the first frame alone and then `temporal_factor` frames per latent frame."""
         step = self.temporal_factor()
         if (num_frames - 1) % step:
-            return f"Wan's VAE needs 1 + a multiple of {step} frames, got {num_frames}: e.g. {1 + step * 2}"
+            nearest = 1 + step * max(1, int((num_frames - 1) / step + 0.5))
+            return f"Wan's VAE needs 1 + a multiple of {step} frames, got {num_frames}: use {nearest}"
         return None
+
+    def frame_grid(self) -> tuple[int, int]:
+        """Auto buckets' lengths are the VAE's: 1 + k * temporal_factor (5, 9, 13, ... in Wan 2.1)."""
+        return 1, self.temporal_factor()
 
     def shift(self) -> float:
         """model.base.shift, else the folder's scheduler config (the pipeline samples with it)."""

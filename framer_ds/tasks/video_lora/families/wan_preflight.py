@@ -69,7 +69,6 @@ def _unsupported(config: Any) -> list[ConfigProblem]:
     refused = {
         "data.tracks": (data.tracks is not None, "point tracks feed Framer's ControlNet; Wan has none"),
         "data.layout": (data.layout != "videos", "a Wan base trains on videos; set data.layout: videos"),
-        "data.buckets": (data.buckets is not None, "not yet for Wan bases; set data.buckets: null"),
         "model.samples.every": (
             bool(model.samples.every),
             "samples during training are not wired for Wan yet; set 0 and use `framer-ds sample` on a "
