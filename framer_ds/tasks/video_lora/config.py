@@ -377,8 +377,9 @@ class VideoLoraDataConfig(StrictModel):
         None,
         description="Aspect/resolution/length buckets: null = one shape (height x width x num_frames, "
         "cropped); 'auto' = derived from the clips (their aspect ratios and lengths, area near height x "
-        "width, at most num_frames); or a list of 'HxWxF' shapes (H, W multiples of what the model's VAE "
-        "and UNet downsample by). Each clip trains at its nearest bucket, each micro-batch holds one "
+        "width, at most num_frames); or a list of 'HxWxF' shapes (H, W multiples of what the base's VAE "
+        "and denoiser downsample by: 64 SVD, 16 Wan; F for Wan 1 + a multiple of 4). Each clip trains at "
+        "its nearest bucket, each micro-batch holds one "
         "bucket; evaluation stays at height x width x num_frames (docs/video_lora.md, Buckets).",
     )
     hflip: bool = Field(False, description="Train augmentation: flip a clip horizontally with p=0.5.")
