@@ -233,3 +233,50 @@ def test_the_low_noise_expert_builds_transformer_2_and_never_loads_transformer(
     task.family.prepare()
     task.family.build_model(gradient_checkpointing=False)
     assert loaded == ["transformer_2"]
+
+
+@pytest.mark.slow  # the module's two trainings: ~40 s on 2 cores
+def test_guidance_scale_2_and_no_other_expert_sample_as_the_pipeline(runs: Path, tmp_path: Path) -> None:
+    """Without --other-expert the low-noise expert samples as the base; --guidance-scale-2 guides its
+    steps as the pipeline's guidance_scale_2 does (max abs <= 1e-3 as above; a scale the low-noise steps
+    do not use would move the frames by far more)."""
+    from diffusers import WanImageToVideoPipeline
+
+    from framer_ds.cli.main import main
+
+    high = runs / "high" / "final"
+    first, frames = _image(tmp_path / "a.png", 3), tmp_path / "x.npy"
+    args = ["sample", str(high), "--guidance-scale-2", "2.0", "--image", str(first), "--prompt", PROMPT]
+    args += ["--num-frames", "9", "--height", "64", "--width", "64", "--seed", "1"]
+    args += ["--num-inference-steps", "3", "--out", str(tmp_path / "x.mp4"), "--save-frames", str(frames)]
+    assert main(args) == 0
+    pipe = WanImageToVideoPipeline.from_pretrained(
+        json.loads((high / "framer_ds_export.json").read_text())["base_model"]
+    )
+    pipe.load_lora_weights(high)
+    common = {"image": Image.open(first), "prompt": PROMPT, "num_frames": 9, "height": 64, "width": 64}
+    common["num_inference_steps"] = 3
+
+    def pipeline_frames(**guidance: float) -> np.ndarray:
+        generator = torch.Generator("cpu").manual_seed(1)
+        return pipe(**common, **guidance, generator=generator, output_type="np").frames[0]
+
+    ours = np.load(frames)
+    assert np.abs(ours - pipeline_frames(guidance_scale_2=2.0)).max() <= 1e-3
+    assert np.abs(ours - pipeline_frames()).max() > 1e-3  # the default (= guidance 5.0) differs
+
+
+def test_two_expert_flags_are_refused_for_a_one_transformer_or_svd_export(tmp_path: Path) -> None:
+    """--other-expert and --guidance-scale-2 mean nothing without two experts: one line naming the flag."""
+    from framer_ds.tasks.video_lora.families.wan_export import _refuse_svd_flags
+    from framer_ds.tasks.video_lora.inference import VideoSampleCommandOptions, require_flags_fit_adapter
+
+    common = {"image": tmp_path / "a.png", "out": tmp_path / "x.mp4", "prompt": PROMPT}
+    for flag, value in (("other_expert", tmp_path), ("guidance_scale_2", 2.0)):
+        options = VideoSampleCommandOptions(**common, **{flag: value})
+        named = "--" + flag.replace("_", "-")
+        with pytest.raises(ConfigError, match=f"{named}: a Wan 2.2 .two-expert. flag"):
+            _refuse_svd_flags(options, {"base": "wan", "mode": "image_to_video"})
+        svd = VideoSampleCommandOptions(**{**common, "prompt": None}, **{flag: value})
+        with pytest.raises(ConfigError, match=f"{named}: a Wan flag"):
+            require_flags_fit_adapter({"base": "svd", "mode": "image_to_video"}, svd)
