@@ -133,10 +133,10 @@ def test_framer_ds_sample_with_both_experts_equals_the_pipeline_with_both_loras(
     theirs = pipeline_frames()
     assert ours.shape == theirs.shape == (9, 64, 64, 3)
     assert np.abs(ours - theirs).max() <= 1e-3
-    pipe.transformer_2.unload_lora()  # the low-noise LoRA matters on its own
-    assert np.abs(pipeline_frames() - theirs).max() > 1e-3
-    pipe.unload_lora_weights()
-    assert np.abs(pipeline_frames() - theirs).max() > 1e-3
+    pipe.transformer_2.unload_lora()  # the low-noise LoRA matters on its own (measured 0.061)
+    assert np.abs(pipeline_frames() - theirs).max() > 1e-2
+    pipe.unload_lora_weights()  # measured 0.128
+    assert np.abs(pipeline_frames() - theirs).max() > 1e-2
 
 
 @pytest.mark.slow  # the module's two trainings: ~40 s on 2 cores
