@@ -280,3 +280,25 @@ def test_two_expert_flags_are_refused_for_a_one_transformer_or_svd_export(tmp_pa
         svd = VideoSampleCommandOptions(**{**common, "prompt": None}, **{flag: value})
         with pytest.raises(ConfigError, match=f"{named}: a Wan flag"):
             require_flags_fit_adapter({"base": "svd", "mode": "image_to_video"}, svd)
+
+
+def test_boundary_ratio_override_moves_both_experts_ranges(tmp_path: Path) -> None:
+    """model.base.boundary_ratio replaces the folder's 0.9 for the training draws and the eval sigmas:
+    at 0.5 the high-noise expert reaches down to sigma 0.5 and the low-noise one stays below it."""
+    from framer_ds.tasks.video_lora.diffusion import flow_matching as fm
+    from framer_ds.tasks.video_lora.task import VideoLoraTask
+
+    def family(*overrides: str):
+        config = load_run_config(
+            CONFIG, [f"output_dir={tmp_path}", "model.base.boundary_ratio=0.5", *overrides]
+        )
+        found = VideoLoraTask(config).family
+        found.prepare()
+        return found
+
+    high, low = family(), family("model.base.expert=low_noise")
+    assert high.boundary_ratio() == low.boundary_ratio() == 0.5
+    assert min(high.eval_sigmas()) >= 0.5 > max(low.eval_sigmas()) and min(high.eval_sigmas()) < BOUNDARY
+    for expert, inside in ((high, lambda s: s >= 0.5), (low, lambda s: s < 0.5)):
+        draws = fm.sample_training_sigmas(4096, expert.shift(), index_range=expert._expert_range())
+        assert bool(inside(draws).all())
