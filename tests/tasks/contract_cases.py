@@ -76,6 +76,15 @@ def wan_sample(scratch: Path) -> SampleCall:
     return SampleCall([*args, "--device", "cpu"], [out, frames])
 
 
+def wan22_sample(scratch: Path) -> SampleCall:
+    """A Wan 2.2 (one expert) export: first frame, a prompt, 2 steps on both experts, frames saved."""
+    first = _image(scratch / "first.png", 64, 1)
+    out, frames = scratch / "video.mp4", scratch / "frames.npy"
+    args = ["--image", str(first), "--prompt", "a red ball rolls"]
+    args += ["--num-inference-steps", "2", "--out", str(out), "--save-frames", str(frames)]
+    return SampleCall([*args, "--device", "cpu"], [out, frames])
+
+
 def tts_sample(scratch: Path) -> SampleCall:
     out = scratch / "speech.wav"
     args = ["--text", "hello world", "--out", str(out), "--max-new-tokens", "70", "--device", "cpu"]
@@ -122,6 +131,7 @@ CASES = [
         ("model.samples.every=0", "model.interp_eval.enabled=false"),
     ),
     ContractCase("video_lora_wan", VIDEO / "wan_tiny.yaml", wan_sample),
+    ContractCase("video_lora_wan22", VIDEO / "wan22_tiny.yaml", wan22_sample),
     ContractCase(
         "tts_lm",
         CONFIGS / "tasks" / "tts_lm" / "tiny.yaml",

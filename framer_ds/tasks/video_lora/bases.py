@@ -97,20 +97,26 @@ class WanSource(Source):
         None,
         description="Local diffusers Wan image-to-video folder (Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers, "
         "Wan2.1-I2V-14B-480P-Diffusers layout: transformer/ vae/ text_encoder/ tokenizer/ image_encoder/ "
-        "image_processor/ scheduler/).",
+        "image_processor/ scheduler/; Wan2.2-I2V-A14B-Diffusers: transformer/ + transformer_2/, no image "
+        "encoder).",
     )
-    builtin: Literal["tiny_wan_flf2v", "tiny_wan_i2v"] | None = Field(
+    builtin: Literal["tiny_wan_flf2v", "tiny_wan_i2v", "tiny_wan22_i2v"] | None = Field(
         None,
-        description="'tiny_wan_flf2v' (first + last frame) or 'tiny_wan_i2v' (first frame): a tiny random "
-        "Wan base built in the cache (tests, demo).",
+        description="'tiny_wan_flf2v' (first + last frame), 'tiny_wan_i2v' (first frame) or "
+        "'tiny_wan22_i2v' (Wan 2.2's two experts, first frame, no CLIP): a tiny random Wan base built in "
+        "the cache (tests, demo).",
     )
+
+
+WanExpert = Literal["high_noise", "low_noise"]
 
 
 class WanBase(StrictModel):
-    """A Wan 2.1 image-to-video base (diffusers' WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP
-    vision) under the rectified-flow objective (diffusion/flow_matching.py). docs/video_lora.md, "Wan"."""
+    """A Wan 2.1 or 2.2 image-to-video base (diffusers' WanTransformer3DModel, AutoencoderKLWan, UMT5, and
+    CLIP vision where the base has it) under the rectified-flow objective (diffusion/flow_matching.py).
+    A Wan 2.2 base holds two experts; a run trains one of them (`expert`). docs/video_lora.md, "Wan"."""
 
-    name: Literal["wan"] = Field(description="'wan': fine-tune a Wan 2.1 image-to-video base.")
+    name: Literal["wan"] = Field(description="'wan': fine-tune a Wan 2.1 or 2.2 image-to-video base.")
     mode: VideoMode = Field(
         description="'interpolation': first AND last frame (FLF2V; diffusers' last_image), needs an FLF2V "
         "base; 'image_to_video': the first frame (I2V base)."
@@ -139,7 +145,23 @@ class WanBase(StrictModel):
         "none", description="Per-sample loss weights (diffusers' compute_loss_weighting_for_sd3); Wan: none."
     )
     eval_sigmas: int = Field(
-        5, ge=1, description="Fixed sigmas of the deterministic eval loss: the training table's quantiles."
+        5,
+        ge=1,
+        description="Fixed sigmas of the deterministic eval loss: the training table's quantiles (within "
+        "the expert's range on a two-expert base).",
+    )
+    expert: WanExpert | None = Field(
+        None,
+        description="Two-expert (Wan 2.2) bases only, and required there: 'high_noise' trains transformer/ "
+        "on timesteps >= boundary_ratio * 1000, 'low_noise' trains transformer_2/ on the rest (the "
+        "pipeline's switch); the other expert is not loaded. Train both with two runs.",
+    )
+    boundary_ratio: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Two-expert bases only: where the experts hand over, as a fraction of the 1000 training "
+        "timesteps; null = the folder's model_index.json boundary_ratio (0.9 for Wan2.2-I2V-A14B).",
     )
 
 

@@ -62,6 +62,17 @@ class VideoSampleCommandOptions(SampleCommandOptions):
     guidance_scale: float | None = Field(
         None, ge=0, description="Wan exports: classifier-free guidance; default: the diffusers pipeline's."
     )
+    guidance_scale_2: float | None = Field(
+        None,
+        ge=0,
+        description="Wan 2.2 exports: guidance of the low-noise expert's steps; default: the diffusers "
+        "pipeline's (= --guidance-scale).",
+    )
+    other_expert: Path | None = Field(
+        None,
+        description="Wan 2.2 exports: the final/ of a run that trained the OTHER expert of the same base; "
+        "its adapter goes on that expert (without it, that expert samples as the base).",
+    )
     save_frames: Path | None = Field(
         None,
         description="Wan exports: also save the float frames in [0, 1] the mp4 encodes, as a .npy of "
@@ -266,7 +277,8 @@ def require_flags_fit_adapter(metadata: dict[str, Any], options: VideoSampleComm
             "--last-image", f"this is a {metadata['mode']} adapter: --last-image is {need}"
         )
         raise ConfigError([problem], "sample")
-    wan_flags = ("prompt", "negative_prompt", "guidance_scale", "save_frames")
+    wan_flags = ("prompt", "negative_prompt", "guidance_scale", "guidance_scale_2", "other_expert")
+    wan_flags += ("save_frames",)
     given = [name for name in wan_flags if getattr(options, name) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -251,9 +252,10 @@ class VideoLoraTask(
         }
         self.family.export(accelerator, model, out_dir, facts)
 
-    def export_record_fields(self) -> dict[str, str]:
-        """`base_model`: the diffusers folder the adapter loads into (its base family's)."""
-        return {"base_model": str(self.family.base_path())}
+    def export_record_fields(self) -> dict[str, Any]:
+        """`base_model`: the diffusers folder the adapter loads into (its base family's), + the family's
+        own facts (a Wan 2.2 expert and its boundary)."""
+        return {"base_model": str(self.family.base_path()), **self.family.export_record_fields()}
 
     def load_export(self, model, export_dir: Path) -> torch.nn.Module:
         """`framer-ds eval RUN`: the adapter of final/ or best/ into the model build_model made."""

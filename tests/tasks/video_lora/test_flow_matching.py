@@ -21,6 +21,7 @@ from framer_ds.tasks.video_lora.diffusion.flow_matching import (
     WAN_SHIFT_480P,
     WAN_SHIFT_720P,
     euler_step,
+    expert_index_range,
     flow_matching_loss,
     flow_target,
     inference_sigmas,
@@ -157,3 +158,46 @@ def test_loss_is_finetrainers_reduction() -> None:
     assert flow_matching_loss(prediction, target, weights).item() == pytest.approx(expected, abs=TOL)
     assert flow_matching_loss(target.bfloat16(), target, weights).dtype == torch.float32
     assert flow_matching_loss(target, target, weights).item() == 0.0
+
+
+@pytest.mark.parametrize("shift", [WAN_SHIFT_480P, WAN_SHIFT_720P])
+def test_expert_ranges_split_the_table_where_the_pipeline_switches(shift: float) -> None:
+    """Wan 2.2's switch is `t >= boundary_ratio * num_train_timesteps` on the scheduler's timesteps: the
+    high-noise expert's indices are exactly the scheduler table's entries with t >= 900, the low-noise
+    expert's the rest, together the whole table."""
+    timesteps = FlowMatchEulerDiscreteScheduler(shift=shift).timesteps
+    high, low = expert_index_range(shift, 0.9, "high_noise"), expert_index_range(shift, 0.9, "low_noise")
+    assert high[0] == 0 and high[1] == low[0] and low[1] == len(timesteps)
+    assert bool((timesteps[: high[1]] >= 900).all()) and bool((timesteps[high[1] :] < 900).all())
+    for ratio in (0.5, 0.875, 0.9, 0.95):  # the float32 torch table splits the same way
+        timesteps = sigmas_to_timesteps(training_sigma_table(shift))
+        assert expert_index_range(shift, ratio, "low_noise")[0] == int((timesteps >= ratio * 1000).sum())
+
+
+@pytest.mark.parametrize("sampling", ["uniform", "logit_normal"])
+@pytest.mark.parametrize("expert", ["high_noise", "low_noise"])
+def test_expert_sigmas_are_the_full_draw_resampled_inside_the_range(sampling: str, expert: str) -> None:
+    """Every drawn sigma lies in the expert's range, distributed as the full-range draw conditioned on
+    the range (rejection sampling; musubi-tuner's --preserve_distribution_shape), not squeezed into it.
+    Compared as table indices: two-sample Kolmogorov-Smirnov distance of 200k restricted draws against
+    the full draws that land in the range (>= 40k here). At alpha = 1e-3 the KS critical value is
+    1.95 * sqrt(1/n + 1/m) <= 0.011; 0.015 leaves room, while rescaling u into the range instead (the
+    other option) moves the logit-normal CDF by > 0.1."""
+    shift, n = WAN_SHIFT_480P, 200_000
+    lo, hi = expert_index_range(shift, 0.9, expert)
+    table = training_sigma_table(shift)
+    kwargs = {"logit_mean": 0.0, "logit_std": 1.0}
+    ranged = sample_training_sigmas(
+        n, shift, sampling, generator=torch.Generator().manual_seed(0), index_range=(lo, hi), **kwargs
+    )
+    generator = torch.Generator().manual_seed(1)
+    full = sample_training_sigmas(n * 2, shift, sampling, generator=generator, **kwargs)
+    inside = full[(full <= table[lo]) & (full >= table[hi - 1])]
+    assert len(inside) >= 40_000
+    assert bool(((ranged <= table[lo]) & (ranged >= table[hi - 1])).all())
+    grid = table[lo:hi].flip(0)  # ascending sigmas of the range
+
+    def cdf(draws: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(draws.sort().values, grid, right=True) / len(draws)
+
+    assert float((cdf(ranged) - cdf(inside)).abs().max()) < 0.015

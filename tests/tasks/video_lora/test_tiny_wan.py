@@ -1,5 +1,6 @@
 """The tiny random Wan image-to-video base: a complete diffusers folder that diffusers' own
-`WanImageToVideoPipeline.from_pretrained` loads and runs on CPU (first frame; first + last frame)."""
+`WanImageToVideoPipeline.from_pretrained` loads and runs on CPU (first frame; first + last frame; Wan 2.2's
+two experts)."""
 
 from __future__ import annotations
 
@@ -86,9 +87,43 @@ def test_folder_is_a_complete_diffusers_wan_i2v_base(wan_bases: dict[str, Path])
 
 
 def test_unknown_mode_names_the_choices_and_builds_nothing(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="use 'i2v' \\(first frame\\) or 'flf2v'"):
+    with pytest.raises(ValueError, match=r"use 'i2v' \(first frame\), 'flf2v' .* or 'wan22_i2v'"):
         create_tiny_wan(tmp_path / "base", mode="t2v")  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_wan22_folder_loads_in_diffusers_with_two_experts_and_no_image_encoder(tmp_path: Path) -> None:
+    """The tiny Wan 2.2 base as Wan2.2-I2V-A14B-Diffusers lays it out: model_index.json with
+    boundary_ratio and transformer_2, image_encoder/image_processor null; diffusers' pipeline loads it
+    and its 3-step run calls BOTH experts (timesteps 1000 >= 900 on `transformer`, 750 and ~9 below on
+    `transformer_2`)."""
+    folder = create_tiny_wan(tmp_path / "wan22", mode="wan22_i2v")
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index["boundary_ratio"] == 0.9 and index["transformer_2"] == ["diffusers", "WanTransformer3DModel"]
+    assert index["image_encoder"] == [None, None] and index["image_processor"] == [None, None]
+    assert not (folder / "image_encoder").exists()
+    pipe = WanImageToVideoPipeline.from_pretrained(folder)
+    assert pipe.transformer.config.image_dim is None and pipe.image_encoder is None
+    high, low = pipe.transformer.state_dict(), pipe.transformer_2.state_dict()
+    assert any(not torch.equal(high[k], low[k]) for k in high)  # two experts, each its own weights
+    pipe.set_progress_bar_config(disable=True)
+    seen: list[str] = []
+    for name in ("transformer", "transformer_2"):
+        getattr(pipe, name).register_forward_pre_hook(lambda *_, name=name: seen.append(name))
+    frames = pipe(
+        image=_image(0),
+        prompt="a red ball rolls",
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=3,
+        guidance_scale=1.0,
+        max_sequence_length=16,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).frames[0]
+    assert frames.shape == (9, 64, 64, 3) and np.isfinite(frames).all()
+    assert seen == ["transformer", "transformer_2", "transformer_2"]
 
 
 def test_tokenizer_needs_no_download_and_ends_with_eos() -> None:

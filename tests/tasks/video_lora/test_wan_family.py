@@ -195,21 +195,6 @@ def test_task_options_a_wan_base_cannot_honour_are_refused_at_validate(tmp_path:
     assert "model.base.mode" in keys  # an FLF2V base in image_to_video mode
 
 
-def test_a_two_expert_wan22_base_is_refused_in_one_line(tmp_path: Path) -> None:
-    """A Wan 2.2 folder (transformer_2, boundary_ratio; no CLIP) was read as a broken Wan 2.1 one: its
-    missing image_encoder/ was named, not the two experts that framer_ds cannot train apart yet."""
-    import shutil
-
-    from framer_ds.config.architectures import shipped_architecture
-    from framer_ds.tasks.video_lora.task import VideoLoraTask
-
-    folder = tmp_path / "wan22"
-    shutil.copytree(shipped_architecture("Wan-AI/Wan2.2-I2V-A14B-Diffusers"), folder)
-    config = _wan_config(tmp_path, "model.base.source.builtin=null", f"model.base.source.path={folder}")
-    problems = [p for p in VideoLoraTask(config).check() if p.where == "model.base.source.path"]
-    assert len(problems) == 1 and "two-expert Wan 2.2 base" in problems[0].message, problems
-
-
 def test_captions_beside_the_videos_are_read_and_a_missing_one_is_named(tmp_path: Path) -> None:
     """No fixed prompt: each video's `<stem>.txt`; one missing is a problem naming that file, at
     validate and at `data check`; a caption's text is part of the cache key."""

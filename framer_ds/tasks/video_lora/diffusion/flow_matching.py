@@ -17,8 +17,10 @@ against diffusers' own scheduler and training utilities.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import Literal
 
+import numpy as np
 import torch
 
 TimestepSampling = Literal["uniform", "logit_normal"]
@@ -42,6 +44,48 @@ def training_sigma_table(shift: float, num_train_timesteps: int = NUM_TRAIN_TIME
     return shift_sigmas(steps / num_train_timesteps, shift)
 
 
+def expert_index_range(
+    shift: float, boundary_ratio: float, expert: str, num_train_timesteps: int = NUM_TRAIN_TIMESTEPS
+) -> tuple[int, int]:
+    """[lo, hi) of the training table's indices one Wan 2.2 expert sees: 'high_noise' the entries whose
+    timestep (sigma * N, as the transformer is fed) is >= boundary_ratio * N, the pipeline's switch
+    `t >= boundary_timestep`; 'low_noise' the rest. The table descends, so each range is contiguous.
+
+    In numpy float32, the same correctly rounded operations as `training_sigma_table` (and diffusers'
+    scheduler), so the split is bit-for-bit theirs: a torch table would be a fake tensor under
+    `framer-ds plan`, whose count is data-dependent there."""
+    n = num_train_timesteps
+    sigmas = np.linspace(n, 1, n, dtype=np.float32) / np.float32(n)
+    table = np.float32(shift) * sigmas / (np.float32(1) + np.float32(shift - 1) * sigmas)
+    split = int((table * np.float32(n) >= boundary_ratio * n).sum())
+    lo, hi = (0, split) if expert == "high_noise" else (split, num_train_timesteps)
+    if hi <= lo:
+        raise ValueError(f"the {expert} expert's range is empty at boundary_ratio {boundary_ratio}")
+    return lo, hi
+
+
+def _unit_draws_in(
+    lo: float,
+    hi: float,
+    batch_size: int,
+    sampling: TimestepSampling,
+    mean: float,
+    std: float,
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """u in [lo, hi) distributed as the full-range draw conditioned on landing there (rejection sampling
+    without the loop, by the inverse CDF): uniform stays uniform, logit-normal keeps its bell's shape
+    (musubi-tuner's --preserve_distribution_shape) instead of being squeezed into the range."""
+    p = torch.rand(size=(batch_size,), device=device, generator=generator, dtype=torch.float64)
+    if sampling == "uniform":
+        return lo + (hi - lo) * p
+    normal = NormalDist(mean, std)  # plain floats: no tensor to read back under `framer-ds plan`
+    low = normal.cdf(math.log(lo / (1 - lo))) if lo > 0 else 0.0
+    high = normal.cdf(math.log(hi / (1 - hi))) if hi < 1 else 1.0
+    return torch.sigmoid(mean + std * torch.special.ndtri(low + (high - low) * p))
+
+
 def sample_training_sigmas(
     batch_size: int,
     shift: float,
@@ -50,6 +94,7 @@ def sample_training_sigmas(
     logit_std: float = 1.0,
     generator: torch.Generator | None = None,
     num_train_timesteps: int = NUM_TRAIN_TIMESTEPS,
+    index_range: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """One sigma per sample, shape (batch_size,), float32 on the generator's device (CPU by default).
 
@@ -57,8 +102,27 @@ def sample_training_sigmas(
     std)) ("logit_normal", SD3 section 3.1); the sigma is the table entry at index floor(u * N), as
     finetrainers' `prepare_sigmas` picks it. The draw order equals diffusers'
     `compute_density_for_timestep_sampling`, so the same generator gives the same sigmas.
+
+    `index_range` [lo, hi) (a Wan 2.2 expert's, `expert_index_range`): the draw is RESAMPLED inside the
+    range, i.e. conditioned on landing there (`_unit_draws_in`), not rescaled onto it: an expert then
+    sees its noise levels with the weights the full-range sampling gives them, as it would inside a
+    run that trained both experts on one draw.
     """
     device = generator.device if generator is not None else torch.device("cpu")
+    if index_range is not None:
+        lo, hi = index_range
+        u = _unit_draws_in(
+            lo / num_train_timesteps,
+            hi / num_train_timesteps,
+            batch_size,
+            sampling,
+            logit_mean,
+            logit_std,
+            generator,
+            device,
+        )
+        indices = (u * num_train_timesteps).long().clamp(lo, hi - 1)
+        return training_sigma_table(shift, num_train_timesteps).to(device)[indices]
     if sampling == "logit_normal":
         normal = torch.normal(
             mean=logit_mean, std=logit_std, size=(batch_size,), device=device, generator=generator

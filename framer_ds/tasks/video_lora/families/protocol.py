@@ -127,6 +127,10 @@ class VideoBaseFamily(ABC):
         """Write the adapter and its metadata to `out_dir` (every rank calls; ZeRO-3 gathers).
         `run_facts`: what the task learnt from the data (trained fps, shapes, motion buckets)."""
 
+    def export_record_fields(self) -> dict[str, Any]:
+        """Facts framer_ds_export.json records beside `base_model` (a Wan 2.2 run: its expert)."""
+        return {}
+
     @abstractmethod
     def load_export(self, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
         """An export's adapter into the model `build_model` made."""

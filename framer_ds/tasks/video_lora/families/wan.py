@@ -1,12 +1,18 @@
-"""The Wan family: Wan 2.1 image-to-video (I2V) and first-last-frame (FLF2V) bases under rectified flow,
-through diffusers' own classes (`WanTransformer3DModel`, `AutoencoderKLWan`, UMT5, CLIP vision).
+"""The Wan family: Wan 2.1 image-to-video (I2V) and first-last-frame (FLF2V) bases, and Wan 2.2's
+two-expert I2V bases, under rectified flow, through diffusers' own classes (`WanTransformer3DModel`,
+`AutoencoderKLWan`, UMT5, CLIP vision where the base has it).
+
+Wan 2.2 (transformer/ = the high-noise expert, transformer_2/ = the low-noise one, switched at the
+folder's boundary_ratio): a run trains ONE expert (`model.base.expert`), as musubi-tuner and
+diffusion-pipe do, on the training table's entries of that expert's range only; the other transformer
+is never loaded. `framer-ds sample` runs both, as the pipeline does (wan_export.py).
 
 What it encodes is exactly what diffusers' `WanImageToVideoPipeline` feeds the transformer (wan/
 conditioning.py): the normalised video latents (the target), the frame mask + latents of the given
-frames (the condition), CLIP's penultimate states of the given frames and the UMT5 prompt states. All
-four are cached, so with a complete latent cache no encoder, UMT5 included, is ever loaded. The loss is
-flow matching in diffusers' scheduler conventions (diffusion/flow_matching.py); export and sampling are
-in wan_export.py.
+frames (the condition), CLIP's penultimate states of the given frames (bases with an image encoder) and
+the UMT5 prompt states. All are cached, so with a complete latent cache no encoder, UMT5 included, is
+ever loaded. The loss is flow matching in diffusers' scheduler conventions (diffusion/flow_matching.py);
+export and sampling are in wan_export.py.
 """
 
 from __future__ import annotations
@@ -27,7 +33,12 @@ from framer_ds.tasks.video_lora.diffusion import flow_matching as fm
 from framer_ds.tasks.video_lora.families.protocol import VideoBaseFamily, per_clip_noise
 from framer_ds.tasks.video_lora.families.wan_export import WanExports
 from framer_ds.tasks.video_lora.families.wan_parts import FrozenWanEncoders, WanEncodedClip, clip_prompts
-from framer_ds.tasks.video_lora.families.wan_preflight import wan_problems
+from framer_ds.tasks.video_lora.families.wan_preflight import (
+    EXPERT_SUBFOLDERS,
+    TINY_TWO_EXPERT_BUILTINS,
+    model_index,
+    wan_problems,
+)
 
 ENCODER_FOLDERS = ("vae", "image_encoder", "image_processor", "text_encoder", "tokenizer")
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default; the cached prompt states have this length
@@ -35,8 +46,6 @@ MAX_SEQUENCE_LENGTH = 512  # the pipeline's default; the cached prompt states ha
 
 class WanFamily(WanExports, VideoBaseFamily):
     """Wan bases (`model.base.name: wan`): LoRA on the DiT, the rest frozen."""
-
-    frozen_helper_names = "VAE + CLIP image encoder + UMT5 text encoder"
 
     def __init__(self, config: Any):
         super().__init__(config)
@@ -46,6 +55,31 @@ class WanFamily(WanExports, VideoBaseFamily):
     @property
     def frozen(self) -> FrozenWanEncoders:
         return self._frozen
+
+    @property
+    def frozen_helper_names(self) -> str:  # type: ignore[override]
+        """The run summary's name of the frozen encoders (no CLIP on Wan 2.2 I2V A14B)."""
+        image = " + CLIP image encoder" if self.frozen.with_image_encoder else ""
+        return f"VAE{image} + UMT5 text encoder"
+
+    def transformer_subfolder(self) -> str:
+        """The transformer this run trains: `transformer`, or the expert's on a two-expert base."""
+        expert = self.config.model.base.expert
+        return "transformer" if expert is None else EXPERT_SUBFOLDERS[expert]
+
+    def boundary_ratio(self) -> float | None:
+        """Where a two-expert base's experts hand over: model.base.boundary_ratio, else the folder's."""
+        base = self.config.model.base
+        if base.expert is None:
+            return None
+        return base.boundary_ratio or float(model_index(self.base_path())["boundary_ratio"])
+
+    def _expert_range(self) -> tuple[int, int] | None:
+        """The training table's index range of the run's expert (None: every entry)."""
+        ratio = self.boundary_ratio()
+        if ratio is None:
+            return None
+        return fm.expert_index_range(self.shift(), ratio, self.config.model.base.expert)
 
     def base_path(self) -> Path:
         source = self.config.model.base.source
@@ -59,7 +93,9 @@ class WanFamily(WanExports, VideoBaseFamily):
         if builtin is not None:
             from framer_ds.tasks.video_lora.models.tiny_wan import create_tiny_wan
 
-            create_tiny_wan(self.base_path(), mode="flf2v" if builtin == "tiny_wan_flf2v" else "i2v")
+            modes = {"tiny_wan_flf2v": "flf2v", "tiny_wan_i2v": "i2v"}
+            modes.update(dict.fromkeys(TINY_TWO_EXPERT_BUILTINS, "wan22_i2v"))
+            create_tiny_wan(self.base_path(), mode=modes[builtin])
 
     def check(self, data_root: Path) -> list[ConfigProblem]:
         frames = self.frame_count_problem(self.config.data.num_frames)
@@ -79,7 +115,7 @@ class WanFamily(WanExports, VideoBaseFamily):
         before a built-in base is built."""
         try:
             spatial = self._folder_config("vae")["scale_factor_spatial"]
-            return spatial * self._folder_config("transformer")["patch_size"][1]
+            return spatial * self._folder_config(self.transformer_subfolder())["patch_size"][1]
         except (OSError, ValueError, KeyError):
             return 16
 
@@ -116,14 +152,16 @@ class WanFamily(WanExports, VideoBaseFamily):
     # --- models --------------------------------------------------------------------------------------
 
     def build_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
-        """The transformer, frozen, with a peft LoRA on `WAN_LORA_TARGETS` (or model.lora.target_modules
-        when the config names others than the default)."""
+        """The transformer (the expert's on a two-expert base; the other is not loaded), frozen, with a
+        peft LoRA on `WAN_LORA_TARGETS` (or model.lora.target_modules when the config names others than
+        the default)."""
         from diffusers import WanTransformer3DModel
         from peft import LoraConfig, get_peft_model
 
         from framer_ds.tasks.video_lora.wan.lora_layout import WAN_LORA_TARGETS
 
-        transformer = load_pretrained(WanTransformer3DModel, self.base_path(), subfolder="transformer")
+        folder = self.transformer_subfolder()
+        transformer = load_pretrained(WanTransformer3DModel, self.base_path(), subfolder=folder)
         transformer.requires_grad_(False)
         if gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
@@ -158,11 +196,11 @@ class WanFamily(WanExports, VideoBaseFamily):
         first, last = pixels[:, 0], pixels[:, -1] if self.interpolation else None
         num_frames = pixels.shape[1]
         prompts = [self.prompts[video_id] for video_id in batch["video_id"]]
-        images = wan.encode_images(frozen.image_encoder, frozen.image_processor, first, last)
+        images = frozen.encode_images(first, last)
         return WanEncodedClip(
             target=wan.encode_video_latents(frozen.vae, pixels.transpose(1, 2)),
             condition=wan.condition_latents(frozen.vae, first, last, num_frames),
-            image_emb=images.view(pixels.shape[0], -1, *images.shape[1:]),
+            image_emb=None if images is None else images.view(pixels.shape[0], -1, *images.shape[1:]),
             prompt_emb=wan.encode_prompts(
                 frozen.text_encoder, frozen.tokenizer, prompts, MAX_SEQUENCE_LENGTH
             ),
@@ -178,11 +216,12 @@ class WanFamily(WanExports, VideoBaseFamily):
         """The transformer's velocity for noisy latents at `sigmas`, inputs cast to its dtype as the
         pipeline casts them."""
         dtype = next(model.parameters()).dtype
+        image = encoded.image_tokens()
         return model(
             hidden_states=torch.cat([noisy, encoded.condition.to(noisy)], dim=1).to(dtype),
             timestep=fm.sigmas_to_timesteps(sigmas),
             encoder_hidden_states=encoded.prompt_emb.to(dtype),
-            encoder_hidden_states_image=encoded.image_tokens().to(dtype),
+            encoder_hidden_states_image=None if image is None else image.to(dtype),
             return_dict=False,
         )[0]
 
@@ -202,15 +241,21 @@ class WanFamily(WanExports, VideoBaseFamily):
         encoded = self.encode(batch)
         x0 = encoded.target.float()
         sigmas = fm.sample_training_sigmas(
-            x0.shape[0], self.shift(), base.timestep_sampling, base.logit_mean, base.logit_std
+            x0.shape[0],
+            self.shift(),
+            base.timestep_sampling,
+            base.logit_mean,
+            base.logit_std,
+            index_range=self._expert_range(),
         ).to(x0.device)
         return self._loss_at(model, encoded, torch.randn_like(x0), sigmas)
 
     def eval_sigmas(self) -> list[float]:
-        """The training table's entries at the quantiles (i + 0.5) / n: fixed noise levels spread as
-        uniform training sampling spreads them."""
+        """The training table's entries at the quantiles (i + 0.5) / n of the run's range (the expert's
+        on a two-expert base): fixed noise levels spread as uniform training sampling spreads them."""
         n, table = self.config.model.base.eval_sigmas, fm.training_sigma_table(self.shift())
-        return [float(table[int((i + 0.5) / n * len(table))]) for i in range(n)]
+        lo, hi = self._expert_range() or (0, len(table))
+        return [float(table[lo + int((i + 0.5) / n * (hi - lo))]) for i in range(n)]
 
     def eval_losses(self, model, batch, generators: list[torch.Generator]) -> dict[str, torch.Tensor]:
         """Per-clip flow-matching losses at fixed sigmas, the noise from each clip's own generator."""
@@ -224,7 +269,8 @@ class WanFamily(WanExports, VideoBaseFamily):
         return values
 
     def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
-        """The source clips, the encoders' files, the prompts each clip is encoded with, the mode."""
+        """The source clips, the encoders' files, the prompts each clip is encoded with, the mode, the
+        expert and its boundary (two-expert bases)."""
         records = getattr(dataset, "records", [])
         return {
             "format": CACHE_FORMAT_VERSION,
@@ -238,24 +284,30 @@ class WanFamily(WanExports, VideoBaseFamily):
             "max_sequence_length": MAX_SEQUENCE_LENGTH,
             "dtype": dtype,
             "mode": self.config.model.base.mode,
+            "expert": self.config.model.base.expert,
+            "boundary_ratio": self.boundary_ratio(),
             "data": self.config.data.model_dump(mode="json", exclude={"cache", "val_fraction", "source"}),
         }
 
     def example_batch(self, config: Any, micro_batch_size: int) -> dict[str, torch.Tensor]:
-        """From the VAE's, transformer's, image and text encoders' config.json (no weights)."""
-        vae, transformer = self._folder_config("vae"), self._folder_config("transformer")
-        image = self._folder_config("image_encoder")
+        """From the VAE's, transformer's, image and text encoders' config.json (no weights); no image
+        states for a base without an image encoder (its cache holds none)."""
+        vae, transformer = self._folder_config("vae"), self._folder_config(self.transformer_subfolder())
         text = self._folder_config("text_encoder")
         data, k, scale = config.data, micro_batch_size, vae["scale_factor_spatial"]
         latent_frames = (data.num_frames - 1) // self.temporal_factor() + 1
         latent = (latent_frames, data.height // scale, data.width // scale)
-        tokens = (image["image_size"] // image["patch_size"]) ** 2 + 1
-        return {
+        batch = {
             "target": torch.zeros(k, vae["z_dim"], *latent),
             "condition": torch.zeros(k, transformer["in_channels"] - vae["z_dim"], *latent),
-            "image_emb": torch.zeros(k, 2 if self.interpolation else 1, tokens, image["hidden_size"]),
             "prompt_emb": torch.zeros(k, MAX_SEQUENCE_LENGTH, text["d_model"]),
         }
+        if self.frozen.with_image_encoder:
+            image = self._folder_config("image_encoder")
+            tokens = (image["image_size"] // image["patch_size"]) ** 2 + 1
+            frames = 2 if self.interpolation else 1
+            batch["image_emb"] = torch.zeros(k, frames, tokens, image["hidden_size"])
+        return batch
 
 
 def encoder_fingerprint(base_dir: Path) -> list:

@@ -3,10 +3,15 @@
 `final/` holds the peft adapter (adapter_model.safetensors + adapter_config.json, what `framer-ds eval`
 and resume read) AND the same LoRA in diffusers' Wan layout, `pytorch_lora_weights.safetensors`, which
 `WanImageToVideoPipeline.load_lora_weights(final/)` loads as is (wan/lora_layout.py), with the metadata
-(`framer_ds_video_lora.json`: the base folder, mode, shape, shift). `framer-ds sample` runs the
-pipeline's own computation (wan/sampling.py, with the base folder's own scheduler) with the pipeline's
-defaults for that base (guidance, shift, negative prompt), so its frames equal diffusers' for the same
-seed and inputs.
+(`framer_ds_video_lora.json`: the base folder, mode, shape, shift; on a Wan 2.2 base the expert and
+its boundary). `framer-ds sample` runs the pipeline's own computation (wan/sampling.py, with the base
+folder's own scheduler) with the pipeline's defaults for that base (guidance, shift, negative prompt), so
+its frames equal diffusers' for the same seed and inputs.
+
+Wan 2.2: an export holds ONE expert's LoRA, in the same diffusers layout whichever expert (diffusers'
+`load_lora_weights(final/, load_into_transformer_2=True)` puts a low-noise one on `transformer_2`).
+`framer-ds sample` runs both experts switched at the boundary, as the pipeline does, the export's LoRA on
+its expert and, with `--other-expert RUN2/final`, the other run's LoRA on the other.
 """
 
 from __future__ import annotations
@@ -69,8 +74,14 @@ class WanExports:
             "width": data.width,
             "shift": self.shift(),
             "trained_shapes": run_facts["trained_shapes"],
+            **self.export_record_fields(),
         }
         atomic_write_json(out_dir / EXPORT_METADATA, metadata)
+
+    def export_record_fields(self) -> dict[str, Any]:
+        """A Wan 2.2 run's expert and boundary (what `--other-expert` and diffusers' loader need)."""
+        expert = self.config.model.base.expert
+        return {} if expert is None else {"expert": expert, "boundary_ratio": self.boundary_ratio()}
 
     def load_export(self, model, export_dir: Path) -> torch.nn.Module:
         load_peft_adapter(model, Path(export_dir))
@@ -84,10 +95,11 @@ class WanExports:
         if options.save_frames is not None:
             np.save(options.save_frames, frames[0].permute(0, 2, 3, 1).numpy())  # [F, H, W, 3]
         codec = write_video(options.out, to_uint8_frames(frames[0] * 2 - 1), settings["fps"])
+        experts = f", {settings['experts']}" if settings.get("experts") else ""
         return (
             f"wrote {options.out} ({'H.264' if codec == H264 else codec}): {frames.shape[1]} frames at "
             f"{settings['width']}x{settings['height']}, {options.steps} steps, guidance "
-            f"{settings['guidance_scale']:g}, shift {settings['shift']:g}, seed {options.seed}"
+            f"{settings['guidance_scale']:g}, shift {settings['shift']:g}, seed {options.seed}{experts}"
         )
 
     def export_command(self, export_dir: Path, options: Any) -> str:
@@ -124,14 +136,64 @@ def _refuse_svd_flags(options: Any, metadata: dict[str, Any]) -> None:
         raise ConfigError([ConfigProblem("--last-image", problem)], "sample")
     if options.prompt is None:
         raise ConfigError([ConfigProblem("--prompt", "a Wan export needs a text prompt: pass --prompt")])
+    if metadata.get("expert") is None:
+        given = [f for f in ("other_expert", "guidance_scale_2") if getattr(options, f) is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            problem = "a Wan 2.2 (two-expert) flag; this export's base has one transformer: drop it"
+            raise ConfigError([ConfigProblem(flag, problem)], "sample")
+
+
+def _expert_adapters(metadata: dict[str, Any], export_dir: Path, options: Any) -> dict[str, Path]:
+    """{expert: adapter dir}: the export's own, and `--other-expert`'s, refused (before anything loads)
+    unless it trained the other expert of the same base at the same boundary (an adapter on the wrong
+    expert or base would sample silently wrong frames)."""
+    expert = metadata.get("expert") or "high_noise"  # a one-transformer base: its only transformer
+    adapters = {expert: Path(export_dir)}
+    if options.other_expert is None:
+        return adapters
+    other_dir = Path(options.other_expert)
+    other = read_adapter_metadata(other_dir)
+    wanted = "low_noise" if expert == "high_noise" else "high_noise"
+    if other.get("expert") != wanted or other.get("base_model") != metadata["base_model"]:
+        problem = (
+            f"{other_dir} is an export of expert {other.get('expert')!r} of {other.get('base_model')}; "
+            f"pass the final/ of a run that trained {wanted!r} of {metadata['base_model']}"
+        )
+        raise ConfigError([ConfigProblem("--other-expert", problem)], "sample")
+    if other.get("boundary_ratio") != metadata["boundary_ratio"]:
+        problem = (
+            f"{other_dir} trained at boundary_ratio {other.get('boundary_ratio')}, this export at "
+            f"{metadata['boundary_ratio']}: train both experts at one boundary"
+        )
+        raise ConfigError([ConfigProblem("--other-expert", problem)], "sample")
+    return {**adapters, wanted: other_dir}
+
+
+def _transformers(
+    base: Path, metadata: dict[str, Any], adapters: dict[str, Path], device: str
+) -> tuple[torch.nn.Module, torch.nn.Module | None, str]:
+    """(transformer, transformer_2 or None, what runs): one transformer with the export's LoRA, or on a
+    Wan 2.2 base both experts, each with its run's LoRA (`_expert_adapters`)."""
+    from diffusers import WanTransformer3DModel
+    from peft import PeftModel
+
+    from framer_ds.tasks.video_lora.families.wan_preflight import EXPERT_SUBFOLDERS
+
+    expert = metadata.get("expert")
+    models = {}
+    for name in ("high_noise",) if expert is None else EXPERT_SUBFOLDERS:
+        model = WanTransformer3DModel.from_pretrained(base, subfolder=EXPERT_SUBFOLDERS[name]).to(device)
+        if name in adapters:
+            model = PeftModel.from_pretrained(model, adapters[name])
+        models[name] = model.eval()
+    what = "" if expert is None else "experts with a LoRA: " + " + ".join(sorted(adapters))
+    return models["high_noise"], models.get("low_noise"), what
 
 
 @torch.no_grad()
 def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     """Frames [1, F, 3, H, W] float32 in [0, 1] from a Wan export, and the settings used."""
-    from diffusers import WanTransformer3DModel
-    from peft import PeftModel
-
     from framer_ds.tasks.video_lora.families.wan_parts import FrozenWanEncoders
     from framer_ds.tasks.video_lora.sample_shape import sample_shape
     from framer_ds.tasks.video_lora.wan import conditioning as wan
@@ -139,6 +201,7 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
 
     metadata = read_adapter_metadata(export_dir)
     _refuse_svd_flags(options, metadata)
+    adapters = _expert_adapters(metadata, Path(export_dir), options)
     device, base = options.resolved_device(), Path(metadata["base_model"])
     height, width, num_frames = sample_shape(metadata, options.height, options.width, options.num_frames)
     defaults = pipeline_defaults(base)
@@ -149,8 +212,7 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
         else None
     )
     encoders = FrozenWanEncoders(base).for_sampling(device)
-    transformer = WanTransformer3DModel.from_pretrained(base, subfolder="transformer").to(device)
-    transformer = PeftModel.from_pretrained(transformer, Path(export_dir)).eval()
+    transformer, transformer_2, experts = _transformers(base, metadata, adapters, device)
     prompts = [options.prompt, options.negative_prompt or defaults.negative_prompt]
     text = wan.encode_prompts(
         encoders.text_encoder, encoders.tokenizer, prompts, defaults.max_sequence_length
@@ -163,13 +225,17 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
         scheduler_config,
         text[:1],
         text[1:],
-        wan.encode_images(encoders.image_encoder, encoders.image_processor, first, last),
+        encoders.encode_images(first, last),
         wan.condition_latents(encoders.vae, first, last, num_frames),
         options.steps,
         guidance,
         torch.Generator(device=device).manual_seed(options.seed),
         defaults.shift,
+        transformer_2=transformer_2,
+        boundary_ratio=metadata.get("boundary_ratio"),
+        guidance_scale_2=options.guidance_scale_2,  # None: the pipeline's default, = guidance
         scheduler=load_base_scheduler(base),  # the pipeline's own (UniPC on the hub folders)
     )
     settings = {"height": height, "width": width, "guidance_scale": guidance, "shift": defaults.shift}
+    settings["experts"] = experts
     return frames.cpu(), {**settings, "fps": options.fps or WAN_OUTPUT_FPS}

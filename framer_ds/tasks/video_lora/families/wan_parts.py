@@ -18,6 +18,7 @@ from framer_ds.config.errors import ConfigProblem
 from framer_ds.engine.accelerator import frozen_model_init
 from framer_ds.engine.precision import compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
+from framer_ds.tasks.video_lora.families.wan_preflight import has_image_encoder
 
 CAPTION_SUFFIX = ".txt"
 
@@ -28,23 +29,27 @@ class WanEncodedClip:
 
     target: Tensor  # [B, z, F', h, w] normalised VAE latents (mode): the flow's x0
     condition: Tensor  # [B, 4 + z, F', h, w] frame mask + normalised latents of the given frames
-    image_emb: Tensor  # [B, k, T, D] CLIP penultimate states of the first (and last, k=2) frame
     prompt_emb: Tensor  # [B, L, D] UMT5 states, zero past each prompt's length
+    # [B, k, T, D] CLIP penultimate states of the first (and last, k=2) frame; None on a base without an
+    # image encoder (Wan 2.2 I2V A14B), whose cache entries then hold no such tensor
+    image_emb: Tensor | None = None
 
-    def image_tokens(self) -> Tensor:
+    def image_tokens(self) -> Tensor | None:
         """[B*k, T, D], first_0, last_0, first_1, ...: the order the FLF2V image embedder pairs."""
-        return self.image_emb.flatten(0, 1)
+        return None if self.image_emb is None else self.image_emb.flatten(0, 1)
 
     def cache_entry(self, index: int) -> dict[str, Tensor]:
-        return {f.name: getattr(self, f.name)[index] for f in fields(self)}
+        present = [f.name for f in fields(self) if getattr(self, f.name) is not None]
+        return {name: getattr(self, name)[index] for name in present}
 
     @classmethod
     def from_cached_batch(cls, batch: dict[str, Any]) -> WanEncodedClip:
-        return cls(**{f.name: batch[f.name] for f in fields(cls)})
+        return cls(**{f.name: batch[f.name] for f in fields(cls) if f.name in batch})
 
 
 class FrozenWanEncoders:
-    """The VAE, CLIP image encoder (+ processor) and UMT5 text encoder (+ tokenizer) of a Wan run.
+    """The VAE, CLIP image encoder (+ processor; none on Wan 2.2 I2V A14B) and UMT5 text encoder
+    (+ tokenizer) of a Wan run.
 
     Loaded together only when something must be encoded (a latent cache with entries left, or no
     cache), outside ZeRO-3 init, in the compute dtype (the VAE in float32: its conditioning latents
@@ -59,15 +64,25 @@ class FrozenWanEncoders:
         self.image_processor = self.tokenizer = None
         self.lent = False  # the SVD holder's interp_eval flag; Wan runs have no interp_eval
 
-    def load(self) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
-        """Fresh (vae, image encoder, text encoder) (`framer-ds plan` counts them on meta)."""
+    @property
+    def with_image_encoder(self) -> bool:
+        """Whether the base has a CLIP image encoder (`wan_preflight.has_image_encoder`)."""
+        return has_image_encoder(self.base_dir)
+
+    def load(self) -> tuple[torch.nn.Module, ...]:
+        """Fresh (vae, image encoder, text encoder), without the image encoder on a base that has none
+        (`framer-ds plan` counts them on meta)."""
         from diffusers import AutoencoderKLWan
         from transformers import CLIPVisionModel, UMT5EncoderModel
 
         vae = load_pretrained(AutoencoderKLWan, self.base_dir, subfolder="vae")
-        image = load_pretrained(CLIPVisionModel, self.base_dir, subfolder="image_encoder")
         text = load_pretrained(UMT5EncoderModel, self.base_dir, subfolder="text_encoder")
-        return vae, image, text
+        if not self.with_image_encoder:
+            return vae, text
+        return vae, load_pretrained(CLIPVisionModel, self.base_dir, subfolder="image_encoder"), text
+
+    def _modules(self) -> list[torch.nn.Module]:
+        return [m for m in (self.vae, self.image_encoder, self.text_encoder) if m is not None]
 
     def _load_all(self) -> None:
         from transformers import AutoTokenizer
@@ -77,23 +92,22 @@ class FrozenWanEncoders:
         modules = self.load()
         for module in modules:
             module.requires_grad_(False).eval()
-        self.vae, self.image_encoder, self.text_encoder = modules
+        self.vae, self.text_encoder = modules[0], modules[-1]
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir, subfolder="tokenizer")
-        processor = image_processor_class("CLIPImageProcessor")
-        self.image_processor = processor.from_pretrained(self.base_dir, subfolder="image_processor")
+        if len(modules) == 3:
+            self.image_encoder = modules[1]
+            processor = image_processor_class("CLIPImageProcessor")
+            self.image_processor = processor.from_pretrained(self.base_dir, subfolder="image_processor")
 
-    def on_device(self, accelerator) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    def on_device(self, accelerator) -> tuple[torch.nn.Module | None, ...]:
         """Loaded once (frozen, eval, outside ZeRO-3 init), then on the device: the VAE in float32 (the
         pipeline's dtype for it), the encoders in the compute dtype."""
         if self.vae is None:
             with frozen_model_init(accelerator):
                 self._load_all()
         dtype = compute_dtype(accelerator)
-        for module, wanted in (
-            (self.vae, torch.float32),
-            (self.image_encoder, dtype),
-            (self.text_encoder, dtype),
-        ):
+        for module in self._modules():
+            wanted = torch.float32 if module is self.vae else dtype
             module.to(accelerator.device)
             if module.dtype != wanted:
                 module.to(dtype=wanted)
@@ -102,9 +116,17 @@ class FrozenWanEncoders:
     def for_sampling(self, device: str) -> FrozenWanEncoders:
         """All of them in float32 on `device`, as `WanImageToVideoPipeline.from_pretrained` loads them."""
         self._load_all()
-        for module in (self.vae, self.image_encoder, self.text_encoder):
+        for module in self._modules():
             module.to(device)
         return self
+
+    def encode_images(self, first: Tensor, last: Tensor | None) -> Tensor | None:
+        """CLIP states of the given frames (`wan.conditioning.encode_images`); None without an encoder."""
+        if self.image_encoder is None:
+            return None
+        from framer_ds.tasks.video_lora.wan.conditioning import encode_images
+
+        return encode_images(self.image_encoder, self.image_processor, first, last)
 
     def release_if_lent(self) -> None:
         """Nothing lends them out during training on a Wan base (no interp_eval)."""

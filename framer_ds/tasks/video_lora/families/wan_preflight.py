@@ -10,34 +10,68 @@ from typing import Any
 from framer_ds.config.errors import ConfigProblem
 
 WAN_SUBFOLDERS = ("transformer", "vae", "text_encoder", "image_encoder", "scheduler")
+TINY_TWO_EXPERT_BUILTINS = ("tiny_wan22_i2v",)
+TINY_WAN22_BOUNDARY_RATIO = 0.9  # the tiny Wan 2.2 base's, as Wan2.2-I2V-A14B-Diffusers' model_index
+EXPERT_SUBFOLDERS = {"high_noise": "transformer", "low_noise": "transformer_2"}
+
+
+def model_index(folder: Path) -> dict[str, Any]:
+    """The folder's model_index.json ({} without one)."""
+    index = folder / "model_index.json"
+    return json.loads(index.read_text()) if index.is_file() else {}
+
+
+def _listed(index: dict[str, Any], component: str) -> bool:
+    entry = index.get(component)
+    return bool(entry and entry[0] is not None)
 
 
 def two_experts(folder: Path) -> bool:
     """Whether `folder` is a Wan 2.2 base: a high-noise `transformer` and a low-noise `transformer_2`
-    switched at `boundary_ratio`. Training the first alone at every noise level would fit an expert
-    the pipeline only runs at high noise, so such a base is refused until experts are trained apart."""
-    index = folder / "model_index.json"
-    if not index.is_file():
-        return False
-    component = json.loads(index.read_text()).get("transformer_2")
-    return bool(component and component[0] is not None)
+    switched at `boundary_ratio` (the pipeline's `t >= boundary_ratio * num_train_timesteps`)."""
+    return _listed(model_index(folder), "transformer_2")
+
+
+def has_image_encoder(folder: Path) -> bool:
+    """Whether the base conditions on CLIP image states: Wan 2.1 I2V/FLF2V yes; Wan 2.2 I2V A14B lists
+    image_encoder as null (its condition is the mask + first-frame latents only). A folder without a
+    model_index.json is read as Wan 2.1's layout."""
+    index = model_index(folder)
+    return not index or _listed(index, "image_encoder")
+
+
+def _expert_problems(base: Any, folder: Path, two: bool) -> list[ConfigProblem]:
+    """`expert` required with two experts and refused without, `boundary_ratio` refused without."""
+    if not two:
+        return [
+            ConfigProblem(f"model.base.{key}", f"{folder} holds one transformer (Wan 2.1): drop {key}")
+            for key in ("expert", "boundary_ratio")
+            if getattr(base, key) is not None
+        ]
+    if base.expert is None:
+        ratio = base.boundary_ratio or model_index(folder).get("boundary_ratio", TINY_WAN22_BOUNDARY_RATIO)
+        return [
+            ConfigProblem(
+                "model.base.expert",
+                f"{folder} is a two-expert Wan 2.2 base: set model.base.expert: high_noise (trains "
+                f"transformer/ on timesteps >= {ratio} x 1000) or low_noise (trains transformer_2/ on the "
+                "timesteps below); a second run trains the other",
+            )
+        ]
+    return []
 
 
 def _folder_problems(base: Any, folder: Path) -> list[ConfigProblem]:
-    """The folder's components, and its transformer's kind against `base.mode` (an FLF2V transformer's
-    image embedder needs the last frame; an I2V one has no place for it)."""
+    """The folder's components, the expert keys, and its transformer's kind against `base.mode` (an
+    FLF2V transformer's image embedder needs the last frame; an I2V one has no place for it)."""
     if base.source.builtin is not None:
         flf2v = base.source.builtin == "tiny_wan_flf2v"
-    elif two_experts(folder):
-        return [
-            ConfigProblem(
-                "model.base.source.path",
-                f"{folder} is a two-expert Wan 2.2 base (transformer_2, boundary_ratio): training one "
-                "expert at its own noise levels is not supported yet; use a Wan 2.1 I2V or FLF2V folder",
-            )
-        ]
+        two = base.source.builtin in TINY_TWO_EXPERT_BUILTINS
     else:
-        missing = [s for s in WAN_SUBFOLDERS if not any((folder / s).glob("*config.json"))]
+        two = two_experts(folder)
+        wanted = [s for s in WAN_SUBFOLDERS if s != "image_encoder" or has_image_encoder(folder)]
+        wanted += ["transformer_2"] if two else []
+        missing = [s for s in wanted if not any((folder / s).glob("*config.json"))]
         if missing:
             return [
                 ConfigProblem(
@@ -49,16 +83,17 @@ def _folder_problems(base: Any, folder: Path) -> list[ConfigProblem]:
             ]
         transformer = json.loads((folder / "transformer" / "config.json").read_text())
         flf2v = transformer.get("pos_embed_seq_len") is not None
+    problems = _expert_problems(base, folder, two)
     if flf2v != (base.mode == "interpolation"):
         kind, fix = ("an FLF2V", "interpolation") if flf2v else ("an I2V", "image_to_video")
-        return [
+        problems.append(
             ConfigProblem(
                 "model.base.mode",
                 f"{base.mode} does not fit {kind} base (its image embedder takes "
                 f"{'first and last' if flf2v else 'the first'} frame): set model.base.mode: {fix}",
             )
-        ]
-    return []
+        )
+    return problems
 
 
 def _unsupported(config: Any) -> list[ConfigProblem]:

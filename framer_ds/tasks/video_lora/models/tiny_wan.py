@@ -1,4 +1,5 @@
-"""A tiny random Wan 2.1 image-to-video base, saved in the Wan-AI/Wan2.1-*-Diffusers layout.
+"""A tiny random Wan 2.1 image-to-video base, saved in the Wan-AI/Wan2.1-*-Diffusers layout (or a Wan 2.2
+two-expert one, in the Wan-AI/Wan2.2-I2V-A14B-Diffusers layout).
 
 Tests and CPU smoke runs need diffusers' real Wan classes, configs and `from_pretrained` paths without
 downloading ~80 GB: `create_tiny_wan` builds every component small and random and saves it through
@@ -13,6 +14,10 @@ Shapes follow the real model where it matters:
 - mode "flf2v" (Wan2.1-FLF2V-14B-720P): the image embedder carries a positional embedding over the
   first AND last frame's tokens (`pos_embed_seq_len` = 2 x image tokens), so diffusers' pipeline must be
   given `last_image`; mode "i2v" (Wan2.1-I2V-14B-480P/720P): no positional embedding, first frame only;
+- mode "wan22_i2v" (Wan2.2-I2V-A14B): two transformers, `transformer` (high noise) and `transformer_2`
+  (low noise, its own random weights), `boundary_ratio` 0.9 in model_index.json, and no image encoder:
+  no image_encoder/ image_processor/ (model_index lists them null), transformer `image_dim` and
+  `added_kv_proj_dim` null, so the condition is the mask + first-frame latents only;
 - VAE: z_dim 16 (Wan's per-channel `latents_mean`/`latents_std` have 16 entries), 8x spatial and 4x
   temporal compression (3 downsamples, the last two temporal), so 9 frames -> 3 latent frames;
 - text encoder: a 2-layer UMT5 encoder whose d_model is the transformer's `text_dim`; tokenizer: a T5
@@ -39,9 +44,11 @@ from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5Enco
 from framer_ds.compat import image_processor_class
 from framer_ds.storage.atomic import build_once
 from framer_ds.tasks.video_lora.diffusion.flow_matching import WAN_SHIFT_480P
+from framer_ds.tasks.video_lora.families.wan_preflight import TINY_WAN22_BOUNDARY_RATIO
 from framer_ds.tasks.video_lora.models.tiny_svd import fix_processor_class
 
-WanMode = Literal["i2v", "flf2v"]
+WanMode = Literal["i2v", "flf2v", "wan22_i2v"]
+WAN22_BOUNDARY_RATIO = TINY_WAN22_BOUNDARY_RATIO  # Wan2.2-I2V-A14B-Diffusers' model_index.json
 MARKER = ".framer_tiny_wan_complete"
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
@@ -128,6 +135,12 @@ def build_tiny_umt5_tokenizer():
     return T5TokenizerFast(tokenizer_object=core, eos_token=EOS, pad_token=PAD, unk_token=UNK, extra_ids=0)
 
 
+def _wan22_transformers() -> dict[str, object]:
+    """Wan 2.2's high- and low-noise experts (no image embedder), each with its own random weights."""
+    config = {**TINY_WAN_TRANSFORMER, "image_dim": None, "added_kv_proj_dim": None}
+    return {name: WanTransformer3DModel(**config) for name in ("transformer", "transformer_2")}
+
+
 def _build_pipeline(seed: int, mode: WanMode) -> WanImageToVideoPipeline:
     tokenizer = build_tiny_umt5_tokenizer()
     torch.manual_seed(seed)
@@ -158,6 +171,14 @@ def _build_pipeline(seed: int, mode: WanMode) -> WanImageToVideoPipeline:
             num_attention_heads=2,
         )
     )
+    common = {
+        "tokenizer": tokenizer,
+        "text_encoder": text_encoder,
+        "vae": vae,
+        "scheduler": FlowMatchEulerDiscreteScheduler(shift=WAN_SHIFT_480P),
+    }
+    if mode == "wan22_i2v":
+        return WanImageToVideoPipeline(**common, **_wan22_transformers(), boundary_ratio=WAN22_BOUNDARY_RATIO)
     transformer = WanTransformer3DModel(
         **TINY_WAN_TRANSFORMER, pos_embed_seq_len=2 * IMAGE_TOKENS if mode == "flf2v" else None
     )
@@ -166,29 +187,27 @@ def _build_pipeline(seed: int, mode: WanMode) -> WanImageToVideoPipeline:
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     )
     return WanImageToVideoPipeline(
-        tokenizer=tokenizer,
-        text_encoder=text_encoder,
-        vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=WAN_SHIFT_480P),
-        image_processor=image_processor,
-        image_encoder=image_encoder,
-        transformer=transformer,
+        **common, image_processor=image_processor, image_encoder=image_encoder, transformer=transformer
     )
 
 
 def create_tiny_wan(path: Path, mode: WanMode = "flf2v", seed: int = 0) -> Path:
-    """Build (once) a tiny random Wan 2.1 image-to-video base at `path` and return `path`: "flf2v"
-    (first + last frame, the interpolation base) or "i2v" (first frame only).
+    """Build (once) a tiny random Wan image-to-video base at `path` and return `path`: "flf2v" (first +
+    last frame, the interpolation base), "i2v" (first frame only) or "wan22_i2v" (Wan 2.2's two experts).
 
     Idempotent and atomic like `create_tiny_svd`: a finished folder carries a marker file; everything is
     written in a sibling temp folder renamed into place, so concurrent creators never see half a folder.
     """
 
-    if mode not in ("i2v", "flf2v"):
-        raise ValueError(f"unknown Wan mode {mode!r}; use 'i2v' (first frame) or 'flf2v' (first + last)")
+    if mode not in ("i2v", "flf2v", "wan22_i2v"):
+        raise ValueError(
+            f"unknown Wan mode {mode!r}; use 'i2v' (first frame), 'flf2v' (first + last) or 'wan22_i2v' "
+            "(Wan 2.2's two experts)"
+        )
 
     def build(staging: Path) -> None:
         _build_pipeline(seed, mode).save_pretrained(staging)
-        fix_processor_class(staging, "image_processor")
+        if mode != "wan22_i2v":
+            fix_processor_class(staging, "image_processor")
 
     return build_once(path, MARKER, build, f"tiny Wan {mode} base")
