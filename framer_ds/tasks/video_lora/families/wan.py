@@ -269,8 +269,10 @@ class WanFamily(WanExports, VideoBaseFamily):
         return values
 
     def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
-        """The source clips, the encoders' files, the prompts each clip is encoded with, the mode, the
-        expert and its boundary (two-expert bases)."""
+        """The source clips, the encoders' files, the prompts each clip is encoded with, the mode. Not a
+        two-expert base's expert or boundary: the cached tensors (latents, condition, prompt states) do
+        not depend on them (the noise level is drawn at training time), so the high- and low-noise runs
+        of one dataset share one cache and the second run encodes nothing."""
         records = getattr(dataset, "records", [])
         return {
             "format": CACHE_FORMAT_VERSION,
@@ -284,8 +286,6 @@ class WanFamily(WanExports, VideoBaseFamily):
             "max_sequence_length": MAX_SEQUENCE_LENGTH,
             "dtype": dtype,
             "mode": self.config.model.base.mode,
-            "expert": self.config.model.base.expert,
-            "boundary_ratio": self.boundary_ratio(),
             "data": self.config.data.model_dump(mode="json", exclude={"cache", "val_fraction", "source"}),
         }
 
