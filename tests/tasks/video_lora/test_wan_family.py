@@ -191,8 +191,9 @@ def test_task_options_a_wan_base_cannot_honour_are_refused_at_validate(tmp_path:
         "model.base.mode=image_to_video",
     )
     keys = {p.where for p in VideoLoraTask(config).check()}
-    assert {"data.tracks", "model.samples.every", "model.interp_eval.enabled", "data.num_frames"} <= keys
+    assert {"data.tracks", "model.interp_eval.enabled", "data.num_frames"} <= keys  # I2V: no last frame
     assert "model.base.mode" in keys  # an FLF2V base in image_to_video mode
+    assert "model.samples.every" not in keys  # samples during training run on Wan (test_wan_samples.py)
 
 
 def test_a_two_expert_wan22_base_is_refused_in_one_line(tmp_path: Path) -> None:
