@@ -248,8 +248,9 @@ def test_captions_beside_the_videos_are_read_and_a_missing_one_is_named(tmp_path
 @pytest.mark.timeout(900)
 def test_zero2_and_zero3_train_the_tiny_wan_on_two_processes(tmp_path: Path) -> None:
     """ZeRO-2 and ZeRO-3 (every parameter partitioned: conftest's test settings) on 2 CPU processes:
-    the frozen encoders stay whole outside ZeRO-3 (they fill the cache on rank 0), training runs, and
-    the gathered adapter in final/ is complete in both layouts."""
+    the frozen encoders stay whole outside ZeRO-3 (they fill the cache on rank 0), training runs, the
+    gathered adapter in final/ is complete in both layouts, and a validation-sample round (one clip per
+    rank, the model's forwards collectives under ZeRO-3) writes its videos."""
     import subprocess
 
     from safetensors.torch import load_file
@@ -266,6 +267,8 @@ def test_zero2_and_zero3_train_the_tiny_wan_on_two_processes(tmp_path: Path) -> 
             "train.eval.every=null",
             "train.checkpoint.every=null",
             "data.val_fraction=0",
+            "model.samples.every=2",  # one round at the end, a training clip on each rank
+            "model.samples.num_inference_steps=2",
         ]
         launch = strategy_launch_args(strategy, tmp_path)
         cmd = accelerate_launch_cmd(*launch, "-m", "framer_ds", "train", str(CONFIG), *config_args)
@@ -276,3 +279,6 @@ def test_zero2_and_zero3_train_the_tiny_wan_on_two_processes(tmp_path: Path) -> 
         diffusers = load_file(str(run / "final" / "pytorch_lora_weights.safetensors"))
         assert peft and all(t.numel() > 0 for t in peft.values()), strategy
         assert len(diffusers) == len(peft), strategy
+        # every rank ran the same sampling forwards (ZeRO-3: collectives) and rank 0 wrote both videos
+        videos = sorted((run / "samples" / "step_2").glob("*.mp4"))
+        assert len(videos) == 2 and all(v.with_suffix(".json").is_file() for v in videos), strategy
