@@ -175,3 +175,27 @@ def test_wan_sampling_options_that_do_not_apply_are_refused_by_name(tmp_path: Pa
         sampling_problems(_config(tmp_path, "model.samples.every=5", "model.interp_eval.enabled=true").model)
         == []
     )
+
+
+def test_plan_counts_a_wan_runs_sampling_phase(tmp_path: Path) -> None:
+    """`framer-ds plan` of a Wan run with samples: the census counts the VAE, CLIP and UMT5 (their own
+    dtypes: the VAE in float32) for the sampling phase under the cache, and as resident helpers without
+    it; the probe measures what a sampling round computes beyond the step (a guided forward and the
+    VAE decode of a whole clip). Both raised `zip() argument 2 is shorter` (SVD's two helper dtypes for
+    Wan's three helpers)."""
+    from framer_ds.lab.activations import probe_activations
+    from framer_ds.lab.census import task_census
+    from framer_ds.tasks.registry import get_task_class
+
+    def task(*overrides: str):
+        config = _config(tmp_path, "model.samples.every=2", *overrides)
+        built = get_task_class(config.task)(config)
+        built.prepare_model_assets()
+        return built
+
+    cached = task()
+    census = task_census(cached)
+    assert census.helper_bytes == 0 and census.eval_helper_bytes > 0
+    assert probe_activations(cached).eval_transient > 0
+    live = task_census(task("data.cache.enabled=false"))
+    assert live.helper_bytes > 0 and live.eval_helper_bytes == 0

@@ -168,6 +168,16 @@ class VideoBaseFamily(ABC):
         device and the base's own sampler (validation samples, interp_eval); the caller releases the
         encoders after (`frozen.release`, or `frozen.lent` for interp_eval)."""
 
+    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
+        """The dtype `frozen.on_device` gives each of `helpers` (`frozen.load()`'s modules, in order), for
+        `framer-ds plan`."""
+        return [compute] * len(helpers)
+
+    @abstractmethod
+    def decode_transient(self, vae: torch.nn.Module, chunk: int) -> None:
+        """`framer-ds plan`'s probe of a sampling round's decode: `vae` decoding zeros shaped as the
+        sampler decodes (`chunk`: the most frames one SVD decode call takes)."""
+
     # --- export and sampling -------------------------------------------------------------------------
 
     @abstractmethod

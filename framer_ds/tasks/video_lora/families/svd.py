@@ -235,6 +235,23 @@ class SvdFamily(VideoBaseFamily):
         options = self.config.model
         return SvdClipSampler(parts, options.vae_tile_size, self.framer, options.fixed_motion_bucket)
 
+    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
+        """The VAE in the dtype SVD's VAE tolerates (fp32 under fp16 with force_upcast), as
+        `FrozenSvdEncoders.on_device` puts it; the image encoder in the compute dtype."""
+        return [_svd().vae_dtype(helpers[0].config, compute), compute] if helpers else []
+
+    def decode_transient(self, vae: torch.nn.Module, chunk: int) -> None:
+        """One chunk of `chunk` frames at full size (`diffusion/sampling.decode_latents`)."""
+        from framer_ds.tasks.video_lora.diffusion.sampling import decode_latents
+
+        scale = 2 ** (len(vae.config.block_out_channels) - 1)
+        data = self.config.data
+        latents = torch.zeros(
+            1, chunk, vae.config.latent_channels, data.height // scale, data.width // scale,
+            device=next(vae.parameters()).device, dtype=vae.dtype,
+        )  # fmt: skip
+        decode_latents(vae, latents, chunk, chunk)
+
     # --- export and sampling -------------------------------------------------------------------------
 
     def export(self, accelerator, model, out_dir: Path, run_facts: dict[str, Any]) -> None:

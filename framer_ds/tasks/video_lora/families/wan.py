@@ -245,6 +245,22 @@ class WanFamily(WanExports, VideoBaseFamily):
             model, self.frozen, sampling, self.prompts, negative, MAX_SEQUENCE_LENGTH, with_text
         )
 
+    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
+        """The VAE in float32, CLIP and UMT5 in the compute dtype (`FrozenWanEncoders.on_device`)."""
+        return [torch.float32] + [compute] * (len(helpers) - 1) if helpers else []
+
+    def decode_transient(self, vae: torch.nn.Module, chunk: int) -> None:
+        """One latent frame at full size through `wan/sampling.decode_latents`. Wan's VAE decodes a clip
+        one latent frame per decoder call (a causal cache carries the rest), so a call's activations are
+        one latent frame's; the planner's tracker refuses a module called again within one probe, so the
+        later calls (4 pixel frames each, the first gives 1) and the growing output are not measured:
+        a lower bound, small beside the transformer's guided forward."""
+        from framer_ds.tasks.video_lora.wan.sampling import decode_latents
+
+        data, spatial = self.config.data, vae.config.scale_factor_spatial
+        shape = (1, vae.config.z_dim, 1, data.height // spatial, data.width // spatial)
+        decode_latents(vae, torch.zeros(shape, device=next(vae.parameters()).device))
+
     def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
         """The source clips, the encoders' files, the prompts each clip is encoded with, the mode."""
         records = getattr(dataset, "records", [])
