@@ -254,7 +254,7 @@ class WanFamily(WanExports, VideoBaseFamily):
         one latent frame per decoder call (a causal cache carries the rest), so a call's activations are
         one latent frame's; the planner's tracker refuses a module called again within one probe, so the
         later calls (4 pixel frames each, the first gives 1) and the growing output are not measured:
-        a lower bound, small beside the transformer's guided forward."""
+        a lower bound of the decode's peak."""
         from framer_ds.tasks.video_lora.wan.sampling import decode_latents
 
         data, spatial = self.config.data, vae.config.scale_factor_spatial
