@@ -45,26 +45,14 @@ class VideoEvalMemory:
         return []
 
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
-        """The VAE in the dtype SVD's VAE tolerates (fp32 under fp16 with force_upcast), as
-        `FrozenSvdEncoders.on_device` puts it; the image encoder in the compute dtype."""
-        from framer_ds.tasks.video_lora.diffusion.svd_conditioning import vae_dtype
-
-        return [vae_dtype(helpers[0].config, compute), compute] if helpers else []
+        """The dtypes the base family's `frozen.on_device` puts its helpers in (a VAE in float32)."""
+        return self.family.helper_dtypes(helpers, compute)
 
     def eval_transient(self, model: torch.nn.Module, helpers: list[torch.nn.Module], batch: dict) -> None:
         """The denoiser on a guided batch (`batch` holds 2 clips: the conditional and unconditional
-        halves of one sample) and the VAE decoding one chunk of frames at full size."""
+        halves of one sample) and the VAE decoding as the base family's sampler decodes."""
         if not samples_during_training(self.config) or not helpers:
             return
-        from framer_ds.tasks.video_lora.diffusion.sampling import decode_latents
-
         with torch.no_grad():
             self.training_loss(model, batch)
-            vae = helpers[0]
-            scale = 2 ** (len(vae.config.block_out_channels) - 1)
-            data, frames = self.config.data, decode_chunk(self.config)
-            latents = torch.zeros(
-                1, frames, vae.config.latent_channels, data.height // scale, data.width // scale,
-                device=next(vae.parameters()).device, dtype=vae.dtype,
-            )  # fmt: skip
-            decode_latents(vae, latents, frames, frames)
+            self.family.decode_transient(helpers[0], decode_chunk(self.config))

@@ -23,7 +23,7 @@ import functools
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,12 +31,8 @@ from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.tasks.video_lora.config import InterpEvalOptions
+from framer_ds.tasks.video_lora.families.protocol import ClipSampler, ClipToSample
 from framer_ds.tasks.video_lora.metrics.interp_metrics import interpolation_metrics
-
-if TYPE_CHECKING:  # diffusers and transformers load when sampling starts, not when a config validates
-    from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts
-
-    FramerSamplingFor = Callable[[Tensor | None], FramerSampling]  # a clip's heatmaps -> its conventions
 
 CLIP_CHUNK = 16  # frames per CLIP (and LPIPS) forward
 
@@ -137,75 +133,59 @@ def clip_seed(video_id: str, seed: int) -> int:
 
 @torch.no_grad()
 def sample_clips(
-    parts: SamplerParts,
+    sampler: ClipSampler,
     pixels: Tensor,
-    video_ids: list[str],
-    fps: list[float],
-    motion_bucket_ids: list[int],
+    batch: dict[str, Any],
+    fps: list[float] | None,
+    motion_bucket_ids: list[int | None],
     options: InterpEvalOptions,
     interpolation: bool,
-    tile_size: int | None = None,
-    framer: FramerSamplingFor | None = None,
-    controlnet_cond: Tensor | None = None,
 ) -> Tensor:
-    """[B,T,3,H,W] real clips in [-1,1] -> [B,T,3,H,W] samples from their first (and last) frames.
-    `framer`: a Framer base's sampling conventions for a clip's heatmaps (`controlnet_cond[i]`)."""
-    from framer_ds.tasks.video_lora.diffusion.sampling import sample_video
-
-    device, num_frames, heatmaps = pixels.device, pixels.shape[1], controlnet_cond
-    samples = []
-    for index in range(pixels.shape[0]):
+    """[B,T,3,H,W] real clips in [-1,1] -> [B,T,3,H,W] samples from their first (and last) frames,
+    each with its own generator, heatmaps (`controlnet_cond`, Framer) and cached prompt states
+    (`prompt_emb`, Wan) when the batch has them."""
+    device, num_frames, samples = pixels.device, pixels.shape[1], []
+    heatmaps, prompts = batch.get("controlnet_cond"), batch.get("prompt_emb")
+    for index, video_id in enumerate(batch["video_id"]):
         clip = pixels[index].float()
-        generator = torch.Generator(device=device).manual_seed(clip_seed(video_ids[index], options.seed))
-        samples.append(
-            sample_video(
-                parts,
-                clip[0],
-                clip[-1] if interpolation else None,
-                num_frames,
-                float(fps[index]),
-                int(motion_bucket_ids[index]),
-                generator=generator,
-                **options.sampling_kwargs(),
-                tile_size=tile_size,
-                framer=framer(None if heatmaps is None else heatmaps[index : index + 1])
-                if framer is not None
-                else None,
-            )
+        generator = torch.Generator(device=device).manual_seed(clip_seed(video_id, options.seed))
+        request = ClipToSample(
+            video_id=video_id,
+            first=clip[0],
+            last=clip[-1] if interpolation else None,
+            num_frames=num_frames,
+            fps=float(fps[index]) if fps is not None else None,
+            motion_bucket=motion_bucket_ids[index],
+            controlnet_cond=None if heatmaps is None else heatmaps[index : index + 1],
+            prompt_emb=None if prompts is None else prompts[index],
         )
+        samples.append(sampler.sample(request, options, generator))
     return torch.stack(samples)
 
 
-def interp_eval_batch(
-    parts: SamplerParts, batch: dict[str, Any], options: Any, framer: FramerSamplingFor | None = None
-) -> dict[str, Tensor]:
+def interp_eval_batch(sampler: ClipSampler, batch: dict[str, Any], options: Any) -> dict[str, Tensor]:
     """Per-clip metric values [B] for one eval batch (every rank calls it with its batch): every clip
-    sampled from its own first (and last) frame and compared with the real clip, with its fps and motion
-    bucket as training conditioned on them (`model.fps`, `model.motion_bucket`; a cached entry stores the
-    bucket as `motion_bucket`). `framer`: a Framer base (`FramerSetup.sampling`)."""
-    from framer_ds.tasks.video_lora.diffusion.svd_conditioning import clip_image_embeddings
-
+    sampled from its own first (and last) frame by the base family's sampler and compared with the real
+    clip, with its fps and motion bucket as training conditioned on them (`model.fps`,
+    `model.motion_bucket`; a cached entry stores the bucket as `motion_bucket`; an SVD-family setting,
+    the Wan sampler reads none of them)."""
     pixels, evaluation = batch["pixel_values"], options.interp_eval
     count = pixels.shape[0]
-    fps = [float(options.fps)] * count if options.fps is not None else batch["fps"].float().tolist()
-    buckets = batch.get("motion_bucket_id", batch.get("motion_bucket"))
-    buckets = buckets.tolist() if buckets is not None else [options.fixed_motion_bucket] * count
-    samples = sample_clips(
-        parts,
-        pixels,
-        list(batch["video_id"]),
-        fps,
-        buckets,
-        evaluation,
-        interpolation=options.base.mode == "interpolation",
-        tile_size=options.vae_tile_size,
-        framer=framer,
-        controlnet_cond=batch.get("controlnet_cond") if framer is not None else None,
+    fps = batch.get("fps")  # a Wan base's items carry it, its cached entries do not (and need none)
+    fps = (
+        [options.fps] * count
+        if options.fps is not None
+        else fps.float().tolist()
+        if fps is not None
+        else None
     )
+    buckets = batch.get("motion_bucket_id", batch.get("motion_bucket"))
+    buckets = [int(b) for b in buckets.tolist()] if buckets is not None else [None] * count
+    interpolation = options.base.mode == "interpolation"
+    samples = sample_clips(sampler, pixels, batch, fps, buckets, evaluation, interpolation)
 
     def embed(frames: Tensor) -> Tensor:
-        chunks = [clip_image_embeddings(parts.image_encoder, c) for c in frames.split(CLIP_CHUNK)]
-        return torch.cat(chunks).flatten(1)
+        return torch.cat([sampler.embed(c) for c in frames.split(CLIP_CHUNK)])
 
     perceptual = lpips_distance(evaluation, pixels.device)
     return interpolation_metrics(

@@ -32,6 +32,7 @@ class VideoLatentCaching:
         cached_train = self._cached(accelerator, train_set, "train", self.config.data.cache.clips_per_video)
         cached_eval = self._cached(accelerator, eval_set, "eval", 1) if eval_set is not None else None
         self.frozen.release()
+        self._cached_eval_or_train = cached_eval if cached_eval is not None else cached_train  # sampling
         tracks = self.config.data.tracks
         if tracks is not None:  # controlnet_cond is computed at load from the entry's clip placement
             # the videos whose tracks the items use: those of the datasets build_datasets returned

@@ -62,6 +62,7 @@ class VideoLoraTask(
         self.accelerator = None
         self._raw_eval_or_train: Dataset | None = None  # pixel clips, for sampling inputs
         self._sample_inputs = None
+        self._cached_eval_or_train: Dataset | None = None  # their latent cache (a Wan base's prompt states)
         self._data_notes: dict[str, str] = {}
         self.trained_fps: list[float] = []  # the fps values training conditions on (model.fps null)
         self.motion_buckets = None  # model.motion_bucket from_data: the training set's score quantiles

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ from framer_ds.data.progress import sampling_progress
 from framer_ds.tasks.video_lora.config import SampleOptions
 from framer_ds.tasks.video_lora.data.video_index import VIDEO_EXTENSIONS
 from framer_ds.tasks.video_lora.data.video_write import to_uint8_frames, write_frame_pngs, write_video
-from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts, sample_video
+from framer_ds.tasks.video_lora.families.protocol import ClipSampler, ClipToSample
 from framer_ds.tasks.video_lora.sample_record import write_sample_record
 
 
@@ -38,15 +38,31 @@ class SampleInput:
     fps: float
     motion_bucket: int | None = None  # the clip's own bucket (model.motion_bucket from_data)
     controlnet_cond: Tensor | None = None  # [F,3,H,W] the clip's point heatmaps (data.tracks, Framer)
+    prompt_emb: Tensor | None = None  # [L,D] the clip's UMT5 states from the latent cache (Wan)
+
+
+def _cached_prompt(cached: Dataset | None, index: int, video_id: str) -> Tensor | None:
+    """Entry `index`'s prompt states when it is this clip's (cache entry i is item i of its split, the
+    training split's copy 0 drawn as epoch 0 draws it); None without a cache or prompt states."""
+    if cached is None or index >= len(cached):
+        return None
+    entry = cached[index]
+    return entry.get("prompt_emb") if entry.get("video_id") == video_id else None
 
 
 def collect_sample_inputs(
-    source: Dataset, options: SampleOptions, interpolation: bool, with_reference: bool, fps: float | None
+    source: Dataset,
+    options: SampleOptions,
+    interpolation: bool,
+    with_reference: bool,
+    fps: float | None,
+    cached: Dataset | None = None,
 ) -> list[SampleInput]:
     """The first `options.count` items of a pixel dataset (held-out clips, or training clips with
     their augmentation drawn as in epoch 0, so every round samples the same inputs), each with its
     own motion bucket and point heatmaps when the items carry them (`motion_bucket: from_data`,
-    `data.tracks`), as interp_eval uses them."""
+    `data.tracks`), as interp_eval uses them. `cached`: the same split's latent cache, whose prompt
+    states a Wan sampler takes instead of loading UMT5."""
     inputs = []
     with drawn_at_epoch(source, 0):
         for index in range(min(options.count, len(source))):
@@ -61,19 +77,10 @@ def collect_sample_inputs(
                     fps=float(fps or item.get("fps") or 7.0),
                     motion_bucket=int(bucket) if bucket is not None else None,
                     controlnet_cond=item.get("controlnet_cond"),
+                    prompt_emb=_cached_prompt(cached, index, item["video_id"]),
                 )
             )
     return inputs
-
-
-def _with_heatmaps(
-    framer: FramerSampling | None, heatmaps: Tensor | None, device: torch.device | str
-) -> FramerSampling | None:
-    """This input's copy of the run's Framer settings, its ControlNet on the clip's own heatmaps [F,3,H,W]
-    (the shared settings stay untouched for the next input)."""
-    if framer is None or heatmaps is None:
-        return framer
-    return replace(framer, controlnet_cond=heatmaps[None].to(device))
 
 
 def _file_name(index: int, name: str) -> str:
@@ -81,77 +88,57 @@ def _file_name(index: int, name: str) -> str:
     return f"{index:02d}_{re.sub(r'[^A-Za-z0-9._-]+', '_', stem)[:80]}.mp4"
 
 
-def _record(
-    source: SampleInput, index: int, options: SampleOptions, num_frames: int, motion_bucket_id: int
-) -> dict:
-    """What this validation video conditioned on (`<name>.json` beside it, as `framer-ds sample` writes):
-    a clip of a from_data run moves at its own bucket (the clip's motion score, the measure that the
-    sampler's `--motion-bucket auto` applies to the given frames), others at the configured one."""
-    own = source.motion_bucket is not None
-    return {
-        "input": source.name,
-        "seed": options.seed + index,
-        "num_frames": num_frames,
-        "fps": source.fps,
-        "motion_bucket": source.motion_bucket if own else motion_bucket_id,
-        "motion_bucket_source": "the clip's motion score (from_data)" if own else "model.motion_bucket",
-        **options.sampling_kwargs(),
-    }
+def _clip(source: SampleInput, num_frames: int, device: torch.device | str) -> ClipToSample:
+    """An input as the family's sampler takes it, on the device (heatmaps [F,3,H,W] -> [1,F,3,H,W])."""
+    heatmaps = source.controlnet_cond
+    return ClipToSample(
+        video_id=source.name,
+        first=source.first.to(device),
+        last=source.last.to(device) if source.last is not None else None,
+        num_frames=num_frames,
+        fps=source.fps,
+        motion_bucket=source.motion_bucket,
+        controlnet_cond=heatmaps[None].to(device) if heatmaps is not None else None,
+        prompt_emb=source.prompt_emb,
+    )
 
 
 def write_sample_round(
     accelerator: Accelerator,
-    parts: SamplerParts,
+    sampler: ClipSampler,
     inputs: list[SampleInput],
     options: SampleOptions,
     num_frames: int,
-    motion_bucket_id: int,
     out_dir: Path,
-    tile_size: int | None = None,
-    framer: FramerSampling | None = None,
 ) -> list[Path]:
     """Every rank calls this; returns the written videos on the main process (empty elsewhere).
-    `motion_bucket_id` conditions the inputs without a bucket of their own. `framer`: a Framer base's
-    conventions (`sampling.sample_video`), its ControlNet driven by each input's heatmaps when it has
-    them (every input of one dataset has them or none does, so under ZeRO-3 every rank runs the same
-    forwards)."""
+    `sampler`: the base family's (`VideoBaseFamily.training_sampler`); input i is sampled with seed
+    `options.seed + i`. Every input of one dataset has heatmaps (Framer's ControlNet) or none does, so
+    under ZeRO-3 every rank runs the same forwards."""
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
-    produced: list[tuple[int, np.ndarray]] = []
+    produced: list[tuple[int, np.ndarray, dict]] = []
     rounds = math.ceil(len(inputs) / world)
-    with sampling_progress(
-        rounds * options.num_inference_steps, "samples", accelerator.is_main_process
-    ) as bar:
+    with sampling_progress(rounds * sampler.steps(options), "samples", accelerator.is_main_process) as bar:
         for round_index in range(rounds):
             index = round_index * world + rank
-            source = inputs[min(index, len(inputs) - 1)]  # the dummy repeats the last input
+            clip = _clip(inputs[min(index, len(inputs) - 1)], num_frames, device)  # the dummy: the last
             generator = torch.Generator(device=device).manual_seed(options.seed + index)
-            frames = sample_video(
-                parts,
-                source.first.to(device),
-                source.last.to(device) if source.last is not None else None,
-                num_frames,
-                source.fps,
-                source.motion_bucket if source.motion_bucket is not None else motion_bucket_id,
-                generator=generator,
-                **options.sampling_kwargs(),
-                tile_size=tile_size,
-                framer=_with_heatmaps(framer, source.controlnet_cond, device),
-                on_step=bar.update,
-            )
+            frames = sampler.sample(clip, options, generator, on_step=bar.update)
             if index < len(inputs):
-                produced.append((index, to_uint8_frames(frames)))
+                record = {"input": clip.video_id, "seed": options.seed + index, "num_frames": num_frames}
+                produced.append((index, to_uint8_frames(frames), {**record, **sampler.record(clip, options)}))
     gathered = gather_object(produced)  # the list itself in a single process
     if not accelerator.is_main_process:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for index, pixels in sorted(gathered, key=lambda item: item[0]):
+    for index, pixels, record in sorted(gathered, key=lambda item: item[0]):
         source = inputs[index]
         if options.with_reference and source.reference is not None:
             pixels = np.concatenate([to_uint8_frames(source.reference), pixels], axis=2)  # side by side
         path = out_dir / _file_name(index, source.name)
         write_video(path, pixels, source.fps)
         write_frame_pngs(path, pixels)  # <name>_frames/frame_000.png ...: to compare frame by frame
-        write_sample_record(path, _record(source, index, options, num_frames, motion_bucket_id))
+        write_sample_record(path, record)  # <name>.json: what it conditioned on, as `framer-ds sample`'s
         written.append(path)
     return written

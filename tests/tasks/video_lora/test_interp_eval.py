@@ -237,6 +237,8 @@ def test_validation_samples_condition_each_clip_on_its_own_motion_bucket(tmp_pat
 
     from framer_ds.tasks.video_lora import validation_samples
     from framer_ds.tasks.video_lora.config import SampleOptions
+    from framer_ds.tasks.video_lora.diffusion import sampling
+    from framer_ds.tasks.video_lora.families.svd_sampling import SvdClipSampler
 
     clip = torch.zeros(3, 3, 8, 8)
     source = [
@@ -252,9 +254,10 @@ def test_validation_samples_condition_each_clip_on_its_own_motion_bucket(tmp_pat
         used.append(motion_bucket_id)
         return clip
 
-    monkeypatch.setattr(validation_samples, "sample_video", fake_sample)
+    monkeypatch.setattr(sampling, "sample_video", fake_sample)
     accelerator = SimpleNamespace(num_processes=1, process_index=0, device="cpu", is_main_process=True)
-    written = validation_samples.write_sample_round(accelerator, None, inputs, options, 3, 127, tmp_path)
+    sampler = SvdClipSampler(None, None, None, motion_bucket=127)
+    written = validation_samples.write_sample_round(accelerator, sampler, inputs, options, 3, tmp_path)
     assert used == [40, 127]
     # each video's JSON says which bucket it moved at and why, with its seed (as `framer-ds sample`'s)
     records = [json.loads(path.with_suffix(".json").read_text()) for path in written]
@@ -268,13 +271,16 @@ def test_validation_samples_condition_each_clip_on_its_own_motion_bucket(tmp_pat
 def test_framer_validation_samples_drive_the_controlnet_with_each_clips_heatmaps(tmp_path, monkeypatch):
     """With data.tracks, held-out items carry their point heatmaps, and a validation sample runs the
     ControlNet on them (as interp_eval does), so the samples show what the trajectory branch learned."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
     import torch
 
     from framer_ds.tasks.video_lora import validation_samples
     from framer_ds.tasks.video_lora.config import SampleOptions
+    from framer_ds.tasks.video_lora.diffusion import sampling
     from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling
+    from framer_ds.tasks.video_lora.families.svd_sampling import SvdClipSampler
 
     clip = torch.zeros(3, 3, 8, 8)
     heat = [torch.full((3, 3, 8, 8), float(v)) for v in (1, 2)]
@@ -290,10 +296,12 @@ def test_framer_validation_samples_drive_the_controlnet_with_each_clips_heatmaps
         seen.append(framer.controlnet_cond)
         return clip
 
-    monkeypatch.setattr(validation_samples, "sample_video", fake_sample)
+    monkeypatch.setattr(sampling, "sample_video", fake_sample)
     accelerator = SimpleNamespace(num_processes=1, process_index=0, device="cpu", is_main_process=False)
     framer = FramerSampling(torch.zeros(1, 1, 4, 1, 1))
-    validation_samples.write_sample_round(accelerator, None, inputs, options, 3, 127, tmp_path, framer=framer)
+    setup = SimpleNamespace(sampling=lambda heatmaps: replace(framer, controlnet_cond=heatmaps))
+    sampler = SvdClipSampler(None, None, setup, motion_bucket=127)
+    validation_samples.write_sample_round(accelerator, sampler, inputs, options, 3, tmp_path)
     assert [tuple(h.shape) for h in seen] == [(1, 3, 3, 8, 8)] * 2
     assert [float(h.mean()) for h in seen] == [1.0, 2.0] and framer.controlnet_cond is None
 

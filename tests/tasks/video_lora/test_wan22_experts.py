@@ -216,6 +216,19 @@ def test_expert_and_boundary_on_a_one_transformer_base_are_refused(tmp_path: Pat
         load_run_config(CONFIG, [f"output_dir={tmp_path}", "model.base.boundary_ratio=1.0"])
 
 
+def test_samples_and_interp_eval_in_a_one_expert_run_are_refused_naming_other_expert(tmp_path: Path) -> None:
+    """A sample needs both experts and the run loads only its own: both options refused, each in one
+    line pointing at `framer-ds sample --other-expert` (before: validate passed and the first sampling
+    round ran the high-noise expert alone at every noise level)."""
+    from framer_ds.tasks.video_lora.task import VideoLoraTask
+
+    on = ["model.samples.every=2", "model.interp_eval.enabled=true"]
+    config = load_run_config(CONFIG, [f"output_dir={tmp_path / 'run'}", *on])
+    problems = VideoLoraTask(config).check()
+    for key in ("model.samples.every", "model.interp_eval.enabled"):
+        assert any(p.where == key and "--other-expert" in p.message for p in problems), problems
+
+
 def test_the_low_noise_expert_builds_transformer_2_and_never_loads_transformer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

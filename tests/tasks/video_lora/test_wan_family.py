@@ -191,8 +191,9 @@ def test_task_options_a_wan_base_cannot_honour_are_refused_at_validate(tmp_path:
         "model.base.mode=image_to_video",
     )
     keys = {p.where for p in VideoLoraTask(config).check()}
-    assert {"data.tracks", "model.samples.every", "model.interp_eval.enabled", "data.num_frames"} <= keys
+    assert {"data.tracks", "model.interp_eval.enabled", "data.num_frames"} <= keys  # I2V: no last frame
     assert "model.base.mode" in keys  # an FLF2V base in image_to_video mode
+    assert "model.samples.every" not in keys  # samples during training run on Wan (test_wan_samples.py)
 
 
 def test_captions_beside_the_videos_are_read_and_a_missing_one_is_named(tmp_path: Path) -> None:
@@ -232,8 +233,9 @@ def test_captions_beside_the_videos_are_read_and_a_missing_one_is_named(tmp_path
 @pytest.mark.timeout(900)
 def test_zero2_and_zero3_train_the_tiny_wan_on_two_processes(tmp_path: Path) -> None:
     """ZeRO-2 and ZeRO-3 (every parameter partitioned: conftest's test settings) on 2 CPU processes:
-    the frozen encoders stay whole outside ZeRO-3 (they fill the cache on rank 0), training runs, and
-    the gathered adapter in final/ is complete in both layouts."""
+    the frozen encoders stay whole outside ZeRO-3 (they fill the cache on rank 0), training runs, the
+    gathered adapter in final/ is complete in both layouts, and a validation-sample round (one clip per
+    rank, the model's forwards collectives under ZeRO-3) writes its videos."""
     import subprocess
 
     from safetensors.torch import load_file
@@ -250,6 +252,8 @@ def test_zero2_and_zero3_train_the_tiny_wan_on_two_processes(tmp_path: Path) -> 
             "train.eval.every=null",
             "train.checkpoint.every=null",
             "data.val_fraction=0",
+            "model.samples.every=2",  # one round at the end, a training clip on each rank
+            "model.samples.num_inference_steps=2",
         ]
         launch = strategy_launch_args(strategy, tmp_path)
         cmd = accelerate_launch_cmd(*launch, "-m", "framer_ds", "train", str(CONFIG), *config_args)
@@ -260,3 +264,6 @@ def test_zero2_and_zero3_train_the_tiny_wan_on_two_processes(tmp_path: Path) -> 
         diffusers = load_file(str(run / "final" / "pytorch_lora_weights.safetensors"))
         assert peft and all(t.numel() > 0 for t in peft.values()), strategy
         assert len(diffusers) == len(peft), strategy
+        # every rank ran the same sampling forwards (ZeRO-3: collectives) and rank 0 wrote both videos
+        videos = sorted((run / "samples" / "step_2").glob("*.mp4"))
+        assert len(videos) == 2 and all(v.with_suffix(".json").is_file() for v in videos), strategy

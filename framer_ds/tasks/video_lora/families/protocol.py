@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,52 @@ from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.tasks.video_lora.data.buckets import AUTO_FRAME_STEP
+
+
+@dataclass
+class ClipToSample:
+    """One clip to sample from its given frames during training (a validation sample, an interp_eval
+    clip): what any family may condition on; each reads the fields it has a use for."""
+
+    video_id: str  # the clip's id: its caption (Wan) is looked up by it
+    first: torch.Tensor  # [3, H, W] in [-1, 1], on the device
+    last: torch.Tensor | None  # interpolation mode
+    num_frames: int
+    fps: float | None  # SVD's fps conditioning (a Wan clip from the latent cache has none)
+    motion_bucket: int | None  # SVD's motion conditioning (None: the run's fixed bucket)
+    controlnet_cond: torch.Tensor | None = None  # [1, F, 3, H, W] Framer's point heatmaps
+    prompt_emb: torch.Tensor | None = None  # [L, D] the clip's cached UMT5 states (Wan, latent cache)
+
+
+class ClipSampler(ABC):
+    """The model being trained, with the frozen encoders on the device, as one family samples it
+    (`VideoBaseFamily.training_sampler`). Every rank calls `sample` the same number of times: under
+    ZeRO-3 / FSDP2 each denoiser forward is a collective."""
+
+    @abstractmethod
+    def sample(
+        self,
+        clip: ClipToSample,
+        settings: Any,
+        generator: torch.Generator,
+        on_step: Callable[[], Any] | None = None,
+    ) -> torch.Tensor:
+        """Frames [T, 3, H, W] in [-1, 1]. `settings`: the run's `SamplingSettings` (samples or
+        interp_eval); `on_step`: called after each denoising step (a progress bar)."""
+
+    @abstractmethod
+    def steps(self, settings: Any) -> int:
+        """Denoising steps one `sample` takes (the progress bar's unit)."""
+
+    @abstractmethod
+    def embed(self, frames: torch.Tensor) -> torch.Tensor:
+        """Frames [N, 3, H, W] in [-1, 1] -> image embeddings [N, D] (eval/clip_distance), with the
+        run's own CLIP image encoder."""
+
+    @abstractmethod
+    def record(self, clip: ClipToSample, settings: Any) -> dict[str, Any]:
+        """What this sample conditioned on beyond its input, seed and frame count (the `<name>.json`
+        written beside a validation video, as `framer-ds sample` writes one)."""
 
 
 class VideoBaseFamily(ABC):
@@ -119,6 +166,24 @@ class VideoBaseFamily(ABC):
     @abstractmethod
     def example_batch(self, config: Any, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """`framer-ds plan`'s batch, shaped as the cache stores it, from configs only (no weights)."""
+
+    # --- sampling the model being trained -------------------------------------------------------------
+
+    @abstractmethod
+    def training_sampler(self, model: torch.nn.Module) -> ClipSampler:
+        """`model` (the prepared model: ZeRO-3 gathers its shards) with the frozen encoders on the
+        device and the base's own sampler (validation samples, interp_eval); the caller releases the
+        encoders after (`frozen.release`, or `frozen.lent` for interp_eval)."""
+
+    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
+        """The dtype `frozen.on_device` gives each of `helpers` (`frozen.load()`'s modules, in order), for
+        `framer-ds plan`."""
+        return [compute] * len(helpers)
+
+    @abstractmethod
+    def decode_transient(self, vae: torch.nn.Module, chunk: int) -> None:
+        """`framer-ds plan`'s probe of a sampling round's decode: `vae` decoding zeros shaped as the
+        sampler decodes (`chunk`: the most frames one SVD decode call takes)."""
 
     # --- export and sampling -------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
 from framer_ds.tasks.video_lora.eval_memory import samples_during_training
 from framer_ds.tasks.video_lora.export_formats import export_format
 from framer_ds.tasks.video_lora.families.protocol import VideoBaseFamily, per_clip_noise
+from framer_ds.tasks.video_lora.families.svd_sampling import SvdClipSampler
 from framer_ds.tasks.video_lora.framer_setup import FramerSetup
 from framer_ds.tasks.video_lora.frozen_encoders import FrozenSvdEncoders
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_metadata, sample_to_file
@@ -230,6 +231,37 @@ class SvdFamily(VideoBaseFamily):
         """From the VAE's and image encoder's config.json (`encoding.example_encoded_batch`)."""
         framer_base = self.framer is not None
         return example_encoded_batch(config, self.base_path(), micro_batch_size, framer_base=framer_base)
+
+    # --- sampling the model being trained -------------------------------------------------------------
+
+    def training_sampler(self, model: torch.nn.Module) -> SvdClipSampler:
+        """The model with the frozen VAE and encoder on the device and the base's Euler scheduler."""
+        from diffusers import EulerDiscreteScheduler
+
+        from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts
+
+        vae, encoder = self.frozen.on_device(self.accelerator)
+        scheduler = EulerDiscreteScheduler.from_pretrained(self.base_path(), subfolder="scheduler")
+        parts = SamplerParts(model, self.unet_config, vae, encoder, scheduler)
+        options = self.config.model
+        return SvdClipSampler(parts, options.vae_tile_size, self.framer, options.fixed_motion_bucket)
+
+    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
+        """The VAE in the dtype SVD's VAE tolerates (fp32 under fp16 with force_upcast), as
+        `FrozenSvdEncoders.on_device` puts it; the image encoder in the compute dtype."""
+        return [_svd().vae_dtype(helpers[0].config, compute), compute] if helpers else []
+
+    def decode_transient(self, vae: torch.nn.Module, chunk: int) -> None:
+        """One chunk of `chunk` frames at full size (`diffusion/sampling.decode_latents`)."""
+        from framer_ds.tasks.video_lora.diffusion.sampling import decode_latents
+
+        scale = 2 ** (len(vae.config.block_out_channels) - 1)
+        data = self.config.data
+        latents = torch.zeros(
+            1, chunk, vae.config.latent_channels, data.height // scale, data.width // scale,
+            device=next(vae.parameters()).device, dtype=vae.dtype,
+        )  # fmt: skip
+        decode_latents(vae, latents, chunk, chunk)
 
     # --- export and sampling -------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ class WanFamily(WanExports, VideoBaseFamily):
         super().__init__(config)
         self._frozen = FrozenWanEncoders(self.base_path())
         self.prompts: dict[str, str] = {}  # video_id -> prompt, from `note_records`
+        self._negative: torch.Tensor | None = None  # the negative prompt's UMT5 states, once a run
 
     @property
     def frozen(self) -> FrozenWanEncoders:
@@ -267,6 +268,49 @@ class WanFamily(WanExports, VideoBaseFamily):
             values[f"loss_sigma_{sigma:.3g}"] = self._loss_at(model, encoded, noise, sigmas, reduce=False)
         values["loss"] = torch.stack(list(values.values())).mean(dim=0)
         return values
+
+    # --- sampling the model being trained -------------------------------------------------------------
+
+    def training_sampler(self, model: torch.nn.Module):
+        """`WanClipSampler` (wan_sampling.py): the model with the frozen encoders on the device, the
+        folder's scheduler and the pipeline's defaults. UMT5 comes to the device only when a prompt is
+        not cached or the negative prompt is not yet encoded (with the cache off it is there already)."""
+        from framer_ds.tasks.video_lora.families.wan_sampling import WanClipSampler, WanSampling
+
+        sampling = WanSampling.for_base(self.base_path())
+        self.frozen.on_device(self.accelerator, text=False)
+
+        def with_text():
+            self.frozen.on_device(self.accelerator, text=True)
+            return self.frozen
+
+        def negative() -> torch.Tensor:
+            if self._negative is None:
+                from framer_ds.tasks.video_lora.families.wan_sampling import encode_prompt
+
+                prompt = sampling.defaults.negative_prompt
+                self._negative = encode_prompt(with_text(), prompt, MAX_SEQUENCE_LENGTH).cpu()
+            return self._negative.to(self.accelerator.device)
+
+        return WanClipSampler(
+            model, self.frozen, sampling, self.prompts, negative, MAX_SEQUENCE_LENGTH, with_text
+        )
+
+    def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
+        """The VAE in float32, CLIP and UMT5 in the compute dtype (`FrozenWanEncoders.on_device`)."""
+        return [torch.float32] + [compute] * (len(helpers) - 1) if helpers else []
+
+    def decode_transient(self, vae: torch.nn.Module, chunk: int) -> None:
+        """One latent frame at full size through `wan/sampling.decode_latents`. Wan's VAE decodes a clip
+        one latent frame per decoder call (a causal cache carries the rest), so a call's activations are
+        one latent frame's; the planner's tracker refuses a module called again within one probe, so the
+        later calls (4 pixel frames each, the first gives 1) and the growing output are not measured:
+        a lower bound of the decode's peak."""
+        from framer_ds.tasks.video_lora.wan.sampling import decode_latents
+
+        data, spatial = self.config.data, vae.config.scale_factor_spatial
+        shape = (1, vae.config.z_dim, 1, data.height // spatial, data.width // spatial)
+        decode_latents(vae, torch.zeros(shape, device=next(vae.parameters()).device))
 
     def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
         """The source clips, the encoders' files, the prompts each clip is encoded with, the mode. Not a

@@ -193,18 +193,20 @@ def _transformers(
 
 @torch.no_grad()
 def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Frames [1, F, 3, H, W] float32 in [0, 1] from a Wan export, and the settings used."""
+    """Frames [1, F, 3, H, W] float32 in [0, 1] from a Wan export, and the settings used: the
+    computation a run's validation samples make (wan_sampling.sample_clip), on the export's adapter (and
+    on a Wan 2.2 base both experts, switched as the pipeline switches them)."""
     from framer_ds.tasks.video_lora.families.wan_parts import FrozenWanEncoders
+    from framer_ds.tasks.video_lora.families.wan_sampling import WanSampling, encode_prompt, sample_clip
     from framer_ds.tasks.video_lora.sample_shape import sample_shape
-    from framer_ds.tasks.video_lora.wan import conditioning as wan
-    from framer_ds.tasks.video_lora.wan.sampling import load_base_scheduler, pipeline_defaults, sample_video
 
     metadata = read_adapter_metadata(export_dir)
     _refuse_svd_flags(options, metadata)
     adapters = _expert_adapters(metadata, Path(export_dir), options)
     device, base = options.resolved_device(), Path(metadata["base_model"])
     height, width, num_frames = sample_shape(metadata, options.height, options.width, options.num_frames)
-    defaults = pipeline_defaults(base)
+    sampling = WanSampling.for_base(base)
+    defaults = sampling.defaults
     first = load_frame(options.image, height, width, device, options.resize)[None]
     last = (
         load_frame(options.last_image, height, width, device, options.resize)[None]
@@ -213,28 +215,24 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
     )
     encoders = FrozenWanEncoders(base).for_sampling(device)
     transformer, transformer_2, experts = _transformers(base, metadata, adapters, device)
-    prompts = [options.prompt, options.negative_prompt or defaults.negative_prompt]
-    text = wan.encode_prompts(
-        encoders.text_encoder, encoders.tokenizer, prompts, defaults.max_sequence_length
-    )
+    negative = options.negative_prompt or defaults.negative_prompt
+    texts = [
+        encode_prompt(encoders, text, defaults.max_sequence_length) for text in (options.prompt, negative)
+    ]
     guidance = options.guidance_scale if options.guidance_scale is not None else defaults.guidance_scale
-    scheduler_config = json.loads((base / "scheduler" / "scheduler_config.json").read_text())
-    frames = sample_video(
+    frames = sample_clip(
         transformer,
-        encoders.vae,
-        scheduler_config,
-        text[:1],
-        text[1:],
-        encoders.encode_images(first, last),
-        wan.condition_latents(encoders.vae, first, last, num_frames),
+        encoders,
+        sampling,
+        (texts[0], texts[1]),
+        (first, last),
+        num_frames,
         options.steps,
         guidance,
         torch.Generator(device=device).manual_seed(options.seed),
-        defaults.shift,
         transformer_2=transformer_2,
         boundary_ratio=metadata.get("boundary_ratio"),
         guidance_scale_2=options.guidance_scale_2,  # None: the pipeline's default, = guidance
-        scheduler=load_base_scheduler(base),  # the pipeline's own (UniPC on the hub folders)
     )
     settings = {"height": height, "width": width, "guidance_scale": guidance, "shift": defaults.shift}
     settings["experts"] = experts

@@ -51,10 +51,11 @@ class FrozenWanEncoders:
     """The VAE, CLIP image encoder (+ processor; none on Wan 2.2 I2V A14B) and UMT5 text encoder
     (+ tokenizer) of a Wan run.
 
-    Loaded together only when something must be encoded (a latent cache with entries left, or no
-    cache), outside ZeRO-3 init, in the compute dtype (the VAE in float32: its conditioning latents
-    are compared with the pipeline's); dropped once the cache is filled, so a complete cache never
-    loads UMT5 at all."""
+    Loaded only when something must be encoded (a latent cache with entries left, or no cache) or
+    sampled (validation samples, interp_eval), outside ZeRO-3 init, in the compute dtype (the VAE in
+    float32: its conditioning latents are compared with the pipeline's); dropped once the cache is
+    filled and after each sampling round, so a complete cache never loads UMT5 to train, and sampling
+    under it loads UMT5 only for what the cache does not hold (the negative prompt, once a run)."""
 
     def __init__(self, base_dir: Path):
         self.base_dir = base_dir
@@ -62,49 +63,63 @@ class FrozenWanEncoders:
         self.image_encoder: torch.nn.Module | None = None
         self.text_encoder: torch.nn.Module | None = None
         self.image_processor = self.tokenizer = None
-        self.lent = False  # the SVD holder's interp_eval flag; Wan runs have no interp_eval
+        self.lent = False  # on the device for interp_eval while the latent cache is on
 
     @property
     def with_image_encoder(self) -> bool:
         """Whether the base has a CLIP image encoder (`wan_preflight.has_image_encoder`)."""
         return has_image_encoder(self.base_dir)
 
-    def load(self) -> tuple[torch.nn.Module, ...]:
-        """Fresh (vae, image encoder, text encoder), without the image encoder on a base that has none
-        (`framer-ds plan` counts them on meta)."""
+    def _load_vae_and_image(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """A fresh VAE, and CLIP on a base that has one (None on Wan 2.2 I2V A14B)."""
         from diffusers import AutoencoderKLWan
-        from transformers import CLIPVisionModel, UMT5EncoderModel
+        from transformers import CLIPVisionModel
 
         vae = load_pretrained(AutoencoderKLWan, self.base_dir, subfolder="vae")
-        text = load_pretrained(UMT5EncoderModel, self.base_dir, subfolder="text_encoder")
         if not self.with_image_encoder:
-            return vae, text
-        return vae, load_pretrained(CLIPVisionModel, self.base_dir, subfolder="image_encoder"), text
+            return vae, None
+        return vae, load_pretrained(CLIPVisionModel, self.base_dir, subfolder="image_encoder")
+
+    def load(self, text: bool = True) -> tuple[torch.nn.Module, ...]:
+        """Fresh (vae, image encoder, text encoder), each only where it applies: no image encoder on a
+        base without one, no UMT5 without `text` (`framer-ds plan` counts them on meta, VAE first)."""
+        vae, image = self._load_vae_and_image()
+        umt5 = self.load_text() if text else None
+        return tuple(m for m in (vae, image, umt5) if m is not None)
+
+    def load_text(self) -> torch.nn.Module:
+        """A fresh UMT5 text encoder."""
+        from transformers import UMT5EncoderModel
+
+        return load_pretrained(UMT5EncoderModel, self.base_dir, subfolder="text_encoder")
 
     def _modules(self) -> list[torch.nn.Module]:
         return [m for m in (self.vae, self.image_encoder, self.text_encoder) if m is not None]
 
-    def _load_all(self) -> None:
+    def _load_missing(self, text: bool) -> None:
+        """The VAE and CLIP (+ processor, where the base has one) unless loaded; with `text`, UMT5
+        (+ tokenizer) unless loaded."""
         from transformers import AutoTokenizer
 
         from framer_ds.compat import image_processor_class
 
-        modules = self.load()
-        for module in modules:
-            module.requires_grad_(False).eval()
-        self.vae, self.text_encoder = modules[0], modules[-1]
-        self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir, subfolder="tokenizer")
-        if len(modules) == 3:
-            self.image_encoder = modules[1]
-            processor = image_processor_class("CLIPImageProcessor")
-            self.image_processor = processor.from_pretrained(self.base_dir, subfolder="image_processor")
-
-    def on_device(self, accelerator) -> tuple[torch.nn.Module | None, ...]:
-        """Loaded once (frozen, eval, outside ZeRO-3 init), then on the device: the VAE in float32 (the
-        pipeline's dtype for it), the encoders in the compute dtype."""
         if self.vae is None:
-            with frozen_model_init(accelerator):
-                self._load_all()
+            vae, image = self._load_vae_and_image()
+            self.vae = vae.requires_grad_(False).eval()
+            if image is not None:
+                self.image_encoder = image.requires_grad_(False).eval()
+                processor = image_processor_class("CLIPImageProcessor")
+                self.image_processor = processor.from_pretrained(self.base_dir, subfolder="image_processor")
+        if text and self.text_encoder is None:
+            self.text_encoder = self.load_text().requires_grad_(False).eval()
+            self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir, subfolder="tokenizer")
+
+    def on_device(self, accelerator, text: bool = True) -> tuple[torch.nn.Module | None, ...]:
+        """Loaded once (frozen, eval, outside ZeRO-3 init), then on the device: the VAE in float32 (the
+        pipeline's dtype for it), the encoders in the compute dtype. `text` False: UMT5 only if it is
+        loaded already (sampling from cached prompt states)."""
+        with frozen_model_init(accelerator):
+            self._load_missing(text)
         dtype = compute_dtype(accelerator)
         for module in self._modules():
             wanted = torch.float32 if module is self.vae else dtype
@@ -115,7 +130,7 @@ class FrozenWanEncoders:
 
     def for_sampling(self, device: str) -> FrozenWanEncoders:
         """All of them in float32 on `device`, as `WanImageToVideoPipeline.from_pretrained` loads them."""
-        self._load_all()
+        self._load_missing(text=True)
         for module in self._modules():
             module.to(device)
         return self
@@ -129,10 +144,13 @@ class FrozenWanEncoders:
         return encode_images(self.image_encoder, self.image_processor, first, last)
 
     def release_if_lent(self) -> None:
-        """Nothing lends them out during training on a Wan base (no interp_eval)."""
+        """After interp_eval under the latent cache: dropped before training goes on."""
+        if self.lent:
+            self.lent = False
+            self.release()
 
     def release(self) -> None:
-        """Dropped: the cache holds what they made, and nothing samples during training."""
+        """Dropped: the cache holds what they encode; a sampling round loads them again."""
         self.vae = self.image_encoder = self.text_encoder = None
         self.image_processor = self.tokenizer = None
         gc.collect()

@@ -98,26 +98,71 @@ def _folder_problems(base: Any, folder: Path) -> list[ConfigProblem]:
 
 def _unsupported(config: Any) -> list[ConfigProblem]:
     """The task's options that belong to the SVD family (ControlNet tracks, motion scores, Framer's
-    recipe) or that the Wan family does not run yet (samples and interpolation metrics during
-    training: sample an export with `framer-ds sample` instead)."""
+    recipe) or that the Wan family does not run yet."""
     model, data, problems = config.model, config.data, []
     refused = {
         "data.tracks": (data.tracks is not None, "point tracks feed Framer's ControlNet; Wan has none"),
         "data.layout": (data.layout != "videos", "a Wan base trains on videos; set data.layout: videos"),
-        "model.samples.every": (
-            bool(model.samples.every),
-            "samples during training are not wired for Wan yet; set 0 and use `framer-ds sample` on a "
-            "checkpoint's adapter",
-        ),
-        "model.interp_eval.enabled": (
-            model.interp_eval.enabled,
-            "interpolation metrics are not wired for Wan yet; set false",
-        ),
         "model.lora.preset": (model.lora.preset is not None, "'framer' names Framer's UNet layers; drop it"),
     }
     for key, (bad, why) in refused.items():
         if bad:
             problems.append(ConfigProblem(key, why))
+    return problems
+
+
+# SamplingSettings of SVD's sampler; Wan samples at the pipeline's defaults (guidance, shift, negative
+# prompt; wan/sampling.pipeline_defaults) and decodes a clip in one VAE call.
+SVD_SAMPLING_SETTINGS = (
+    "min_guidance_scale",
+    "max_guidance_scale",
+    "guidance_schedule",
+    "noise_aug_strength",
+    "decode_chunk_size",
+)
+
+
+def sampling_problems(model: Any) -> list[ConfigProblem]:
+    """Samples need both experts of a two-expert base; interp_eval needs the last frame (FLF2V); SVD's
+    sampler settings set away from their defaults
+    in model.samples / model.interp_eval would be silently ignored, so they are named."""
+    problems = []
+    if model.base.expert is not None:
+        # sampling needs both experts; training holds only its own (the other 14B is never loaded)
+        wanted = {
+            "model.samples.every": bool(model.samples.every),
+            "model.interp_eval.enabled": model.interp_eval.enabled,
+        }
+        problems += [
+            ConfigProblem(
+                key,
+                "a two-expert Wan 2.2 run trains one expert and never loads the other, which every "
+                "sample needs: turn it off and sample the two runs' exports with `framer-ds sample "
+                "HIGH/final --other-expert LOW/final`",
+            )
+            for key, on in wanted.items()
+            if on
+        ]
+    if model.interp_eval.enabled and model.base.mode != "interpolation":
+        problems.append(
+            ConfigProblem(
+                "model.interp_eval.enabled",
+                "interpolation metrics compare frames sampled between a first and last frame; an "
+                "image_to_video Wan base has no last frame: set false",
+            )
+        )
+    for section in ("samples", "interp_eval"):
+        settings = getattr(model, section)
+        fields = type(settings).model_fields
+        for name in SVD_SAMPLING_SETTINGS:
+            if getattr(settings, name) != fields[name].default:
+                problems.append(
+                    ConfigProblem(
+                        f"model.{section}.{name}",
+                        "an SVD sampler setting; a Wan base samples at WanImageToVideoPipeline's defaults "
+                        "(guidance, shift, negative prompt of the base folder): drop it",
+                    )
+                )
     return problems
 
 
@@ -140,4 +185,4 @@ def wan_problems(
             problems.append(
                 ConfigProblem(f"data.{key}", f"{value} is not a multiple of {multiple} (VAE x patch size)")
             )
-    return problems + _unsupported(config)
+    return problems + _unsupported(config) + sampling_problems(config.model)

@@ -254,8 +254,10 @@ def sample_video(
     boundary_ratio: float | None = None,
     guidance_scale_2: float | None = None,
     scheduler: SchedulerMixin | None = None,
+    on_step: Callable[[], Any] | None = None,
 ) -> torch.Tensor:
     """Frames [B, F, 3, H, W] float32 in [0, 1] (F = (F' - 1) * temporal + 1), the pipeline's loop.
+    `on_step`: called after each denoising step (a progress bar's `update`).
 
     prompt_embeds [B, L, D] (`encode_prompts`); negative_prompt_embeds the same shape, needed when
     guidance_scale > 1 (the pipeline's `do_classifier_free_guidance`); image_embeds as `encode_images`
@@ -298,4 +300,6 @@ def sample_video(
             model, model_input, timestep.expand(batch), text, negative, image, guidance
         )
         latents = step(index, velocity, latents)
+        if on_step is not None:
+            on_step()
     return decode_latents(vae, latents)
