@@ -127,6 +127,23 @@ def test_a_complete_cache_never_loads_an_encoder(wan_run: Path, monkeypatch: pyt
 
 
 @pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
+def test_sample_refuses_a_length_the_vae_cannot_decode_to(
+    wan_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--num-frames 8 (not 1 + 4k): one line naming the nearest length, before anything loads (before:
+    the sampler silently wrote a 5-frame video)."""
+    from framer_ds.cli.main import main
+
+    first, last = _image(tmp_path / "a.png", 1), _image(tmp_path / "b.png", 2)
+    args = ["sample", str(wan_run / "run" / "final"), "--image", str(first), "--last-image", str(last)]
+    args += ["--prompt", PROMPT, "--num-frames", "8", "--out", str(tmp_path / "x.mp4")]
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert "--num-frames" in err and "use 9" in err and "Traceback" not in err
+    assert not (tmp_path / "x.mp4").exists()
+
+
+@pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
 def test_export_comfyui_writes_comfyuis_wan_keys(wan_run: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

@@ -36,6 +36,7 @@ from framer_ds.tasks.video_lora.families.wan_parts import FrozenWanEncoders, Wan
 from framer_ds.tasks.video_lora.families.wan_preflight import (
     EXPERT_SUBFOLDERS,
     TINY_TWO_EXPERT_BUILTINS,
+    frame_count_problem,
     model_index,
     wan_problems,
 )
@@ -132,11 +133,7 @@ class WanFamily(WanExports, VideoBaseFamily):
 
     def frame_count_problem(self, num_frames: int) -> str | None:
         """Wan's VAE encodes the first frame alone and then `temporal_factor` frames per latent frame."""
-        step = self.temporal_factor()
-        if (num_frames - 1) % step:
-            nearest = 1 + step * max(1, int((num_frames - 1) / step + 0.5))
-            return f"Wan's VAE needs 1 + a multiple of {step} frames, got {num_frames}: use {nearest}"
-        return None
+        return frame_count_problem(num_frames, self.temporal_factor())
 
     def frame_grid(self) -> tuple[int, int]:
         """Auto buckets' lengths are the VAE's: 1 + k * temporal_factor (5, 9, 13, ... in Wan 2.1)."""

@@ -28,6 +28,7 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.storage.atomic import atomic_write_json, building_dir, publish_dir
+from framer_ds.tasks.video_lora.families.wan_preflight import frame_count_problem
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, load_frame, read_adapter_metadata
 
 WAN_OUTPUT_FPS = 16  # Wan 2.1's frame rate: the mp4's rate unless --fps says otherwise
@@ -124,6 +125,15 @@ class WanExports:
         return f"wrote {options.out / COMFYUI_WAN_FILE} (ComfyUI Wan LoRA keys, diffusion_model.blocks.N...)"
 
 
+def _refuse_frame_count(base: Path, num_frames: int) -> None:
+    """A length the VAE cannot decode to is refused before anything loads (the pipeline would round it
+    down with a warning and write a shorter video than asked for)."""
+    vae = json.loads((base / "vae" / "config.json").read_text())
+    problem = frame_count_problem(num_frames, int(vae.get("scale_factor_temporal", 4)))
+    if problem:
+        raise ConfigError([ConfigProblem("--num-frames", problem)], "sample")
+
+
 def _refuse_svd_flags(options: Any, metadata: dict[str, Any]) -> None:
     given = [name for name in SVD_ONLY_FLAGS if name in options.model_fields_set]
     if given:
@@ -205,6 +215,7 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
     adapters = _expert_adapters(metadata, Path(export_dir), options)
     device, base = options.resolved_device(), Path(metadata["base_model"])
     height, width, num_frames = sample_shape(metadata, options.height, options.width, options.num_frames)
+    _refuse_frame_count(base, num_frames)
     sampling = WanSampling.for_base(base)
     defaults = sampling.defaults
     first = load_frame(options.image, height, width, device, options.resize)[None]

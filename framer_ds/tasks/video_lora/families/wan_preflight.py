@@ -61,6 +61,15 @@ def _expert_problems(base: Any, folder: Path, two: bool) -> list[ConfigProblem]:
     return []
 
 
+def frame_count_problem(num_frames: int, step: int) -> str | None:
+    """Why `num_frames` does not fit Wan's VAE (None: it does), which encodes the first frame alone and
+    then `step` (its temporal factor) frames per latent frame; the message names the nearest fit."""
+    if (num_frames - 1) % step:
+        nearest = 1 + step * max(1, int((num_frames - 1) / step + 0.5))
+        return f"Wan's VAE needs 1 + a multiple of {step} frames, got {num_frames}: use {nearest}"
+    return None
+
+
 def _folder_problems(base: Any, folder: Path) -> list[ConfigProblem]:
     """The folder's components, the expert keys, and its transformer's kind against `base.mode` (an
     FLF2V transformer's image embedder needs the last frame; an I2V one has no place for it)."""
