@@ -135,7 +135,8 @@ PLAN = CliCommand(
     help="which strategy fits on N GPUs, the largest micro-batch and the launch command (no weights)",
     description="Count the parameters (meta device, no weight file read), measure the activations "
     "(one forward + backward of the real model on fake tensors, at micro-batch 1 and 2, with gradient "
-    "checkpointing as configured and on), and add up every strategy's per-GPU memory with the "
+    "checkpointing as configured and on; a stack of identical blocks at 2 and 3 blocks, extended exactly "
+    "to its depth), and add up every strategy's per-GPU memory with the "
     "DeepSpeed JSONs' buffers. Prints which strategies fit, the largest micro-batch of each, the "
     "accumulation for the global batch and the fastest strategy that fits, with its launch command.",
     add_arguments=_plan_arguments,

@@ -11,6 +11,14 @@ two micro-batch sizes, the two peaks give a line, fixed + per-sample x k: the pl
 micro-batch. It is the real model's real graph (gradient checkpointing, LoRA, the loss's float upcasts
 included) at full size, in seconds, on a laptop.
 
+Depth: a fake step costs Python time per operation, so a 40-block 14B transformer took minutes. Where the
+model's repeated blocks (the task's `fsdp_block_classes`) are one ModuleList of identical blocks, the
+probe runs the model cut to 2 and to 3 blocks and extends the line to the full depth: each block
+keeps the same activations (its saved tensors, or only its input under checkpointing) and runs the same
+backward temporaries, so the peak grows by the same bytes per block and the figure is exact, not an
+estimate (tests/lab/test_probe_depth.py compares it with the full-depth probe). Any other shape (several
+stacks, blocks that differ, a UNet) is probed whole.
+
 The device: fake tensors are made on the GPU when one is present, else on the CPU, so the kernels chosen
 are that device's (attention saves what the device's SDPA kernel saves). Not in it: the caching
 allocator's rounding and fragmentation (the planner's stated allowance covers them), and the no_grad
@@ -36,6 +44,8 @@ from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
 PROBE_MICRO_BATCHES = (1, 2)
+PROBE_DEPTHS = (2, 3)
+"""The block counts a model with one stack of identical blocks is probed at (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,9 @@ class ActivationProbe:
     eval_transient: int = 0
     """Peak of what evaluation computes beyond the training step (the planning hook `eval_transient`),
     no_grad."""
+    depth: tuple[int, ...] = ()
+    """(probed block counts..., full block count) when the figures were extended from a shallower
+    model (module docstring); () when the model ran at its full depth."""
 
     def at(self, micro_batch: int) -> int:
         return max(0, self.fixed + self.per_sample * micro_batch)
@@ -64,6 +77,7 @@ class ActivationProbe:
             "gradient_checkpointing": self.gradient_checkpointing,
             "device": self.device,
             "eval_transient_bytes": self.eval_transient,
+            "depth": list(self.depth),
         }
 
 
@@ -118,6 +132,56 @@ def _loss_of(result: torch.Tensor | TrainingLoss) -> torch.Tensor:
     return result.loss if isinstance(result, TrainingLoss) else result
 
 
+def repeated_stack(model: torch.nn.Module, block_classes: Sequence[str]) -> torch.nn.ModuleList | None:
+    """The one ModuleList that holds every instance of the task's block classes, when its blocks are
+    alike (same class, parameter names, shapes, dtypes and trainability; a config that gives layers
+    different types, e.g. sliding-window ones, rules it out) and there are more than PROBE_DEPTHS[-1]
+    of them; else None, and the probe runs the whole model."""
+    wanted = set(block_classes)
+    stacks = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.ModuleList) and len(m) and all(type(b).__name__ in wanted for b in m)
+    ]
+    if len(stacks) != 1 or len(stacks[0]) <= PROBE_DEPTHS[-1]:
+        return None
+    stack = stacks[0]
+    inside = {id(m) for m in stack.modules()}
+    if any(type(m).__name__ in wanted and id(m) not in inside for m in model.modules()):
+        return None  # blocks outside the stack (a second stack, an encoder's own)
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None)
+    if layer_types is not None and len(set(layer_types)) > 1:
+        return None
+
+    def signature(block: torch.nn.Module) -> tuple:
+        params = tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in block.named_parameters())
+        return type(block), params
+
+    first = signature(stack[0])
+    return stack if all(signature(block) == first for block in stack) else None
+
+
+@contextlib.contextmanager
+def _cut_to(stack: torch.nn.ModuleList | None, depth: int | None):
+    """`stack` holding only its first `depth` blocks inside the block (None: left whole)."""
+    if stack is None or depth is None:
+        yield
+        return
+    blocks = list(stack)
+    del stack[depth:]
+    try:
+        yield
+    finally:
+        stack.extend(blocks[depth:])
+
+
+def _extend(at: Sequence[int], depths: Sequence[int], full: int) -> int:
+    """The line through (depths[0], at[0]) and (depths[1], at[1]) read at `full` blocks (exact integers:
+    the depths are one apart)."""
+    (n1, n2), (m1, m2) = depths, at
+    return m2 + (m2 - m1) * (full - n2) // (n2 - n1)
+
+
 def probe_activations(
     task: Task,
     micro_batches: Sequence[int] = PROBE_MICRO_BATCHES,
@@ -125,6 +189,7 @@ def probe_activations(
     model: torch.nn.Module | None = None,
     with_eval: bool = True,
     helpers: list[torch.nn.Module] | None = None,
+    scale_depth: bool = True,
 ) -> ActivationProbe:
     """One forward + backward per micro-batch size of `task`'s model on fake tensors (module docstring).
     `fake=False` runs the same step on real tensors with real (random) weights: the check that the fake
@@ -133,7 +198,8 @@ def probe_activations(
     `with_eval`: also measure the evaluation transient (the planning hook `eval_transient`, with the
     helpers on the device in `helper_dtypes`, tasks/planning.py); `helpers`:
     `HelperModules.in_evaluation` on the meta device, when the caller built them for the census (the
-    probe makes them fake)."""
+    probe makes them fake). `scale_depth=False` runs a stack of identical blocks at its full depth too
+    (the check that the extended figures are exact)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if len(set(micro_batches)) < 2:
@@ -141,27 +207,29 @@ def probe_activations(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = dtype_of(task.config.train.mixed_precision)
     model = meta_model(task) if model is None else model
+    stack = repeated_stack(model, task.fsdp_block_classes(model)) if scale_depth else None
     if dtype != torch.float32:  # as DeepSpeed casts the module (DDP's autocast computes in it too)
         model.to(dtype)  # still on the meta device: fake parameters cannot be swapped for a cast
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     with mode:
         model.to_empty(device=device)
-    model.train()
-    measured = []
-    for k in micro_batches:
-        batch = cast_batch(planning_hooks(task).example_batch(k), dtype, task.full_precision_keys)
-        tracker = _tracker()
-        with mode, tracker:
-            _loss_of(task.training_loss(model, send_to_device(batch, device))).backward()
-        measured.append(tracker.activation_peak)
-        model.zero_grad(set_to_none=True)
-    (k1, k2), (m1, m2) = micro_batches[:2], measured[:2]
-    per_sample = max(0, round((m2 - m1) / (k2 - k1)))
     if with_eval:
         helpers = helper_modules(task).in_evaluation if helpers is None else helpers
-        eval_peak = _eval_transient_peak(task, model, helpers, mode, device, dtype)
+        _make_helpers(task, helpers, mode, device, dtype)
+    runs = []  # (peak at each micro-batch, eval peak) at each probed depth
+    for depth in PROBE_DEPTHS if stack is not None else (None,):
+        with _cut_to(stack, depth):
+            measured = [_step_peak(task, model, k, mode, device, dtype) for k in micro_batches]
+            eval_peak = _eval_transient_peak(task, model, helpers, mode, device, dtype) if with_eval else 0
+        runs.append((measured, eval_peak))
+    if stack is None:
+        (measured, eval_peak), depth = runs[0], ()
     else:
-        eval_peak = 0
+        measured = [_extend(at, PROBE_DEPTHS, len(stack)) for at in zip(*(m for m, _ in runs), strict=True)]
+        eval_peak = _extend([e for _, e in runs], PROBE_DEPTHS, len(stack))
+        depth = (*PROBE_DEPTHS, len(stack))
+    (k1, k2), (m1, m2) = micro_batches[:2], measured[:2]
+    per_sample = max(0, round((m2 - m1) / (k2 - k1)))
     return ActivationProbe(
         micro_batches=tuple(micro_batches),
         measured_bytes=tuple(measured),
@@ -170,7 +238,31 @@ def probe_activations(
         gradient_checkpointing=bool(task.config.train.gradient_checkpointing),
         device=device,
         eval_transient=eval_peak,
+        depth=depth,
     )
+
+
+def _step_peak(task: Task, model: torch.nn.Module, k: int, mode: Any, device: str, dtype: torch.dtype) -> int:
+    """Peak activations + temporaries of one training forward + backward at micro-batch `k`."""
+    model.train()
+    batch = cast_batch(planning_hooks(task).example_batch(k), dtype, task.full_precision_keys)
+    tracker = _tracker()
+    with mode, tracker:
+        _loss_of(task.training_loss(model, send_to_device(batch, device))).backward()
+    model.zero_grad(set_to_none=True)
+    return tracker.activation_peak
+
+
+def _make_helpers(
+    task: Task, helpers: list[torch.nn.Module], mode: Any, device: str, dtype: torch.dtype
+) -> None:
+    """`helpers` (on the meta device) cast to the dtypes they run in and made fake (or empty)."""
+    hooks = planning_hooks(task)
+    for helper, helper_dtype in zip(helpers, hooks.helper_dtypes(helpers, dtype), strict=True):
+        helper.requires_grad_(False).eval().to(helper_dtype)  # still meta: the cast costs nothing
+    with mode:
+        for helper in helpers:
+            helper.to_empty(device=device)
 
 
 def _eval_transient_peak(
@@ -181,14 +273,9 @@ def _eval_transient_peak(
     device: str,
     dtype: torch.dtype,
 ) -> int:
-    """The task's `eval_transient` under the tracker, in the probe's fake mode, with `helpers` (on the meta
-    device) cast to the dtypes they run in and made fake (or empty) too."""
+    """The task's `eval_transient` under the tracker, in the probe's fake mode, with `helpers` made
+    ready by `_make_helpers`."""
     hooks = planning_hooks(task)
-    for helper, helper_dtype in zip(helpers, hooks.helper_dtypes(helpers, dtype), strict=True):
-        helper.requires_grad_(False).eval().to(helper_dtype)  # still meta: the cast costs nothing
-    with mode:
-        for helper in helpers:
-            helper.to_empty(device=device)
     batch = send_to_device(cast_batch(hooks.example_batch(2), dtype, task.full_precision_keys), device)
     model.eval()
     tracker = _tracker()

@@ -372,9 +372,12 @@ def format_plan(plan: Plan) -> str:
     ]
     for name, probe in plan.activations.items():
         state = "on" if probe.gradient_checkpointing else "off"
+        depth = (
+            f", {' and '.join(map(str, probe.depth[:-1]))} of {probe.depth[-1]} blocks" if probe.depth else ""
+        )
         lines.append(
             f"activations ({name}, gradient checkpointing {state}; measured on {probe.device} with fake "
-            f"tensors): {gib(probe.fixed)} + {gib(probe.per_sample)} per sample"
+            f"tensors{depth}): {gib(probe.fixed)} + {gib(probe.per_sample)} per sample"
         )
     lines.append(f"micro-batch {plan.micro_batch}, global batch {plan.global_batch} (x{hw.world} ranks)")
     for title, rows in (("", plan.rows), (" (gradient checkpointing on)", plan.checkpointing_rows)):

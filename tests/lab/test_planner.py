@@ -31,13 +31,19 @@ def tiny_vit_task(*overrides: str):
 def test_fake_tensor_probe_follows_the_real_graph_and_checkpointing_lowers_it(data_cache):
     """The same step on real tensors (random weights) and on fake ones gives the same bytes at each
     micro-batch (to a few scalars: the real run's loss reduction keeps an 8-byte tensor the fake one does
-    not); gradient checkpointing on makes the per-sample line smaller, so the flag is measured."""
+    not); gradient checkpointing on makes the per-sample line smaller, so the flag is measured. The ViT's
+    4 layers are probed at 2 and 3 and extended, to the byte of the 4-layer probe, checkpointed or not
+    (tests/lab/test_probe_depth.py says why exact)."""
     fake = probe_activations(tiny_vit_task())
     real = probe_activations(tiny_vit_task(), fake=False)
     assert fake.measured_bytes == pytest.approx(real.measured_bytes, abs=64) and fake.per_sample > 0
     assert fake.at(2) == fake.measured_bytes[1] and fake.at(1) == fake.measured_bytes[0]
     checkpointed = probe_activations(tiny_vit_task("train.gradient_checkpointing=true"))
     assert checkpointed.gradient_checkpointing and checkpointed.per_sample < fake.per_sample
+    for probe, extra in ((fake, ()), (checkpointed, ("train.gradient_checkpointing=true",))):
+        whole = probe_activations(tiny_vit_task(*extra), scale_depth=False)
+        assert probe.depth == (2, 3, 4) and whole.depth == ()
+        assert probe.measured_bytes == whole.measured_bytes
 
 
 def test_largest_micro_batch_accumulation_and_recommendation_by_hand():
@@ -108,12 +114,11 @@ def _launch_strategy(launch: str) -> str:
     return Path(json_file).stem.removesuffix("_fp16") if json_file else "ddp"
 
 
-@pytest.mark.slow  # ~7 min on 2 cores: every full-size model probed on fake tensors
-# 11 plans, 314 s on a quiet 2-core machine; with the other xdist worker and a loaded machine it passed
-# the default 600 s once (a fresh clone beside two other test runs), so it gets 4x its quiet time. The
-# Wan 2.1 FLF2V 14B recipe (81 frames at 720p) adds ~210 s on a busy machine, the Wan I2V 480p one
-# ~65 s, the Wan 2.2 A14B 480p one ~78 s and the 24 GB SVD-XT recipe ~70 s of CPU (measured
-# 2026-11-26).
+@pytest.mark.slow  # ~5.5 min on 2 busy cores: every full-size model probed on fake tensors
+# 17 plans; 15 took 335 s beside other engineers' runs (2026-11-26); the SVD/Framer UNets (~60-80 s each)
+# are probed whole, the transformer stacks cut to 2 and 3 blocks (each 14B Wan recipe ~13 s, was ~70-80 s;
+# tests/lab/test_probe_depth.py). The default 600 s is not enough beside the other xdist worker on a
+# loaded machine, so it gets 4x its quiet time.
 @pytest.mark.timeout(2400)
 def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monkeypatch, tmp_path, capsys):
     """Every shipped config as shipped, before any download: no weight, tokenizer or data file anywhere

@@ -9,7 +9,6 @@ operations in the same order, so only an order or a draw that is not replayed ca
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from safetensors import safe_open
 from test_video_resume import _train_in_process, resumable_copy
 from torch.utils.data import DataLoader
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics
+from conftest import REPO, launch_ddp_train, read_metrics
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.data.bucket_sampler import BucketBlockSampler
@@ -174,14 +173,6 @@ def sample_at_trained_shapes_only(final: Path, tmp_path: Path) -> None:
     )
 
 
-def _launch_two(overrides: list[str]) -> None:
-    cmd = accelerate_launch_cmd(
-        "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(TINY), *overrides
-    )
-    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(900)
@@ -189,11 +180,11 @@ def test_two_process_resume_with_buckets_repeats_the_straight_losses(mixed_clips
     """DDP on 2 CPU processes, micro-batch 1: each step both ranks draw one block of the same bucket."""
     one = ["train.micro_batch_size=1"]
     full = tmp_path / "full"
-    _launch_two([*bucket_overrides(mixed_clips, full), *one])
+    launch_ddp_train(TINY, [*bucket_overrides(mixed_clips, full), *one])
     straight = losses_and_buckets(full)
     assert {bucket for _, _, bucket in straight} <= AUTO_BUCKETS
     resumed = resumable_copy(full, tmp_path / "resumed")
-    _launch_two([*bucket_overrides(mixed_clips, resumed), *one, "train.resume=latest"])
+    launch_ddp_train(TINY, [*bucket_overrides(mixed_clips, resumed), *one, "train.resume=latest"])
     assert losses_and_buckets(resumed)[2:] == straight[2:]
 
 

@@ -12,7 +12,6 @@ the noise-augmentation strength) gives the same floats; a draw that is not resto
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader, Dataset
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics
+from conftest import REPO, launch_ddp_train, read_metrics
 from framer_ds.data.item_draws import DrawsPerItem, ItemDraws, drawn_at_epoch
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
@@ -89,14 +88,6 @@ def resumed_and_straight_losses(base: str, tmp_path: Path) -> tuple[list, list]:
     return trajectories(tmp_path / "full", resumed)
 
 
-def _launch_two(config: Path, overrides: list[str]) -> None:
-    cmd = accelerate_launch_cmd(
-        "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config), *overrides
-    )
-    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
@@ -106,8 +97,10 @@ def test_two_process_resume_repeats_the_uninterrupted_losses_for_both_bases(tmp_
     two = [*COMMON, "train.micro_batch_size=1"]
     for base, config in BASES.items():
         full, resumed = tmp_path / base / "full", tmp_path / base / "resumed"
-        _launch_two(config, [f"output_dir={full}", *two])
-        _launch_two(config, [f"output_dir={resumable_copy(full, resumed)}", *two, "train.resume=latest"])
+        launch_ddp_train(config, [f"output_dir={full}", *two], timeout=280)
+        launch_ddp_train(
+            config, [f"output_dir={resumable_copy(full, resumed)}", *two, "train.resume=latest"], timeout=280
+        )
         assert_same_trajectory(full, resumed)
 
 
