@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -25,20 +26,36 @@ def say(accelerator: Accelerator, message: str) -> None:
 
 @contextlib.contextmanager
 def above_the_progress_bar() -> Iterator[None]:
-    """While training: Python warnings and the log records of every configured logger go through
-    tqdm.write, so they print above the bar."""
+    """While training: Python warnings and the log records that would reach the console go through
+    tqdm.write, so they print above the bar (`_console_loggers`)."""
     original = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
         tqdm.write(text, file=file)
 
-    loggers = [logging.getLogger()] + [
-        logging.getLogger(name) for name in logging.root.manager.loggerDict if not name.startswith("tqdm")
-    ]
     warnings.showwarning = show
     try:
-        with logging_redirect_tqdm(loggers=[lg for lg in loggers if isinstance(lg, logging.Logger)]):
+        with logging_redirect_tqdm(loggers=_console_loggers()):
             yield
     finally:
         warnings.showwarning = original
+
+
+def _prints_to_console(logger: logging.Logger) -> bool:
+    return any(
+        isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr) for h in logger.handlers
+    )
+
+
+def _console_loggers() -> list[logging.Logger]:
+    """The root logger (every logger that propagates prints through it) and each named logger with a
+    console handler of its own. Not the others: tqdm's redirection gives every logger it is handed a
+    console handler, so a logger meant to print nowhere (torch.distributed.checkpoint's telemetry:
+    DEBUG, a NullHandler, no propagation) would print a dict per checkpoint phase on every rank."""
+    named = [
+        logger
+        for name, logger in logging.root.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger) and not name.startswith("tqdm") and _prints_to_console(logger)
+    ]
+    return [logging.getLogger(), *named]

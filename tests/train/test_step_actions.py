@@ -184,3 +184,30 @@ def test_warnings_and_log_records_print_above_the_progress_bar(monkeypatch):
     bar.close()
     assert any("a library warning" in line for line in written)
     assert any("a library log record" in line for line in written)
+
+
+def test_a_logger_that_prints_nowhere_stays_silent_above_the_progress_bar(monkeypatch):
+    """torch.distributed.checkpoint's telemetry logger (`c10d-NullHandler-dcp_logger`: level DEBUG, a
+    NullHandler, no propagation) logs a dict per checkpoint phase on every rank. The redirection gave
+    every logger a console handler, so each FSDP2 checkpoint printed ~50 such dicts through the bar;
+    only loggers that already print to the console (and the root logger, which the rest propagate to)
+    are redirected."""
+    import logging
+
+    from tqdm.std import tqdm
+
+    from framer_ds.train import console
+
+    written: list[str] = []
+    monkeypatch.setattr(tqdm, "write", classmethod(lambda cls, s, file=None, **kw: written.append(s)))
+    silent = logging.getLogger("framer_test_telemetry")
+    silent.setLevel(logging.DEBUG)
+    silent.addHandler(logging.NullHandler())
+    silent.propagate = False
+    propagating = logging.getLogger("framer_test_propagating")
+    with console.above_the_progress_bar():
+        silent.debug({"checkpoint_id": "step_2", "event": "start"})
+        propagating.warning("a record the root logger prints")
+    assert not any("checkpoint_id" in line for line in written), written
+    assert any("a record the root logger prints" in line for line in written), written
+    assert silent.handlers and all(isinstance(h, logging.NullHandler) for h in silent.handlers)
