@@ -20,6 +20,13 @@ logger or warning category it comes from AND its message, never a whole logger o
   enums the old way at import) and diffusers' "Unable to import `torchao` Tensor objects" (its loader
   for checkpoints that diffusers serialised with torchao, which framer_ds never reads): printed by every
   command once torchao (`model.base_precision: int8`) is installed.
+- torch's FSDP2 UserWarning "FSDP2-wrapped module (FSDPViTPatchEmbeddings) returned a view tensor. An
+  in-place op on this view ... will silently drop the pre-backward hook": accelerate shards a model's
+  input embedding as a unit of its own, and transformers' ViT patch embedding returns
+  `flatten(2).transpose(1, 2)`, a view, which ViTEmbeddings only ever reads out of place (`torch.cat`,
+  `+`), so no hook is dropped: the FSDP2 ViT runs give DDP's losses (tests/engine/test_fsdp2.py).
+  Printed twice per step on every rank of every FSDP2 ViT run. The same warning for any other module
+  still shows.
 - torch >= 2.10's FutureWarnings that `all_gather_into_tensor` / `reduce_scatter_tensor` (and their
   private `_base` forms) are deprecated: called by DeepSpeed's and accelerate's collectives, not by
   framer_ds.
@@ -44,6 +51,8 @@ _DEPRECATED_COLLECTIVES = (
     r"|_reduce_scatter_base)` is (deprecated|a private function)"
 )
 
+_VIT_PATCH_VIEW = r"FSDP2-wrapped module \(FSDPViTPatchEmbeddings\) returned a view tensor"
+
 
 class _DropMessage(logging.Filter):
     def __init__(self, pattern: re.Pattern[str]):
@@ -63,6 +72,7 @@ def quiet_third_party_noise() -> None:
         if not any(isinstance(f, _DropMessage) and f.pattern is pattern for f in logger.filters):
             logger.addFilter(_DropMessage(pattern))
     warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVES, category=FutureWarning)
+    warnings.filterwarnings("ignore", message=_VIT_PATCH_VIEW, category=UserWarning)
 
 
 def _cuda_available() -> bool:
