@@ -1,6 +1,7 @@
 """train.optimizer.name=adamw_8bit: torchao's AdamW8bit trains the MLP task (width 256: its 32x256 and
 256x256 matrices hold 8-bit moments, its biases fp32 ones), resumes bit for bit from a checkpoint, and
-is refused with DeepSpeed.
+is refused with DeepSpeed. Under FSDP2 (2 processes) its states are DTensor-sharded and go through
+torch.distributed.checkpoint: a resume repeats the straight run's losses.
 
 Resume vs straight is compared exactly (rel 0): one process, fp32 on CPU, the same data position, RNG,
 weights, LR and quantized moments (codes + scales restored as they were saved): every operation repeats.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import mlp_config, read_metrics
+from conftest import launch_strategy_run, mlp_config, read_metrics
 from framer_ds.config.launch_check import check_launch_configs
 from framer_ds.config.train_config import TrainConfig
 from framer_ds.engine.optim8bit import state_bytes
@@ -66,3 +67,26 @@ def test_deepspeed_refuses_8bit_states_with_the_reason(json_name):
     train = TrainConfig.model_validate({"optimizer": {"name": "adamw_8bit"}})
     problems = check_launch_configs(train, deepspeed_config=f"configs/deepspeed/{json_name}")
     assert any("adamw_8bit" in p.message and "DeepSpeed" in p.message for p in problems), problems
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # three 2-process launches of the MLP task, ~20 s each on 2 cores
+@pytest.mark.timeout(900)
+def test_under_fsdp2_a_resume_repeats_the_straight_losses(tmp_path):
+    """The FSDP2 path of adamw_8bit (allowed at validate; not DeepSpeed's): 2 steps, then a fresh run
+    from the step-2 checkpoint, equal the straight run's steps 3-4 to 1e-5 relative (the bound of
+    tests/engine/test_fsdp2.py's resume check: the same processes and reductions; measured equal)."""
+    import shutil
+
+    train = {"optimizer.name": "adamw_8bit", "length.steps": 4, "checkpoint.every.steps": 2,
+             "gradient_accumulation_steps": 1, "eval.every": None}  # fmt: skip
+    straight = launch_strategy_run("fsdp2", tmp_path, "straight", train=dict(train))
+    shutil.copytree(straight / "checkpoints" / "step_2", tmp_path / "resumed" / "checkpoints" / "step_2")
+    # each launch records its ranks' sample ids in its own folder: the one config change allowed
+    allowed = {"resume": "latest", "resume_allow_changes": ["data.record_dir"]}
+    resumed = launch_strategy_run("fsdp2", tmp_path, "resumed", train={**train, **allowed})
+    expected = {line["step"]: line["loss"] for line in read_metrics(straight)[0]}
+    got = {line["step"]: line["loss"] for line in read_metrics(resumed)[0]}
+    assert sorted(got) == [3, 4] and len(expected) == 4
+    for step, loss in got.items():
+        assert loss == pytest.approx(expected[step], rel=1e-5), (step, loss, expected[step])
