@@ -82,6 +82,19 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
+def train_in_process(config: Path, overrides: list[str]) -> None:
+    """`framer-ds train CONFIG OVERRIDES` in this process, then accelerate's process-wide state reset, so a
+    module fixture or a test can train again (`fresh_accelerate_state` resets only after each test)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.train.loop import run_training
+
+    run_training(load_run_config(config, overrides))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 TINY_VIT_OVERRIDES = [
     "train.length.epochs=1",
     "train.micro_batch_size=16",

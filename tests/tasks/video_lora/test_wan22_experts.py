@@ -16,22 +16,13 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import REPO, read_metrics
+from conftest import REPO, read_metrics, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train.loop import run_training
 
 CONFIG = REPO / "configs" / "tasks" / "video_lora" / "wan22_tiny.yaml"
 PROMPT = "a red ball rolls"
 BOUNDARY = 0.9  # the tiny base's model_index boundary_ratio (Wan2.2-I2V-A14B's)
-
-
-def _train(overrides: list[str]) -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    run_training(load_run_config(CONFIG, overrides))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +31,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     low-noise run without eval, one latent cache dir in the module's temp dir."""
     root = tmp_path_factory.mktemp("wan22_runs")
     common = [f"data.cache.dir={root / 'cache'}", "train.num_workers=0"]
-    _train([f"output_dir={root / 'high'}", *common])
+    train_in_process(CONFIG, [f"output_dir={root / 'high'}", *common])
     low = ["model.base.expert=low_noise", "train.length.steps=6", "train.eval.every=null"]
-    _train([f"output_dir={root / 'low'}", *common, *low, "train.checkpoint.every=null"])
+    train_in_process(CONFIG, [f"output_dir={root / 'low'}", *common, *low, "train.checkpoint.every=null"])
     return root
 
 

@@ -17,12 +17,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO, read_metrics
+from conftest import REPO, read_metrics, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.data.synthetic_video import write_moving_shape_clip
 from framer_ds.tasks.video_lora.task import VideoLoraTask
-from framer_ds.train.loop import run_training
 
 CONFIG = REPO / "configs" / "tasks" / "video_lora" / "wan_tiny.yaml"
 # (height, width, frames): three aspect ratios; the 96x64 clips hold 7 and 8 frames, fewer than
@@ -60,18 +59,10 @@ def bucket_overrides(clips: Path, run: Path, *more: str) -> list[str]:
     ]
 
 
-def _train(overrides: list[str]) -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    run_training(load_run_config(CONFIG, overrides))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 @pytest.fixture(scope="module")
 def cached_run(wan_clips: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("wan_bucket_run")
-    _train(bucket_overrides(wan_clips, root / "run", f"data.cache.dir={root / 'cache'}"))
+    train_in_process(CONFIG, bucket_overrides(wan_clips, root / "run", f"data.cache.dir={root / 'cache'}"))
     return root
 
 
@@ -137,7 +128,7 @@ def test_without_the_cache_the_bucket_run_gets_the_cached_losses(
 ) -> None:
     """Encoding each batch at its bucket gives the cached entries' losses (same order, same draws; the
     VAE's mode is deterministic: float32 batched-vs-single rounding ~1e-7 relative, 1e-4 leaves room)."""
-    _train(bucket_overrides(wan_clips, tmp_path / "fresh", "data.cache.enabled=false"))
+    train_in_process(CONFIG, bucket_overrides(wan_clips, tmp_path / "fresh", "data.cache.enabled=false"))
     fresh = [(x["bucket"], x["loss"]) for x in read_metrics(tmp_path / "fresh")[0]]
     cached = [(x["bucket"], x["loss"]) for x in read_metrics(cached_run / "run")[0]]
     assert [b for b, _ in fresh] == [b for b, _ in cached]

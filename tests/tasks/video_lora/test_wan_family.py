@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO, read_metrics
+from conftest import REPO, read_metrics, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
@@ -26,13 +26,9 @@ PROMPT = "a red ball rolls"
 @pytest.fixture(scope="module")
 def wan_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """wan_tiny.yaml as shipped (30 steps, eval at 15 and 30), its latent cache in the run's temp dir."""
-    from accelerate.state import AcceleratorState, GradientState
-
     root = tmp_path_factory.mktemp("wan_run")
     overrides = [f"output_dir={root / 'run'}", f"data.cache.dir={root / 'cache'}", "train.num_workers=0"]
-    run_training(load_run_config(CONFIG, overrides))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    train_in_process(CONFIG, overrides)
     return root
 
 

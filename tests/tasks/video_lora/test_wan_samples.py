@@ -15,9 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO, read_metrics
+from conftest import REPO, read_metrics, train_in_process
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train.loop import run_training
 
 CONFIG = REPO / "configs" / "tasks" / "video_lora" / "wan_tiny.yaml"
 PROMPT = "a red ball rolls"  # wan_tiny.yaml's fixed prompt
@@ -35,14 +34,6 @@ ARGS = [
 ]
 
 
-def _train(overrides: list[str]) -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    run_training(load_run_config(CONFIG, overrides))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 @pytest.fixture(scope="module")
 def sampled_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     """The run with the latent cache (as shipped), and how often it loaded UMT5."""
@@ -52,7 +43,7 @@ def sampled_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     load_text = FrozenWanEncoders.load_text
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(FrozenWanEncoders, "load_text", lambda self: loads.append(1) or load_text(self))
-        _train([f"output_dir={root / 'run'}", f"data.cache.dir={root / 'cache'}", *ARGS])
+        train_in_process(CONFIG, [f"output_dir={root / 'run'}", f"data.cache.dir={root / 'cache'}", *ARGS])
     return root, len(loads)
 
 
@@ -120,7 +111,10 @@ def test_interp_eval_metrics_repeat_after_a_resume(sampled_run: tuple[Path, int]
     for later in (resumed / "checkpoints" / "step_4", resumed / "final", resumed / "samples" / "step_4"):
         shutil.rmtree(later)
     checkpoint = resumed / "checkpoints" / "step_2"
-    _train([f"output_dir={resumed}", f"data.cache.dir={root / 'cache'}", *ARGS, f"train.resume={checkpoint}"])
+    train_in_process(
+        CONFIG,
+        [f"output_dir={resumed}", f"data.cache.dir={root / 'cache'}", *ARGS, f"train.resume={checkpoint}"],
+    )
     straight = {x["step"]: x for x in read_metrics(root / "run")[1]}
     again = {x["step"]: x for x in read_metrics(resumed)[1]}
     assert set(straight) == {1, 2, 3, 4} and "eval/psnr_mid" in straight[4]
@@ -140,7 +134,9 @@ def test_interp_eval_without_the_cache_gives_the_cached_metrics(
     stored it), pixels straight from the loader; at step 1 (lr 0 in warmup: the same model) the
     interpolation metrics equal those computed from the cache, exactly (same float32 operations)."""
     fresh = tmp_path / "fresh"
-    _train([f"output_dir={fresh}", "data.cache.enabled=false", *ARGS, "train.length.steps=1"])
+    train_in_process(
+        CONFIG, [f"output_dir={fresh}", "data.cache.enabled=false", *ARGS, "train.length.steps=1"]
+    )
     cached = read_metrics(sampled_run[0] / "run")[1][0]
     live = read_metrics(fresh)[1][0]
     assert cached["step"] == live["step"] == 1
