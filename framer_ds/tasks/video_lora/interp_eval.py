@@ -172,13 +172,10 @@ def interp_eval_batch(sampler: ClipSampler, batch: dict[str, Any], options: Any)
     pixels, evaluation = batch["pixel_values"], options.interp_eval
     count = pixels.shape[0]
     fps = batch.get("fps")  # a Wan base's items carry it, its cached entries do not (and need none)
-    fps = (
-        [options.fps] * count
-        if options.fps is not None
-        else fps.float().tolist()
-        if fps is not None
-        else None
-    )
+    if options.fps is not None:
+        fps = [options.fps] * count
+    elif fps is not None:
+        fps = fps.float().tolist()
     buckets = batch.get("motion_bucket_id", batch.get("motion_bucket"))
     buckets = [int(b) for b in buckets.tolist()] if buckets is not None else [None] * count
     interpolation = options.base.mode == "interpolation"
