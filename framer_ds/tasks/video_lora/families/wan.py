@@ -38,6 +38,7 @@ from framer_ds.tasks.video_lora.families.wan_preflight import (
     TINY_TWO_EXPERT_BUILTINS,
     frame_count_problem,
     model_index,
+    vae_temporal_factor,
     wan_problems,
 )
 
@@ -123,10 +124,7 @@ class WanFamily(WanExports, VideoBaseFamily):
 
     def temporal_factor(self) -> int:
         """Pixel frames per latent frame after the first (4 in Wan 2.1)."""
-        try:
-            return self._folder_config("vae")["scale_factor_temporal"]
-        except (OSError, ValueError, KeyError):
-            return 4
+        return vae_temporal_factor(self.base_path())
 
     def min_frames(self) -> int:
         return 1 + self.temporal_factor()

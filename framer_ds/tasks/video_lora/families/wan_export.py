@@ -28,7 +28,7 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.storage.atomic import atomic_write_json, building_dir, publish_dir
-from framer_ds.tasks.video_lora.families.wan_preflight import frame_count_problem
+from framer_ds.tasks.video_lora.families.wan_preflight import frame_count_problem, vae_temporal_factor
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, load_frame, read_adapter_metadata
 
 WAN_OUTPUT_FPS = 16  # Wan 2.1's frame rate: the mp4's rate unless --fps says otherwise
@@ -128,8 +128,7 @@ class WanExports:
 def _refuse_frame_count(base: Path, num_frames: int) -> None:
     """A length the VAE cannot decode to is refused before anything loads (the pipeline would round it
     down with a warning and write a shorter video than asked for)."""
-    vae = json.loads((base / "vae" / "config.json").read_text())
-    problem = frame_count_problem(num_frames, int(vae.get("scale_factor_temporal", 4)))
+    problem = frame_count_problem(num_frames, vae_temporal_factor(base))
     if problem:
         raise ConfigError([ConfigProblem("--num-frames", problem)], "sample")
 

@@ -61,6 +61,15 @@ def _expert_problems(base: Any, folder: Path, two: bool) -> list[ConfigProblem]:
     return []
 
 
+def vae_temporal_factor(folder: Path) -> int:
+    """Pixel frames per latent frame after the first, from the folder's vae/config.json (4 in Wan 2.1
+    and 2.2; also before a builtin base is built)."""
+    try:
+        return int(json.loads((folder / "vae" / "config.json").read_text())["scale_factor_temporal"])
+    except (OSError, ValueError, KeyError):
+        return 4
+
+
 def frame_count_problem(num_frames: int, step: int) -> str | None:
     """Why `num_frames` does not fit Wan's VAE (None: it does), which encodes the first frame alone and
     then `step` (its temporal factor) frames per latent frame; the message names the nearest fit."""
