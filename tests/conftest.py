@@ -260,9 +260,11 @@ def rank_processes(launcher) -> list:
     return sorted(found, key=lambda p: p.create_time())
 
 
-def launch_strategy_run(strategy: str, root: Path, name: str, **sections) -> Path:
+def launch_strategy_run(
+    strategy: str, root: Path, name: str, env: dict[str, str] | None = None, **sections
+) -> Path:
     """One 2-process run of the MLP task (`mlp_config` + `sections`) under `strategy`; its run dir.
-    The ids each rank trained on are recorded in `root/<name>_ids/`."""
+    The ids each rank trained on are recorded in `root/<name>_ids/`. `env`: added to the launch's."""
     run_dir = root / name
     record = root / f"{name}_ids"
     record.mkdir()
@@ -271,7 +273,9 @@ def launch_strategy_run(strategy: str, root: Path, name: str, **sections) -> Pat
     cmd = accelerate_launch_cmd(
         *strategy_launch_args(strategy, root), "-m", "framer_ds", "train", str(config)
     )
-    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**launch_env(), **(env or {})}, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, f"{strategy} failed:\n{proc.stderr[-5000:]}"
     return run_dir
 

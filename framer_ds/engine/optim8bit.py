@@ -8,6 +8,14 @@ tensor only inside `step()`, so everything else treats this optimizer as an Adam
 The moments are `OptimState8bit` tensors (uint8 codes + one fp32 scale per block of 256 values);
 torch.save / torch.load (weights_only too) and `Optimizer.load_state_dict` keep them quantized, so a
 checkpoint resumes bit for bit (tests/train/test_optimizer_8bit.py).
+
+Why `step()` turns AOTAutograd's on-disk cache off: torchao compiles one update per parameter shape.
+Under FSDP2 the parameters are DTensors, and torch (2.13) keys that cache by the DTensor's global
+shape and placements only, not by the rank's local shard (pytorch/pytorch#188390). With a shard split
+unevenly (a 3-row head on 2 ranks: 2 rows and 1 row) every run after the first loads rank 0's update
+on rank 1: it read past the shard and crashed (SIGSEGV), or trained on wrong moments without a word.
+Inductor's own kernel cache stays on (its key holds the local shapes), so only the cheap tracing is
+redone per run.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ def adamw_8bit(groups: list[dict[str, Any]], **hyper: Any) -> torch.optim.Optimi
             for group in groups:
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32)
             try:
-                return super().step(closure)
+                with torch._functorch.config.patch(enable_autograd_cache=False):
+                    return super().step(closure)
             finally:
                 for group in groups:
                     group["lr"] = float(group["lr"])
