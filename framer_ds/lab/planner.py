@@ -377,8 +377,9 @@ def format_plan(plan: Plan) -> str:
         )
         lines.append(
             f"activations ({name}, gradient checkpointing {state}; measured on {probe.device} with fake "
-            f"tensors{depth}): {gib(probe.fixed)} + {gib(probe.per_sample)} per sample"
-        )
+            f"tensors{depth}): {gib(probe.at(1))} at micro-batch 1 + {gib(probe.per_sample)} per added "
+            "sample"
+        )  # not "fixed + per sample": a view at batch 1 that batch 2 must copy makes a fitted fixed part < 0
     lines.append(f"micro-batch {plan.micro_batch}, global batch {plan.global_batch} (x{hw.world} ranks)")
     for title, rows in (("", plan.rows), (" (gradient checkpointing on)", plan.checkpointing_rows)):
         if not rows:

@@ -208,6 +208,22 @@ def test_plan_table_and_bad_flags_all_reported(capsys):
     assert "--gpus: must be at least 1" in err and "'lots' is not a size" in err
 
 
+def test_the_activation_line_reads_from_micro_batch_one_not_a_negative_fixed_part():
+    """A tensor that is a view at micro-batch 1 and a copy at 2 makes the line through the two probes
+    cross zero below 1 (wan_tiny's fitted fixed part was -0.2 MiB): the plan prints the figure at
+    micro-batch 1 and the step per added sample, both measured, never the negative intercept."""
+    from framer_ds.lab.planner import Plan, format_plan
+
+    mib = 2**20
+    probe = ActivationProbe((1, 2), (500 * mib, 1200 * mib), -200 * mib, 700 * mib, False, "cpu")
+    census = ParameterCensus(trainable=3328, frozen=14952, largest_trainable=3328)
+    hardware = Hardware(gpus_per_node=1, nodes=1, gpu_bytes=24 * GiB)
+    plan = Plan("wan_tiny.yaml", [], hardware, census, {"configured": probe}, 2, 2, [], [], None)
+    text = format_plan(plan)
+    assert "): 500.0 MiB at micro-batch 1 + 700.0 MiB per added sample" in text
+    assert "-200.0 MiB" not in text
+
+
 def _tiny_video_task(tmp_path, *overrides: str):
     config = load_run_config(
         REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml",
