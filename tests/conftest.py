@@ -8,12 +8,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from scheduling import order_heaviest_first
+
+if TYPE_CHECKING:
+    from framer_ds.train.loop import TrainResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,27 +77,36 @@ def tiny_wan_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {mode: create_tiny_wan(root / mode, mode=mode) for mode in ("i2v", "flf2v")}
 
 
+def reset_accelerate() -> None:
+    """Clear accelerate's process-wide state (AcceleratorState, GradientState: singletons that outlive an
+    Accelerator), so the next Accelerator built in this process (a training, `framer-ds eval`, a test's
+    own `build_accelerator`) starts from its own config rather than the last one's. The one copy of this
+    reset in tests/: `fresh_accelerate_state`, `train_in_process`, the fault harness and tests that build
+    an Accelerator without `run_training` call it."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     """Accelerator state is a process-wide singleton; each in-process run starts clean."""
     yield
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate()
 
 
-def train_in_process(config: Path, overrides: list[str]) -> None:
-    """`framer-ds train CONFIG OVERRIDES` in this process, then accelerate's process-wide state reset, so a
-    module fixture or a test can train again (`fresh_accelerate_state` resets only after each test)."""
-    from accelerate.state import AcceleratorState, GradientState
-
+def train_in_process(config: str | Path, overrides: Sequence[str] = ()) -> TrainResult:
+    """`framer-ds train CONFIG OVERRIDES` in this process (`run_training`, its result returned), then
+    `reset_accelerate()` whether it finished or raised, so a module fixture or a test can train again
+    (`fresh_accelerate_state` resets only after each test, and not after a module fixture that raised)."""
     from framer_ds.tasks.run_config import load_run_config
     from framer_ds.train.loop import run_training
 
-    run_training(load_run_config(config, overrides))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    try:
+        return run_training(load_run_config(config, overrides))
+    finally:
+        reset_accelerate()
 
 
 TINY_VIT_OVERRIDES = [

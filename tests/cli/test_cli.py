@@ -14,18 +14,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from conftest import reset_accelerate
 from framer_ds.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
-
-
-def reset_accelerate_state() -> None:
-    """Between two in-process trainings in one test (the autouse fixture resets after each test)."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -33,8 +26,8 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     try:
         rc = main(list(argv))
     finally:
-        if argv and argv[0] == "train":
-            reset_accelerate_state()
+        if argv and argv[0] == "train":  # between two in-process trainings in one test
+            reset_accelerate()
     out, err = capsys.readouterr()
     return rc, out, err
 

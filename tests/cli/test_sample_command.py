@@ -11,13 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForImageClassification
 
-from conftest import REPO
+from conftest import REPO, train_in_process
 from framer_ds.cli.main import main
 from framer_ds.engine.export import EXPORT_RECORD
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.vit_classification.image_folder import ImageFolderDataset
 from framer_ds.tasks.vit_classification.task import VitClassificationTask
-from framer_ds.train.loop import run_training
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +28,7 @@ def vit_final(tmp_path_factory) -> Path:
         "train.eval.every=null",
         "train.eval.max_batches=2",
     ]
-    run_training(load_run_config(REPO / "configs" / "quickstart.yaml", overrides))
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    train_in_process(REPO / "configs" / "quickstart.yaml", overrides)
     return run_dir / "final"
 
 
