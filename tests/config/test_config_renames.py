@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from accelerate.state import AcceleratorState, GradientState
 
-from conftest import mlp_config, read_metrics
+from conftest import mlp_config, read_metrics, train_in_process
 from framer_ds.config.cadence import Cadence
 from framer_ds.config.errors import ConfigError
 from framer_ds.config.loader import dump_run_config, parse_yaml
@@ -29,7 +28,6 @@ from framer_ds.tasks.run_config import (
     resolved_value,
     validate_run_config,
 )
-from framer_ds.train import loop
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -245,9 +243,7 @@ def test_a_run_directory_written_before_the_rename_resumes_and_its_exports_load(
     the losses are equal, not close."""
     run = tmp_path / "run"
     path = mlp_config(tmp_path / "mlp.yaml", run, train=MLP_TRAIN)
-    loop.run_training(load_run_config(path))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    train_in_process(path)
     straight = {line["step"]: line["loss"] for line in read_metrics(run)[0]}
     old_text = (RECORDED / "mlp_config.yaml").read_text()  # output_dir /old/run: not compared on resume
     step_8 = run / "checkpoints" / "step_8"
@@ -260,7 +256,7 @@ def test_a_run_directory_written_before_the_rename_resumes_and_its_exports_load(
         (export / EXPORT_RECORD).write_text(json.dumps(record))
         assert load_exported_task(export).config.train.length == Cadence(steps=16)
     capsys.readouterr()
-    result = loop.run_training(load_run_config(path, [f"train.resume={step_8}"]))
+    result = train_in_process(path, [f"train.resume={step_8}"])
     out = capsys.readouterr().out
     assert f"resumed from {step_8} at step 8" in out and "changed on resume" not in out
     resumed = {line["step"]: line["loss"] for line in read_metrics(run)[0]}

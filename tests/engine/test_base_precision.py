@@ -16,21 +16,12 @@ import pytest
 import torch
 from peft import PeftModel
 
-from conftest import mlp_config, read_metrics
+from conftest import mlp_config, read_metrics, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.engine.base_precision import quantize_frozen_base
-from framer_ds.tasks.run_config import load_exported_task, load_run_config
-from framer_ds.train import loop
+from framer_ds.tasks.run_config import load_exported_task
 
 MODEL = {"lora_rank": 4, "base_precision": "int8"}
-
-
-def train(path, *overrides: str) -> None:
-    loop.run_training(load_run_config(path, list(overrides)))
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +29,10 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("int8")
     sections = {"model": MODEL, "train": {"length.steps": 4, "checkpoint.every.steps": 2}}
     straight = mlp_config(root / "straight.yaml", root / "straight", **sections)
-    train(straight)
+    train_in_process(straight)
     resumed = mlp_config(root / "resumed.yaml", root / "resumed", **sections)
-    train(resumed, "train.length.steps=2")
-    train(resumed, "train.resume=latest")
+    train_in_process(resumed, ["train.length.steps=2"])
+    train_in_process(resumed, ["train.resume=latest"])
     return root
 
 

@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from conftest import mlp_config, read_metrics
+from conftest import mlp_config, read_metrics, reset_accelerate, train_in_process
 from framer_ds.engine.accelerator import build_accelerator
 from framer_ds.lab.census import census_of
 from framer_ds.lab.memory_model import estimate
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train import loop
 from framer_ds.train.run import build_training_run
 
 SECTIONS = {"model": {"lora_rank": 4}, "train": {"mixed_precision": "bf16", "length.steps": 4}}
-
-
-def reset() -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def test_the_frozen_base_is_stored_bf16_and_the_lora_fp32(tmp_path):
@@ -32,7 +24,7 @@ def test_the_frozen_base_is_stored_bf16_and_the_lora_fp32(tmp_path):
     accelerator = build_accelerator(config, collective_timeout_s=60)
     run = build_training_run(accelerator, get_task_class(config.task)(config), config)
     dtypes = {name: p.dtype for name, p in run.model.named_parameters()}
-    reset()
+    reset_accelerate()
     frozen = {n: d for n, d in dtypes.items() if "lora_" not in n}
     trainable = {n: d for n, d in dtypes.items() if "lora_" in n}
     assert frozen and set(frozen.values()) == {torch.bfloat16}, frozen
@@ -45,14 +37,11 @@ def test_the_frozen_base_is_stored_bf16_and_the_lora_fp32(tmp_path):
 
 def test_a_bf16_run_with_a_bf16_base_resumes_exactly(tmp_path):
     straight = mlp_config(tmp_path / "s.yaml", tmp_path / "straight", **SECTIONS)
-    loop.run_training(load_run_config(straight, []))
-    reset()
+    train_in_process(straight)
     sections = {**SECTIONS, "train": {**SECTIONS["train"], "checkpoint.every.steps": 2}}
     resumed = mlp_config(tmp_path / "r.yaml", tmp_path / "resumed", **sections)
-    loop.run_training(load_run_config(resumed, ["train.length.steps=2"]))
-    reset()
-    loop.run_training(load_run_config(resumed, ["train.resume=latest"]))
-    reset()
+    train_in_process(resumed, ["train.length.steps=2"])
+    train_in_process(resumed, ["train.resume=latest"])
     expected = [line["loss"] for line in read_metrics(tmp_path / "straight")[0]]
     assert len(expected) == 4 and [line["loss"] for line in read_metrics(tmp_path / "resumed")[0]] == expected
     from safetensors.torch import load_file

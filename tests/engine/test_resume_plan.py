@@ -8,16 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import set_seed
 
-from conftest import mlp_config
+from conftest import mlp_config, train_in_process
 from framer_ds.engine.accelerator import build_accelerator
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.resume import ResumePlan
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train import loop
 from framer_ds.train.run import build_training_run
 
 TOTAL_STEPS, WARMUP, CHECKPOINT_STEP = 6, 2, 4
@@ -35,18 +33,12 @@ TINY = {
 }
 
 
-def _reset_accelerate() -> None:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The YAML of a 6-step run that wrote checkpoints/step_4 and step_6 (its learning rate 1e-3)."""
     root = tmp_path_factory.mktemp("resume_plan")
     path = mlp_config(root / "mlp.yaml", root / "run", **TINY)
-    loop.run_training(load_run_config(path))
-    _reset_accelerate()
+    train_in_process(path)
     return path
 
 
