@@ -14,12 +14,11 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import read_metrics, set_keys
+from conftest import read_metrics, set_keys, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.engine.checkpoint import STATE_FILE, TrainerState, read_trainer_state
 from framer_ds.engine.resume.changes import resume_changes
 from framer_ds.tasks.run_config import load_exported_task, load_run_config
-from framer_ds.train import loop
 from framer_ds.train.actions import KeepBest
 
 
@@ -46,15 +45,6 @@ def scripted_config(tmp_path: Path, name: str, script: list[float], **sections: 
     return path
 
 
-def train(path: Path, *overrides: str) -> loop.TrainResult:
-    result = loop.run_training(load_run_config(path, overrides))
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    return result
-
-
 def best_record(run_dir: Path) -> dict:
     return json.loads((run_dir / "best" / "best.json").read_text())
 
@@ -71,7 +61,7 @@ def test_best_follows_the_metric(tmp_path, mode, best_step):
     config = scripted_config(
         tmp_path, "c.yaml", script, train={"eval.best_metric": "eval/score", "eval.best_mode": mode}
     )
-    train(config)
+    train_in_process(config)
     run_dir = tmp_path / "run"
     value = script[best_step // 2 - 1]
     assert best_record(run_dir) == {"step": best_step, "metric": "eval/score", "value": value, "mode": mode}
@@ -112,7 +102,7 @@ def test_best_loads_as_the_tasks_export(tmp_path):
             "checkpoint.every": None,
         },
     )
-    train(config)
+    train_in_process(config)
     best = tmp_path / "run" / "best"
     task = load_exported_task(best)  # the export record names the task and its config
     assert task.name == "test_scripted_eval"
@@ -128,12 +118,12 @@ def test_best_survives_resume(tmp_path):
     config = scripted_config(
         tmp_path, "c.yaml", [0.5, 0.3], train={"eval.best_metric": "eval/score", "eval.best_mode": "min"}
     )
-    train(config, "train.length.steps=4")
+    train_in_process(config, ["train.length.steps=4"])
     run_dir = tmp_path / "run"
     assert best_record(run_dir)["step"] == 4
     before = load_file(run_dir / "best" / "model.safetensors")
 
-    train(config, "train.resume=latest")
+    train_in_process(config, ["train.resume=latest"])
     assert best_record(run_dir) == {"step": 4, "metric": "eval/score", "value": 0.3, "mode": "min"}
     after = load_file(run_dir / "best" / "model.safetensors")
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -169,10 +159,10 @@ def test_resuming_from_before_best_sets_it_aside_with_the_abandoned_timeline(tmp
         [0.5, 0.3, 0.1, 0.4],
         train={"eval.best_metric": "eval/score", "eval.best_mode": "min"},
     )
-    train(config)
+    train_in_process(config)
     run_dir = tmp_path / "run"
     assert best_record(run_dir)["step"] == 6
-    train(config, f"train.resume={run_dir / 'checkpoints' / 'step_4'}")
+    train_in_process(config, [f"train.resume={run_dir / 'checkpoints' / 'step_4'}"])
     (abandoned,) = (run_dir / "checkpoints" / "abandoned").iterdir()
     assert json.loads((abandoned / "best" / "best.json").read_text())["value"] == 0.1
     # the new timeline's evaluations (this process's script restarts: 0.5 at step 6, 0.3 at step 8)
@@ -194,7 +184,7 @@ def test_best_metric_without_an_eval_set_is_a_config_error(tmp_path):
         tmp_path, "c.yaml", [], train={"eval.best_metric": "eval/loss", "eval.best_mode": "min"}
     )
     with pytest.raises(ConfigError) as raised:
-        train(config, "data.no_eval_set=true")
+        train_in_process(config, ["data.no_eval_set=true"])
     problem = raised.value.problems[0]
     assert problem.where == "train.eval.best_metric" and "no eval set" in problem.message
     assert not (tmp_path / "run" / "checkpoints").exists()  # failed before training
@@ -205,7 +195,7 @@ def test_a_metric_the_task_does_not_report_fails_naming_those_it_does(tmp_path):
         tmp_path, "c.yaml", [0.1], train={"eval.best_metric": "eval/iou", "eval.best_mode": "max"}
     )
     with pytest.raises(ConfigError) as raised:
-        train(config, "train.length.steps=2")
+        train_in_process(config, ["train.length.steps=2"])
     message = str(raised.value)
     assert "train.eval.best_metric" in message and "'eval/iou'" in message
     assert "eval/loss, eval/score" in message

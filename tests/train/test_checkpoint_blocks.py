@@ -5,23 +5,19 @@ names do not change, and the planner's activation probe sees the smaller graph."
 
 from __future__ import annotations
 
-from conftest import TINY_VIT_OVERRIDES, read_metrics
+from conftest import TINY_VIT_OVERRIDES, read_metrics, train_in_process
 from framer_ds.lab.activations import probe_config
 from framer_ds.lab.census import meta_model
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train import loop
 
 QUICKSTART = "configs/quickstart.yaml"
 
 
 def losses(run_dir, *overrides: str) -> list[float]:
-    loop.run_training(load_run_config(QUICKSTART, [f"output_dir={run_dir}", *TINY_VIT_OVERRIDES,
-                                                   "train.length.steps=4", *overrides]))  # fmt: skip
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    train_in_process(
+        QUICKSTART, [f"output_dir={run_dir}", *TINY_VIT_OVERRIDES, "train.length.steps=4", *overrides]
+    )
     return [line["loss"] for line in read_metrics(run_dir)[0]]
 
 

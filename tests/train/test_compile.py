@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import read_metrics
-from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train import loop
+from conftest import read_metrics, train_in_process
 
 STEPS = 4
 
 
 def losses(tmp_path, name: str, *overrides: str) -> list[float]:
     run_dir = tmp_path / name
-    config = load_run_config(
+    train_in_process(
         "configs/quickstart.yaml",
         [
             f"output_dir={run_dir}",
@@ -34,11 +32,6 @@ def losses(tmp_path, name: str, *overrides: str) -> list[float]:
             *overrides,
         ],
     )
-    loop.run_training(config)
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
     train, _ = read_metrics(run_dir)
     return [line["loss"] for line in train]
 

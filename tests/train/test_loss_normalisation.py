@@ -34,9 +34,17 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, set_keys, strategy_launch_args
+from conftest import (
+    REPO,
+    accelerate_launch_cmd,
+    launch_env,
+    read_metrics,
+    reset_accelerate,
+    set_keys,
+    strategy_launch_args,
+    train_in_process,
+)
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train.loop import run_training
 
 STEPS = 4
 LEARNING_RATE = 1e-2
@@ -78,13 +86,10 @@ def token_config(path: Path, run_dir: Path, task: str = "test_token_regression",
     return path
 
 
-def train_in_process(tmp_path: Path, name: str, task: str = "test_token_regression", **train) -> Path:
+def train_tokens(tmp_path: Path, name: str, task: str = "test_token_regression", **train) -> Path:
+    """`token_config` trained in this process into tmp_path/name; the run directory."""
     run_dir = tmp_path / name
-    run_training(load_run_config(token_config(tmp_path / f"{name}.yaml", run_dir, task, **train)))
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    train_in_process(token_config(tmp_path / f"{name}.yaml", run_dir, task, **train))
     return run_dir
 
 
@@ -95,7 +100,7 @@ def grad_norms(run_dir: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def one_batch(tmp_path_factory) -> Path:
     """The reference: each optimizer step is ONE micro-batch of 32 samples."""
-    return train_in_process(tmp_path_factory.mktemp("one_batch"), "ref", micro_batch_size=32)
+    return train_tokens(tmp_path_factory.mktemp("one_batch"), "ref", micro_batch_size=32)
 
 
 def assert_same_training(run_dir: Path, reference: Path) -> None:
@@ -108,18 +113,18 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
 
 
 def test_accumulated_unequal_micro_batches_equal_one_batch(one_batch, tmp_path):
-    accumulated = train_in_process(tmp_path, "acc", micro_batch_size=8, gradient_accumulation_steps=4)
+    accumulated = train_tokens(tmp_path, "acc", micro_batch_size=8, gradient_accumulation_steps=4)
     assert_same_training(accumulated, one_batch)
 
 
 def test_per_micro_batch_means_would_differ(one_batch, tmp_path):
     """The comparison above can fail: the mean-reporting twin of the task, accumulated the same way,
     ends with a different gradient norm on every step."""
-    means = train_in_process(
+    means = train_tokens(
         tmp_path, "mean", "test_token_regression_mean", micro_batch_size=8, gradient_accumulation_steps=4
     )
     reference = grad_norms(
-        train_in_process(tmp_path, "mean_ref", "test_token_regression_mean", micro_batch_size=32)
+        train_tokens(tmp_path, "mean_ref", "test_token_regression_mean", micro_batch_size=32)
     )
     assert grad_norms(means)[0] != pytest.approx(reference[0], rel=1e-3)
 
@@ -183,7 +188,7 @@ def test_ddp_gradients_as_bucket_views_clip_like_one_batch(tmp_path):
     accumulated (no_sync) and all-reduced gradients, their norm and the clipping they drive must still be
     those of one big batch. max_grad_norm is far below the norms, so every step clips."""
     clip = {"optimizer.max_grad_norm": 1e-3}
-    reference = train_in_process(tmp_path, "ref_clipped", micro_batch_size=32, **clip)
+    reference = train_tokens(tmp_path, "ref_clipped", micro_batch_size=32, **clip)
     assert min(grad_norms(reference)) > 10 * clip["optimizer.max_grad_norm"]
     run_dir = tmp_path / "run"
     config = token_config(
@@ -206,7 +211,4 @@ def test_ddp_is_built_with_gradients_as_bucket_views(tmp_path):
         assert accelerator.ddp_handler.gradient_as_bucket_view is True
         assert not accelerator.ddp_handler.static_graph
     finally:
-        from accelerate.state import AcceleratorState, GradientState
-
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate()

@@ -65,11 +65,11 @@ def test_the_scheduler_state_round_trips_through_a_checkpoint(tmp_path):
 def test_the_logged_lr_is_the_one_its_step_ran_at(tmp_path):
     """metrics.jsonl's `lr` at step N is the rate optimizer step N used. It was the next step's (the
     schedule had already moved on): step 1 of a warmup logged 5e-3 while it ran at 0."""
-    from test_loss_normalisation import LEARNING_RATE, STEPS, train_in_process
+    from test_loss_normalisation import LEARNING_RATE, STEPS, train_tokens
 
     from conftest import read_metrics
 
-    run_dir = train_in_process(
+    run_dir = train_tokens(
         tmp_path, "warm", micro_batch_size=8, **{"lr_schedule.name": "linear", "lr_schedule.warmup.steps": 2}
     )
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=LEARNING_RATE)

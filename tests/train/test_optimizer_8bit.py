@@ -12,31 +12,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import launch_strategy_run, mlp_config, read_metrics
+from conftest import launch_strategy_run, mlp_config, read_metrics, train_in_process
 from framer_ds.config.launch_check import check_launch_configs
 from framer_ds.config.train_config import TrainConfig
 from framer_ds.engine.optim8bit import state_bytes
-from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train import loop
 from framer_ds.train.run import build_optimizer
-
-
-def train(path, *overrides: str) -> None:
-    loop.run_training(load_run_config(path, list(overrides)))
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def test_two_steps_and_a_resume_repeat_four_straight_steps(tmp_path):
     sections = {"train": {"optimizer.name": "adamw_8bit", "length.steps": 4, "checkpoint.every.steps": 2,
                           "gradient_accumulation_steps": 1}}  # fmt: skip
     straight = mlp_config(tmp_path / "straight.yaml", tmp_path / "straight", **sections)
-    train(straight)
+    train_in_process(straight)
     resumed = mlp_config(tmp_path / "resumed.yaml", tmp_path / "resumed", **sections)
-    train(resumed, "train.length.steps=2")
-    train(resumed, "train.resume=latest")
+    train_in_process(resumed, ["train.length.steps=2"])
+    train_in_process(resumed, ["train.resume=latest"])
     expected = [line["loss"] for line in read_metrics(tmp_path / "straight")[0]]
     got = [line["loss"] for line in read_metrics(tmp_path / "resumed")[0]]
     assert len(expected) == 4 and got == expected

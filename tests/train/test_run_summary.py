@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY_VIT_OVERRIDES, accelerate_launch_cmd, launch_env, read_metrics
+from conftest import (
+    REPO,
+    TINY_VIT_OVERRIDES,
+    accelerate_launch_cmd,
+    launch_env,
+    read_metrics,
+    reset_accelerate,
+)
 from framer_ds.cli.main import main
 
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
@@ -37,10 +44,7 @@ def one_process(tmp_path_factory) -> tuple[Path, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["train", QUICKSTART, f"output_dir={run_dir}", *EPOCH_OVERRIDES]) == 0
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate()  # trained through the CLI in this process: the tests read what it printed
     return run_dir, out.getvalue()
 
 

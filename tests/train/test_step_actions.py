@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import pytest
 
-from conftest import mlp_config
+from conftest import mlp_config, train_in_process
 from framer_ds.config.cadence import Cadence
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train import actions as actions_module
@@ -145,12 +145,8 @@ def test_every_run_ends_its_accelerator_exactly_once(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(loop, "end_accelerator", spy)
     good = mlp_config(tmp_path / "good.yaml", tmp_path / "good", train={"length.steps": 2})
-    loop.run_training(load_run_config(good))
+    train_in_process(good)
     assert calls == [False]
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
     bad = mlp_config(
         tmp_path / "bad.yaml",
         tmp_path / "bad",

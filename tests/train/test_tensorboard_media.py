@@ -11,10 +11,9 @@ import yaml
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import train_in_process
 from framer_ds.compat import MissingDependencyError
 from framer_ds.engine import metrics, tracker_media
-from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train import loop
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +35,7 @@ def events(tmp_path_factory) -> EventAccumulator:
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
-    loop.run_training(load_run_config(path))
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    train_in_process(path)
     # accelerate's tracker writes into tensorboard/<project>/ (the project is the run directory's name);
     # add_hparams puts the config into a sub-run of its own.
     logdir = tmp_path / "run" / "tensorboard" / "run"
