@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from accelerate.state import AcceleratorState, GradientState
 
-from conftest import mlp_config
+from conftest import mlp_config, reset_accelerate
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.planning import PlanningHooks, planning_hooks
 from framer_ds.tasks.run_config import load_run_config
@@ -52,8 +51,7 @@ def test_training_and_eval_build_the_task_in_one_order_from_the_same_seed(tmp_pa
     PHASE_CALLS.clear()
     run_training(config)
     trained = list(PHASE_CALLS)
-    AcceleratorState._reset_state(reset_partial_state=True)  # a second Accelerator in this process
-    GradientState._reset_state()
+    reset_accelerate()  # a second Accelerator in this process
     PHASE_CALLS.clear()
     evaluate_run(tmp_path / "run")
     evaluated = list(PHASE_CALLS)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO
+from conftest import REPO, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.diffusion.framer_conditioning import framer_conditioning
@@ -59,16 +59,6 @@ def test_the_trained_token_replaces_the_missing_frames_and_gets_the_gradient(tmp
         assert not torch.equal(model(**inputs)[0], out)
 
 
-def _train(config, overrides):
-    from accelerate.state import AcceleratorState, GradientState
-
-    from framer_ds.train.loop import run_training
-
-    run_training(load_run_config(config, overrides))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_a_trained_token_is_exported_in_every_layout_and_resumes_exactly(tmp_path, capsys):
     from test_video_resume import COMMON, resumable_copy, trajectories
 
@@ -76,7 +66,7 @@ def test_a_trained_token_is_exported_in_every_layout_and_resumes_exactly(tmp_pat
 
     token_options = ["model.train_mask_token=true", f"model.mask_token_lr={TOKEN_LR}"]
     light = ["model.base.train_modules=unet_lora", "data.tracks=null", *token_options]
-    _train(FRAMER_TINY, [f"output_dir={tmp_path / 'full'}", *COMMON, *light])
+    train_in_process(FRAMER_TINY, [f"output_dir={tmp_path / 'full'}", *COMMON, *light])
     final = tmp_path / "full" / "final"
     trained = load_file(final / MASK_TOKEN_FILE)["mask_token"]
     base_dir = VideoLoraTask(load_run_config(FRAMER_TINY, [f"output_dir={tmp_path}"])).framer.framer_path()
@@ -107,7 +97,7 @@ def test_a_trained_token_is_exported_in_every_layout_and_resumes_exactly(tmp_pat
 
     # resume from step 2: the same losses, and the same token at the end, bit for bit
     resumed = resumable_copy(tmp_path / "full", tmp_path / "resumed")
-    _train(FRAMER_TINY, [f"output_dir={resumed}", *COMMON, *light, "train.resume=latest"])
+    train_in_process(FRAMER_TINY, [f"output_dir={resumed}", *COMMON, *light, "train.resume=latest"])
     again, straight = trajectories(tmp_path / "full", resumed)
     assert again == straight
     assert torch.equal(load_file(resumed / "final" / MASK_TOKEN_FILE)["mask_token"], trained)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO
+from conftest import REPO, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.video_lora.data.track_heatmaps import heatmap_conditioning, rasterise_tracks
 from framer_ds.tasks.video_lora.diffusion.sampling import guidance_scales
@@ -146,11 +146,6 @@ def test_tracks_follow_the_image_through_resize(tmp_path, resize):
 
 @pytest.fixture(scope="module")
 def framer_final(tmp_path_factory) -> Path:
-    from accelerate.state import AcceleratorState, GradientState
-
-    from framer_ds.tasks.run_config import load_run_config
-    from framer_ds.train.loop import run_training
-
     run_dir = tmp_path_factory.mktemp("framer") / "run"
     overrides = [
         f"output_dir={run_dir}",
@@ -158,9 +153,7 @@ def framer_final(tmp_path_factory) -> Path:
         "train.eval.every=null",
         "train.checkpoint.every=null",
     ]
-    run_training(load_run_config(FRAMER_TINY, overrides))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    train_in_process(FRAMER_TINY, overrides)
     return run_dir / "final"
 
 

@@ -15,10 +15,10 @@ import pytest
 from accelerate.data_loader import prepare_data_loader
 from PIL import Image
 from safetensors import safe_open
-from test_video_resume import _train_in_process, resumable_copy
+from test_video_resume import resumable_copy
 from torch.utils.data import DataLoader
 
-from conftest import REPO, launch_ddp_train, read_metrics
+from conftest import REPO, launch_ddp_train, read_metrics, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.data.bucket_sampler import BucketBlockSampler
@@ -144,7 +144,7 @@ def losses_and_buckets(run: Path) -> list[tuple[int, float, str]]:
 def test_mixed_clips_train_in_buckets_and_resume_exactly(mixed_clips, tmp_path, capsys):
     """Done when (issue 33 §1): every bucket appears in metrics.jsonl; 2 steps + resume = 4 straight.
     tiny.yaml's micro-batch 2: each bucket (2 clips) is one step, an epoch 3 steps."""
-    _train_in_process(TINY, bucket_overrides(mixed_clips, tmp_path / "full"))
+    train_in_process(TINY, bucket_overrides(mixed_clips, tmp_path / "full"))
     straight = losses_and_buckets(tmp_path / "full")
     assert [step for step, _, _ in straight] == list(range(1, STEPS + 1))
     assert {bucket for _, _, bucket in straight} == AUTO_BUCKETS
@@ -152,7 +152,7 @@ def test_mixed_clips_train_in_buckets_and_resume_exactly(mixed_clips, tmp_path, 
     metadata = json.loads((tmp_path / "full" / "final" / EXPORT_METADATA).read_text())
     assert sorted(map(tuple, metadata["trained_shapes"])) == [(48, 80, 8), (64, 64, 8), (80, 48, 8)]
     resumed = resumable_copy(tmp_path / "full", tmp_path / "resumed")
-    _train_in_process(TINY, [*bucket_overrides(mixed_clips, resumed), "train.resume=latest"])
+    train_in_process(TINY, [*bucket_overrides(mixed_clips, resumed), "train.resume=latest"])
     assert losses_and_buckets(resumed)[2:] == straight[2:]  # exact (module docstring)
     sample_at_trained_shapes_only(tmp_path / "full" / "final", tmp_path)
 
@@ -220,9 +220,7 @@ def test_the_latent_cache_keeps_each_entry_in_its_bucket(mixed_clips, tmp_path):
         f"data.cache.dir={tmp_path / 'cache'}",
         "data.cache.clips_per_video=2",
     ]
-    _train_in_process(
-        TINY, [*bucket_overrides(mixed_clips, tmp_path / "run"), *cache, "train.length.steps=3"]
-    )
+    train_in_process(TINY, [*bucket_overrides(mixed_clips, tmp_path / "run"), *cache, "train.length.steps=3"])
     assert {x["bucket"] for x in read_metrics(tmp_path / "run")[0]} <= AUTO_BUCKETS
     entries = sorted((tmp_path / "cache").glob("*/entry_*.safetensors"))
     assert len(entries) == 12

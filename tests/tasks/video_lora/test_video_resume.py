@@ -19,10 +19,8 @@ import torch
 from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader, Dataset
 
-from conftest import REPO, launch_ddp_train, read_metrics
+from conftest import REPO, launch_ddp_train, read_metrics, train_in_process
 from framer_ds.data.item_draws import DrawsPerItem, ItemDraws, drawn_at_epoch
-from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train.loop import run_training
 from framer_ds.train.step import set_loader_epoch
 
 CONFIGS = REPO / "configs" / "tasks" / "video_lora"
@@ -67,24 +65,16 @@ def assert_same_trajectory(full: Path, resumed: Path) -> None:
     assert again == straight  # exact: same fp32 CPU operations in the same order (module docstring)
 
 
-def _train_in_process(config: Path, overrides: list[str]) -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    run_training(load_run_config(config, overrides))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def resumed_and_straight_losses(base: str, tmp_path: Path) -> tuple[list, list]:
     """Train `base` STEPS steps straight, then again from the step-2 checkpoint. The resumed run loads
     its clips in 2 DataLoader workers (a change resume applies): the clips they read draw their
     augmentation as the main process did in the uninterrupted run. The SVD base runs as the fault
     matrix case `video_lora_resumes_onto_its_own_trajectory` (tests/faults/concurrency_cases.py)."""
     config = BASES[base]
-    _train_in_process(config, [f"output_dir={tmp_path / 'full'}", *COMMON])
+    train_in_process(config, [f"output_dir={tmp_path / 'full'}", *COMMON])
     resumed = resumable_copy(tmp_path / "full", tmp_path / "resumed")
     workers = [*COMMON, "train.num_workers=2", "train.resume=latest"]
-    _train_in_process(config, [f"output_dir={resumed}", *workers])
+    train_in_process(config, [f"output_dir={resumed}", *workers])
     return trajectories(tmp_path / "full", resumed)
 
 

@@ -163,11 +163,7 @@ def test_without_the_cache_training_encodes_each_batch_and_gets_the_cached_losse
     cached = [f"output_dir={tmp_path / 'cached'}", f"data.cache.dir={wan_run / 'cache'}", *common]
     fresh = [f"output_dir={tmp_path / 'fresh'}", "data.cache.enabled=false", *common]
     for overrides in (cached, fresh):
-        run_training(load_run_config(CONFIG, overrides))
-        from accelerate.state import AcceleratorState, GradientState
-
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        train_in_process(CONFIG, overrides)
     losses = [[x["loss"] for x in read_metrics(tmp_path / name)[0]] for name in ("cached", "fresh")]
     assert len(losses[0]) == 2 and losses[1] == pytest.approx(losses[0], rel=1e-4)
 
