@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_metrics
+from conftest import read_metrics, train_in_process
 from contract_cases import CASES, ContractCase, run_overrides
 from framer_ds.cli.main import main
 from framer_ds.config.reference import schema_reference
@@ -46,7 +46,7 @@ from framer_ds.tasks.config_docs import task_reference
 from framer_ds.tasks.registry import BUILTIN_TASKS, get_task_class
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.evaluate_export import evaluate_run
-from framer_ds.train.loop import TrainResult, run_training
+from framer_ds.train.loop import TrainResult
 
 STEPS, CHECKPOINT_EVERY, RESUMED_WORKERS = 4, 2, 2
 # The fixture's two trainings and the first check that waits on them share one test's timeout.
@@ -63,13 +63,8 @@ class ContractRuns:
 
 
 def train(case: ContractCase, overrides: list[str]) -> TrainResult:
-    from accelerate.state import AcceleratorState, GradientState
-
-    try:
-        return run_training(load_run_config(case.config, [*case.overrides, *overrides]))
-    finally:  # the next in-process run starts with a fresh Accelerator
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+    """`case`'s tiny config with its own overrides, then `overrides`."""
+    return train_in_process(case.config, [*case.overrides, *overrides])
 
 
 def cut_back_to_first_checkpoint(run: Path, to: Path) -> Path:
