@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import mlp_config, read_metrics
+from conftest import mlp_config, read_metrics, reset_accelerate
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,6 @@ def environment(**values: str) -> Iterator[None]:
 
 def cli(*argv: str) -> Result:
     """`framer-ds ARGV` in this process (a single-process run), output captured."""
-    from accelerate.state import AcceleratorState, GradientState
-
     from framer_ds.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -74,8 +72,7 @@ def cli(*argv: str) -> Result:
             rc = -1
             print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
-            AcceleratorState._reset_state(reset_partial_state=True)
-            GradientState._reset_state()
+            reset_accelerate()
     return Result(rc, out.getvalue(), err.getvalue())
 
 
