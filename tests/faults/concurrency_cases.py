@@ -31,7 +31,7 @@ def of_many_newcomers_exactly_one_wins_the_heartbeat_lock(tmp: Path) -> str:
     "steps 3-5 repeat the uninterrupted run's losses exactly (they differed by up to 0.5)",
 )
 def video_lora_resumes_onto_its_own_trajectory(tmp: Path) -> str:
-    from test_video_resume import STEPS, resumed_and_straight_losses
+    from video_resume_runs import STEPS, resumed_and_straight_losses
 
     again, straight = resumed_and_straight_losses("svd", tmp)
     assert again == straight, f"resumed {again} vs uninterrupted {straight}"

@@ -60,9 +60,8 @@ def test_the_trained_token_replaces_the_missing_frames_and_gets_the_gradient(tmp
 
 
 def test_a_trained_token_is_exported_in_every_layout_and_resumes_exactly(tmp_path, capsys):
-    from test_video_resume import COMMON, resumable_copy, trajectories
-
     from framer_ds.cli.main import main
+    from video_resume_runs import COMMON, resumable_copy, trajectories
 
     token_options = ["model.train_mask_token=true", f"model.mask_token_lr={TOKEN_LR}"]
     light = ["model.base.train_modules=unet_lora", "data.tracks=null", *token_options]

@@ -15,7 +15,6 @@ import pytest
 from accelerate.data_loader import prepare_data_loader
 from PIL import Image
 from safetensors import safe_open
-from test_video_resume import resumable_copy
 from torch.utils.data import DataLoader
 
 from conftest import REPO, launch_ddp_train, read_metrics, train_in_process
@@ -27,6 +26,7 @@ from framer_ds.tasks.video_lora.data.synthetic_video import write_moving_shape_c
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, VideoSampleCommandOptions, sample_to_file
 from framer_ds.tasks.video_lora.task import VideoLoraTask
+from video_resume_runs import STEPS, resumable_copy
 
 TINY = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
 # (height, width, frames) of the folder's clips: three aspect ratios, 8 to 12 frames
@@ -34,7 +34,6 @@ CLIPS = [(64, 64, 8), (64, 64, 12), (64, 96, 9), (64, 96, 12), (96, 64, 10), (96
 # At area 64x64 and the tiny model's multiple 16 (VAE /8, two UNet down blocks /2): 64x64, and for the
 # 3:2 and 2:3 clips sqrt(4096 * 1.5) = 78.4 -> 80 and sqrt(4096 / 1.5) = 52.3 -> 48.
 AUTO_BUCKETS = {"64x64x8", "48x80x8", "80x48x8"}
-STEPS = 5  # as test_video_resume (resumable_copy keeps its step-2 checkpoint)
 
 
 def record(video_id: str, height: int, width: int, frames: int) -> VideoRecord:
