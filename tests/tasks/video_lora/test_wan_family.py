@@ -237,43 +237,115 @@ def test_captions_beside_the_videos_are_read_and_a_missing_one_is_named(tmp_path
     assert task.family.cache_description(train, "train", 1, "torch.float32") != key
 
 
-@pytest.mark.distributed
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_zero2_and_zero3_offload_train_the_tiny_wan_on_two_processes(tmp_path: Path) -> None:
-    """ZeRO-2 and ZeRO-3 with optimizer and parameter offload (the issue's "ZeRO-2/ZeRO-3/offload";
-    every parameter partitioned: conftest's test settings) on 2 CPU processes:
-    the frozen encoders stay whole outside ZeRO-3 (they fill the cache on rank 0), training runs, the
-    gathered adapter in final/ is complete in both layouts, and a validation-sample round (one clip per
-    rank, the model's forwards collectives under ZeRO-3) writes its videos."""
-    import subprocess
+def _sample_and_command_frames(video: Path, adapter: Path, tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A training sample's generated half [F, 64, 64, 3] uint8 (its lossless PNG frames, `<stem>_frames/`:
+    clip | sample side by side) and `framer-ds sample` on `adapter` with that clip's first and last
+    frames (read back from the clip half), prompt and seed (from the sample's JSON record)."""
+    from framer_ds.cli.main import main
+    from framer_ds.tasks.video_lora.data.video_write import to_uint8_frames
 
-    from safetensors.torch import load_file
+    pngs = [np.asarray(Image.open(p)) for p in sorted((video.parent / f"{video.stem}_frames").glob("*.png"))]
+    reference, trained = [np.stack([png[:, s] for png in pngs]) for s in (slice(0, 64), slice(64, 128))]
+    record = json.loads(video.with_suffix(".json").read_text())
+    first, last = (
+        _image_of(reference[0], tmp_path / "first.png"),
+        _image_of(reference[-1], tmp_path / "last.png"),
+    )
+    out, saved = tmp_path / "command.mp4", tmp_path / "command.npy"
+    args = [
+        "sample",
+        str(adapter),
+        "--image",
+        str(first),
+        "--last-image",
+        str(last),
+        "--prompt",
+        record["prompt"],
+    ]
+    args += ["--num-frames", str(len(pngs)), "--height", "64", "--width", "64", "--seed", str(record["seed"])]
+    args += ["--num-inference-steps", str(record["num_inference_steps"])]
+    assert main([*args, "--out", str(out), "--save-frames", str(saved)]) == 0
+    return trained, to_uint8_frames(torch.from_numpy(np.load(saved)).permute(0, 3, 1, 2) * 2 - 1)
+
+
+def _image_of(pixels: np.ndarray, path: Path) -> Path:
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def _launch_tiny_wan(strategy: str, tmp_path: Path, *overrides: str) -> Path:
+    """wan_tiny.yaml for 2 steps on 2 CPU processes under `strategy` (conftest.strategy_launch_args),
+    samples at step 2 (one clip per rank, 2 inference steps), then the export."""
+    import subprocess
 
     from conftest import accelerate_launch_cmd, launch_env, strategy_launch_args
 
-    for strategy in ("zero2", "zero3_offload"):
-        run = tmp_path / strategy
-        config_args = [
-            f"output_dir={run}",
-            f"data.cache.dir={tmp_path / 'cache'}",
-            "train.length.steps=2",
-            "train.micro_batch_size=1",
-            "train.eval.every=null",
-            "train.checkpoint.every=null",
-            "data.val_fraction=0",
-            "model.samples.every=2",  # one round at the end, a training clip on each rank
-            "model.samples.num_inference_steps=2",
-        ]
-        launch = strategy_launch_args(strategy, tmp_path)
-        cmd = accelerate_launch_cmd(*launch, "-m", "framer_ds", "train", str(CONFIG), *config_args)
-        proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=420)
-        assert proc.returncode == 0, (strategy, proc.stderr[-5000:])
+    run = tmp_path / strategy
+    config_args = [
+        f"output_dir={run}",
+        f"data.cache.dir={tmp_path / 'cache'}",
+        "train.length.steps=2",
+        "train.micro_batch_size=1",
+        "train.eval.every=null",
+        "train.checkpoint.every=null",
+        "model.samples.every=2",
+        "model.samples.num_inference_steps=2",
+        *overrides,
+    ]
+    launch = strategy_launch_args(strategy, tmp_path)
+    cmd = accelerate_launch_cmd(*launch, "-m", "framer_ds", "train", str(CONFIG), *config_args)
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, (strategy, proc.stderr[-5000:])
+    return run
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_zero2_zero3_offload_and_fsdp2_train_the_tiny_wan_on_two_processes(tmp_path: Path) -> None:
+    """ZeRO-2, ZeRO-3 with optimizer and parameter offload (the issue's "ZeRO-2/ZeRO-3/offload";
+    every parameter partitioned: conftest's test settings) and FSDP2 (every parameter a DTensor shard,
+    the frozen transformer too) on 2 CPU processes: the frozen encoders stay whole outside ZeRO-3 (they
+    fill the cache on rank 0), training runs, a sample round at step 2 (one clip per rank, the model's
+    forwards collectives under ZeRO-3 and FSDP2) writes its videos, and the gathered adapter in final/
+    is complete in every layout. The ZeRO runs hold no clip out (a training clip on each rank); the FSDP2
+    run keeps the shipped held-out clips, so its evaluation at the end runs after the sample round (a
+    forward without backward leaves FSDP2's root unit unsharded) and right before the export.
+
+    What is comparable across strategies: keys and shapes of the adapter (the LoRA layout), not its
+    values: the ZeRO runs here train on other clips, and even on the same clips ZeRO-2's step-1 loss
+    differs from FSDP2's (~1e-4 relative, measured) while Adam's first steps move each weight by about
+    +-lr whatever the gradient's size, so the adapters differ by ~lr. Within a run, though, the step-2
+    sample must equal `framer-ds sample` on that run's final/ adapter, bit for bit: the same trained
+    weights (gathered whole), seed, frames and prompt through the same float32 CPU operations
+    (measured: 0 in every layout); a sample drawn from a shard, a stale unsharded copy or
+    the untrained weights would not (the FSDP2 run's final/ with lora_B zeroed: up to 4 uint8 levels off
+    on 18% of the values after these 2 steps, measured)."""
+    from safetensors.torch import load_file
+
+    runs = {
+        "zero2": _launch_tiny_wan("zero2", tmp_path, "data.val_fraction=0"),
+        "zero3_offload": _launch_tiny_wan("zero3_offload", tmp_path, "data.val_fraction=0"),
+        "fsdp2": _launch_tiny_wan("fsdp2", tmp_path),
+    }
+    for strategy, run in runs.items():
         assert len(read_metrics(run)[0]) == 2
         peft = load_file(str(run / "final" / "adapter_model.safetensors"))
         diffusers = load_file(str(run / "final" / "pytorch_lora_weights.safetensors"))
         assert peft and all(t.numel() > 0 for t in peft.values()), strategy
         assert len(diffusers) == len(peft), strategy
-        # every rank ran the same sampling forwards (ZeRO-3: collectives) and rank 0 wrote both videos
+        # every rank ran the same sampling forwards (collectives) and rank 0 wrote both videos
         videos = sorted((run / "samples" / "step_2").glob("*.mp4"))
         assert len(videos) == 2 and all(v.with_suffix(".json").is_file() for v in videos), strategy
+        trained, command = _sample_and_command_frames(videos[0], run / "final", tmp_path)
+        assert trained.shape == command.shape == (9, 64, 64, 3), strategy
+        assert np.array_equal(trained, command), strategy
+    summary = json.loads((runs["fsdp2"] / "metrics.jsonl").read_text().splitlines()[0])["run_summary"]
+    assert summary["strategy"].startswith("FSDP2 on 2 CPU process(es) + wrapping WanTransformerBlock")
+    assert "eval/loss" in read_metrics(runs["fsdp2"])[1][-1]  # evaluated at the end, after the samples
+    for layout in ("adapter_model", "pytorch_lora_weights"):
+        zero2, fsdp2 = (
+            load_file(str(runs[s] / "final" / f"{layout}.safetensors")) for s in ("zero2", "fsdp2")
+        )
+        assert {k: v.shape for k, v in fsdp2.items()} == {k: v.shape for k, v in zero2.items()}, layout
+        assert all(v.abs().max() > 0 for k, v in fsdp2.items() if "lora_B" in k), layout  # trained
