@@ -25,8 +25,11 @@ logger or warning category it comes from AND its message, never a whole logger o
   input embedding as a unit of its own, and transformers' ViT patch embedding returns
   `flatten(2).transpose(1, 2)`, a view, which ViTEmbeddings only ever reads out of place (`torch.cat`,
   `+`), so no hook is dropped: the FSDP2 ViT runs give DDP's losses (tests/engine/test_fsdp2.py).
-  Printed twice per step on every rank of every FSDP2 ViT run. The same warning for any other module
-  still shows.
+  Printed twice per step on every rank of every FSDP2 ViT run. The same for the root `FSDPPeftModel`
+  of a Wan LoRA run (diffusers' WanTransformer3DModel returns its output as a reshape/permute view):
+  that output goes only to framer_ds's own flow-matching loss and sampler, which read it out of place,
+  and the FSDP2 Wan run's adapter and samples equal DDP's bit for bit
+  (tests/tasks/video_lora/test_wan_family.py). The same warning for any other module still shows.
 - torch >= 2.10's FutureWarnings that `all_gather_into_tensor` / `reduce_scatter_tensor` (and their
   private `_base` forms) are deprecated: called by DeepSpeed's and accelerate's collectives, not by
   framer_ds.
@@ -51,7 +54,9 @@ _DEPRECATED_COLLECTIVES = (
     r"|_reduce_scatter_base)` is (deprecated|a private function)"
 )
 
-_VIT_PATCH_VIEW = r"FSDP2-wrapped module \(FSDPViTPatchEmbeddings\) returned a view tensor"
+_KNOWN_VIEW_OUTPUTS = (
+    r"FSDP2-wrapped module \((FSDPViTPatchEmbeddings|FSDPPeftModel)\) returned a view tensor"
+)
 
 
 class _DropMessage(logging.Filter):
@@ -72,7 +77,7 @@ def quiet_third_party_noise() -> None:
         if not any(isinstance(f, _DropMessage) and f.pattern is pattern for f in logger.filters):
             logger.addFilter(_DropMessage(pattern))
     warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVES, category=FutureWarning)
-    warnings.filterwarnings("ignore", message=_VIT_PATCH_VIEW, category=UserWarning)
+    warnings.filterwarnings("ignore", message=_KNOWN_VIEW_OUTPUTS, category=UserWarning)
 
 
 def _cuda_available() -> bool:

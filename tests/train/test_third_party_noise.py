@@ -52,9 +52,9 @@ def test_only_the_deprecated_collectives_future_warnings_are_dropped(quiet):
     assert [str(w.message) for w in seen] == ["`torch.distributed.broadcast` is deprecated."]
 
 
-def test_fsdp2s_view_warning_is_dropped_for_vits_patch_embedding_only(quiet):
+def test_fsdp2s_view_warning_is_dropped_for_vits_patch_embedding_and_the_peft_root_only(quiet):
     with warnings.catch_warnings(record=True) as seen:
-        for module in ("FSDPViTPatchEmbeddings", "FSDPMyEmbedding"):
+        for module in ("FSDPViTPatchEmbeddings", "FSDPPeftModel", "FSDPMyEmbedding"):
             warnings.warn(
                 f"FSDP2-wrapped module ({module}) returned a view tensor. An in-place op on this view ...",
                 UserWarning,
