@@ -237,40 +237,28 @@ def test_captions_beside_the_videos_are_read_and_a_missing_one_is_named(tmp_path
     assert task.family.cache_description(train, "train", 1, "torch.float32") != key
 
 
-def _sample_and_command_frames(video: Path, adapter: Path, tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
+def sample_and_command_frames(video: Path, adapter: Path, tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A training sample's generated half [F, 64, 64, 3] uint8 (its lossless PNG frames, `<stem>_frames/`:
     clip | sample side by side) and `framer-ds sample` on `adapter` with that clip's first and last
-    frames (read back from the clip half), prompt and seed (from the sample's JSON record)."""
+    frames (read back from the clip half, checked to load as the clip's own pixel values), prompt, seed
+    and steps (from the sample's JSON record). Also test_wan_samples.py's check."""
     from framer_ds.cli.main import main
     from framer_ds.tasks.video_lora.data.video_write import to_uint8_frames
+    from framer_ds.tasks.video_lora.inference import load_frame
 
     pngs = [np.asarray(Image.open(p)) for p in sorted((video.parent / f"{video.stem}_frames").glob("*.png"))]
     reference, trained = [np.stack([png[:, s] for png in pngs]) for s in (slice(0, 64), slice(64, 128))]
     record = json.loads(video.with_suffix(".json").read_text())
-    first, last = (
-        _image_of(reference[0], tmp_path / "first.png"),
-        _image_of(reference[-1], tmp_path / "last.png"),
-    )
+    first, last = tmp_path / "first.png", tmp_path / "last.png"
+    Image.fromarray(reference[0]).save(first)
+    Image.fromarray(reference[-1]).save(last)
+    assert np.array_equal(to_uint8_frames(load_frame(first, 64, 64, "cpu")[None])[0], reference[0])
     out, saved = tmp_path / "command.mp4", tmp_path / "command.npy"
-    args = [
-        "sample",
-        str(adapter),
-        "--image",
-        str(first),
-        "--last-image",
-        str(last),
-        "--prompt",
-        record["prompt"],
-    ]
-    args += ["--num-frames", str(len(pngs)), "--height", "64", "--width", "64", "--seed", str(record["seed"])]
-    args += ["--num-inference-steps", str(record["num_inference_steps"])]
+    args = ["sample", str(adapter), "--image", str(first), "--last-image", str(last)]
+    args += ["--prompt", record["prompt"], "--num-frames", str(len(pngs)), "--height", "64", "--width", "64"]
+    args += ["--seed", str(record["seed"]), "--num-inference-steps", str(record["num_inference_steps"])]
     assert main([*args, "--out", str(out), "--save-frames", str(saved)]) == 0
     return trained, to_uint8_frames(torch.from_numpy(np.load(saved)).permute(0, 3, 1, 2) * 2 - 1)
-
-
-def _image_of(pixels: np.ndarray, path: Path) -> Path:
-    Image.fromarray(pixels).save(path)
-    return path
 
 
 def _launch_tiny_wan(strategy: str, tmp_path: Path, *overrides: str) -> Path:
@@ -337,7 +325,7 @@ def test_zero2_zero3_offload_and_fsdp2_train_the_tiny_wan_on_two_processes(tmp_p
         # every rank ran the same sampling forwards (collectives) and rank 0 wrote both videos
         videos = sorted((run / "samples" / "step_2").glob("*.mp4"))
         assert len(videos) == 2 and all(v.with_suffix(".json").is_file() for v in videos), strategy
-        trained, command = _sample_and_command_frames(videos[0], run / "final", tmp_path)
+        trained, command = sample_and_command_frames(videos[0], run / "final", tmp_path)
         assert trained.shape == command.shape == (9, 64, 64, 3), strategy
         assert np.array_equal(trained, command), strategy
     summary = json.loads((runs["fsdp2"] / "metrics.jsonl").read_text().splitlines()[0])["run_summary"]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
+from test_wan_family import sample_and_command_frames
 
 from conftest import REPO, read_metrics, train_in_process
 from framer_ds.tasks.run_config import load_run_config
@@ -80,23 +80,10 @@ def test_a_training_sample_equals_framer_ds_sample_on_that_steps_adapter(
     the same float32 CPU operations: the frames read back from the reference half are the clip's own
     pixel values (checked), the prompt states of the cache are UMT5's on the prompt alone, as the
     command encodes it, and the adapter holds the trained weights bit for bit."""
-    from framer_ds.cli.main import main
-    from framer_ds.tasks.video_lora.data.video_write import to_uint8_frames
-    from framer_ds.tasks.video_lora.inference import load_frame
-
     run = sampled_run[0] / "run"
-    frames_dir = run / "samples" / "step_2" / "00_clip_000_frames"
-    pngs = [np.asarray(Image.open(p)) for p in sorted(frames_dir.glob("frame_*.png"))]
-    reference, trained = [np.stack([png[:, s] for png in pngs]) for s in (slice(0, 64), slice(64, 128))]
-    first, last = tmp_path / "first.png", tmp_path / "last.png"
-    Image.fromarray(reference[0]).save(first)
-    Image.fromarray(reference[-1]).save(last)
-    assert np.array_equal(to_uint8_frames(load_frame(first, 64, 64, "cpu")[None])[0], reference[0])
-    adapter, out, saved = run / "checkpoints" / "step_2" / "adapter", tmp_path / "x.mp4", tmp_path / "x.npy"
-    args = ["sample", str(adapter), "--image", str(first), "--last-image", str(last), "--prompt", PROMPT]
-    args += ["--num-frames", "9", "--height", "64", "--width", "64", "--seed", "0"]
-    assert main([*args, "--num-inference-steps", "2", "--out", str(out), "--save-frames", str(saved)]) == 0
-    command = to_uint8_frames(torch.from_numpy(np.load(saved)).permute(0, 3, 1, 2) * 2 - 1)
+    video = run / "samples" / "step_2" / "00_clip_000.mp4"
+    assert json.loads(video.with_suffix(".json").read_text())["seed"] == 0
+    trained, command = sample_and_command_frames(video, run / "checkpoints" / "step_2" / "adapter", tmp_path)
     assert command.shape == trained.shape == (9, 64, 64, 3)
     assert np.array_equal(command, trained)
 
