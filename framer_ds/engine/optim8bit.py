@@ -20,6 +20,7 @@ redone per run.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -45,13 +46,23 @@ def adamw_8bit(groups: list[dict[str, Any]], **hyper: Any) -> torch.optim.Optimi
             for group in groups:
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32)
             try:
-                with torch._functorch.config.patch(enable_autograd_cache=False):
+                with _without_autograd_disk_cache():
                     return super().step(closure)
             finally:
                 for group in groups:
                     group["lr"] = float(group["lr"])
 
     return FloatLrAdamW8bit(groups, block_size=BLOCK_SIZE, **hyper)
+
+
+def _without_autograd_disk_cache() -> contextlib.AbstractContextManager:
+    """AOTAutograd's on-disk cache off for what compiles inside (module docstring); a no-op on a torch
+    without that cache."""
+    import torch._functorch.config as functorch_config
+
+    if not hasattr(functorch_config, "enable_autograd_cache"):
+        return contextlib.nullcontext()
+    return functorch_config.patch(enable_autograd_cache=False)
 
 
 def state_bytes(numel: int) -> float:
