@@ -26,7 +26,7 @@ from framer_ds.tasks.video_lora.data.synthetic_video import write_moving_shape_c
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, VideoSampleCommandOptions, sample_to_file
 from framer_ds.tasks.video_lora.task import VideoLoraTask
-from video_resume_runs import STEPS, resumable_copy
+from video_resume_runs import COMMON, STEPS, resumable_copy
 
 TINY = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
 # (height, width, frames) of the folder's clips: three aspect ratios, 8 to 12 frames
@@ -123,15 +123,7 @@ def bucket_overrides(clips: Path, run: Path) -> list[str]:
         "data.buckets=auto",
         "data.num_frames=8",
         "data.stride=1",
-        "data.val_fraction=0",
-        f"train.length.steps={STEPS}",
-        "train.checkpoint.every.steps=2",
-        "train.checkpoint.keep_last=5",
-        "train.eval.every=null",
-        "train.num_workers=0",
-        "train.log_every=1",
-        "model.samples.every=0",
-        "model.interp_eval.enabled=false",
+        *COMMON,  # the resume tests' steps, checkpoints, no eval set, no samples
     ]
 
 
