@@ -221,13 +221,16 @@ def launch_env() -> dict[str, str]:
     return env
 
 
-def launch_ddp_train(config: Path, overrides: list[str], timeout: float = 400) -> None:
+def launch_ddp_train(config: Path, overrides: list[str], timeout: float = 400, **env: str) -> None:
     """`framer-ds train config overrides` as DDP on 2 CPU processes (`--multi_gpu` over gloo); fails with
-    the run's stderr if it exits non-zero. `timeout`: the whole launch, in seconds."""
+    the run's stderr if it exits non-zero. `timeout`: the whole launch, in seconds; `env`: added to the
+    launch environment."""
     cmd = accelerate_launch_cmd(
         "--multi_gpu", "--num_processes", "2", "-m", "framer_ds", "train", str(config), *overrides
     )
-    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**launch_env(), **env}, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
 
 

@@ -156,7 +156,12 @@ class TrainConfig(StrictModel):
         "max_consecutive_nonfinite": "nonfinite.max_consecutive",
     }
 
-    seed: int = Field(42, description="Seeds python, numpy, torch and the data order.")
+    seed: int = Field(
+        42,
+        description="Seeds python, numpy, torch and the data order. The model is built from it on every "
+        "rank; the draws of training (noise, dropout) come from a stream of each rank's own, derived from "
+        "(seed, rank), rank 0's being the seed itself.",
+    )
     length: Cadence = Field(
         default_factory=lambda: Cadence(epochs=1),
         description="How long the run trains: {steps: N} optimizer steps or {epochs: E} passes over the "

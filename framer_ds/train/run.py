@@ -19,6 +19,7 @@ from framer_ds.engine.compile import compile_repeated_blocks
 from framer_ds.engine.fsdp2 import set_wrap_classes
 from framer_ds.engine.optim8bit import adamw_8bit
 from framer_ds.engine.precision import store_frozen_in_compute_dtype
+from framer_ds.engine.rng import seed_training_draws
 from framer_ds.engine.zero_buffers import ParameterSizes, ZeroBuffers, size_zero_buffers
 from framer_ds.tasks.assemble import assemble
 from framer_ds.tasks.base import Task
@@ -192,6 +193,9 @@ def build_training_run(accelerator: Accelerator, task: Task, config: RunConfigBa
         model, optimizer, train_loader, scheduler = accelerator.prepare(
             model, optimizer, train_loader, scheduler
         )
+    # The model was built from train.seed on every rank (assemble); the draws of training are each rank's
+    # own from here on (a checkpoint's random_states_<rank>.pkl replaces them on resume).
+    seed_training_draws(train_cfg.seed, accelerator.process_index)
     if len(train_loader) != plan.batches_per_epoch:
         raise RuntimeError(
             f"internal: planned {plan.batches_per_epoch} batches per epoch, the prepared loader has "

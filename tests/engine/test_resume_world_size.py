@@ -31,6 +31,7 @@ from framer_ds.cli.main import main as cli_main
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.resume.universal import UNIVERSAL_DIR, is_universal
 from framer_ds.engine.resume.world_size import rescale_data_position
+from framer_ds.engine.rng import rank_stream_seed, seed_training_draws
 
 # A case launches up to three runs (the shared uninterrupted ones on first use): above the default 300 s.
 pytestmark = pytest.mark.timeout(900)
@@ -178,3 +179,22 @@ def test_rescale_rounds_down_with_a_warning_and_rolls_over_a_finished_epoch():
     tail = TrainerState(epoch=0, batches_in_epoch=32, world_size=1)
     rolled = rescale_data_position(tail, micro_batch_size=1, new_world=2, batches_per_epoch=16)
     assert (rolled.epoch, rolled.batches_in_epoch) == (1, 0)
+
+
+def test_each_rank_draws_from_a_stream_of_its_own():
+    """Rank 0 keeps the seed (a one-process run draws what it always drew); every other (seed, rank) and
+    a rank that joins a resumed run at another step get streams no other rank or seed shares (seed + rank
+    would give rank 1 of seed 0 the draws of rank 0 of seed 1)."""
+    assert rank_stream_seed(42, 0) == 42
+    cases = [(seed, rank, step) for seed in (0, 1, 42) for rank in range(8) for step in (0, 4)]
+    seeds = {rank_stream_seed(*case) for case in cases}
+    assert len(seeds) == 3 * 8 * 2  # all distinct
+    assert all(0 <= seed < 2**32 for seed in seeds)  # numpy's legacy seeding takes no more
+    with torch.random.fork_rng():
+        draws = []
+        for rank in (0, 1):
+            seed_training_draws(7, rank)
+            draws.append(torch.randn(4))
+        assert not torch.equal(*draws)
+        seed_training_draws(7, 1)
+        assert torch.equal(torch.randn(4), draws[1])  # a stream is its seed's, wherever it is started

@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from accelerate import Accelerator
-from accelerate.checkpointing import load_accelerator_state
 
 from framer_ds.config.schema import TrainConfig
 from framer_ds.engine.checkpoint import TrainerState
+from framer_ds.engine.rng import seed_training_draws
 
 
 def rescale_data_position(
@@ -60,19 +60,20 @@ def adapt_to_world_size(
     - recomputes the data position (`rescale_data_position`);
       (the loop cuts accumulation windows from this position, which every rank reads from the same
       trainer_state.json, so the ranks agree on which micro-batch ends a window);
-    - gives a rank without `random_states_{rank}.pkl` rank 0's RNG state. accelerate skips a missing file
-      silently; rank 0's state is what a fresh run has there too, since every rank calls
-      `set_seed(train.seed)` (not device-specific). Exact RNG continuity across a world-size change is
-      impossible anyway: the per-rank streams of the old run cannot be split or merged.
+    - gives a rank without `random_states_{rank}.pkl` (more processes than the checkpoint had) a stream of
+      its own, seeded from (train.seed, rank, the resumed step) by `seed_training_draws`: accelerate skips
+      the missing file silently, which left the rank on the fresh run's stream of step 0. Ranks that had a
+      stream continue it exactly (2 -> 1: rank 0 goes on with rank 0's draws; the other ranks' streams
+      end). Exact continuity of the whole run's draws across a world-size change is impossible anyway:
+      the per-rank streams of the old run cannot be split or merged.
     """
     new_world = accelerator.num_processes
     if state.world_size == new_world:
         return state
     old_world = state.world_size
     adjusted = rescale_data_position(state, train.micro_batch_size, new_world, batches_per_epoch)
-    rng_file = Path(loaded_from) / f"random_states_{accelerator.process_index}.pkl"
-    if not rng_file.is_file() and (Path(loaded_from) / "random_states_0.pkl").is_file():
-        load_accelerator_state(str(loaded_from), [], [], [], [], process_index=0, scaler=None)
+    if not (Path(loaded_from) / f"random_states_{accelerator.process_index}.pkl").is_file():
+        seed_training_draws(train.seed, accelerator.process_index, step=state.global_step)
     if adjusted.batches_in_epoch % train.gradient_accumulation_steps:
         accelerator.print(
             f"warning: resuming at micro-batch {adjusted.batches_in_epoch} of the epoch, not a multiple of "

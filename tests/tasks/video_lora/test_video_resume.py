@@ -11,6 +11,9 @@ the noise-augmentation strength) gives the same floats; a draw that is not resto
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader
@@ -26,16 +29,40 @@ from video_resume_runs import BASES, COMMON, assert_same_trajectory, resumable_c
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_two_process_resume_repeats_the_uninterrupted_losses_for_both_bases(tmp_path):
-    """DDP on 2 CPU processes: each rank restores its own draws (random_states_<rank>.pkl) and reads its
-    own share of the clips with the same per-item augmentation."""
-    two = [*COMMON, "train.micro_batch_size=1"]
+    """DDP on 2 CPU processes: the ranks build the same model (LoRA init included) but draw their own
+    sigmas and noise; each rank restores its own draws (random_states_<rank>.pkl) and reads its own share
+    of the clips with the same per-item augmentation. `draw_probe` records what each rank drew."""
+    two = [*COMMON, "train.micro_batch_size=1", "imports=[draw_probe]"]
     for base, config in BASES.items():
         full, resumed = tmp_path / base / "full", tmp_path / base / "resumed"
-        launch_ddp_train(config, [f"output_dir={full}", *two], timeout=280)
+        draws = {run: tmp_path / base / f"draws_{run}" for run in ("full", "resumed")}
+        launch_ddp_train(config, [f"output_dir={full}", *two], 280, FRAMER_TEST_DRAWS_DIR=str(draws["full"]))
         launch_ddp_train(
-            config, [f"output_dir={resumable_copy(full, resumed)}", *two, "train.resume=latest"], timeout=280
+            config,
+            [f"output_dir={resumable_copy(full, resumed)}", *two, "train.resume=latest"],
+            280,
+            FRAMER_TEST_DRAWS_DIR=str(draws["resumed"]),
         )
         assert_same_trajectory(full, resumed)
+        straight, again = _draws_per_rank(draws["full"]), _draws_per_rank(draws["resumed"])
+        assert straight["init"][0] == straight["init"][1], f"{base}: the ranks built different models"
+        first = [straight["steps"][rank][0] for rank in (0, 1)]
+        # Distinct streams give unrelated normal draws; the same stream gave equal sigmas and noise up to
+        # the rounding of (x_noisy - x0) / sigma (ranks train different clips): 1e-3 separates the two.
+        assert not torch.allclose(*(torch.tensor(draw["sigmas"]) for draw in first), rtol=1e-3), base
+        assert not torch.allclose(*(torch.tensor(draw["noise"]) for draw in first), atol=1e-3), base
+        for rank in (0, 1):  # steps 3..5 of the resumed run draw exactly what the straight run drew
+            assert again["steps"][rank] == straight["steps"][rank][2:], f"{base}: rank {rank}'s draws"
+
+
+def _draws_per_rank(folder: Path) -> dict[str, dict[int, list]]:
+    """`draw_probe`'s records: {"init": {rank: digest}, "steps": {rank: [draw per micro-batch]}}."""
+    result: dict[str, dict[int, list]] = {"init": {}, "steps": {}}
+    for rank in (0, 1):
+        lines = [json.loads(line) for line in (folder / f"rank{rank}.jsonl").read_text().splitlines()]
+        result["init"][rank] = [line["init"] for line in lines if "init" in line]
+        result["steps"][rank] = [line for line in lines if "sigmas" in line]
+    return result
 
 
 class EpochProbe(DrawsPerItem, Dataset):
