@@ -91,6 +91,25 @@ class MetricsLogger:
             self._file = None
 
 
+def last_logged(output_dir: Path, key: str, at_or_before: int) -> tuple[int, float] | None:
+    """(step, value) of the last metrics.jsonl line with `key` at or before step `at_or_before`, or None
+    (no file, no such line). For messages about a checkpoint ("loss 1.2e+07 at step 16"): the file holds
+    only the current timeline (a resume drops the lines past its checkpoint, engine/run_dir.py)."""
+    found = None
+    try:
+        lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            if key in entry and int(entry["step"]) <= at_or_before:
+                found = (int(entry["step"]), float(entry[key]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a kill mid-write
+    return found
+
+
 MemoryProbe = Callable[[], dict[str, float]]
 _MEMORY_PROBES: list[MemoryProbe] = []
 

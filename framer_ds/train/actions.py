@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from framer_ds.config.cadence import Cadence
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.engine.best import BEST_DIR, BEST_RECORD
 from framer_ds.engine.checkpoint import (
     TrainerState,
     newest_checkpoint,
@@ -198,15 +199,13 @@ class Evaluate(StepAction):
         say(run.accelerator, _format_metrics(ctx.state.global_step, ctx.eval_metrics))
 
 
-BEST_DIR = "best"
-BEST_RECORD = "best.json"
-
-
 class KeepBest(StepAction):
     """After an evaluation that beats every earlier one on `train.eval.best_metric` (strictly; the first
     always does), `best/` becomes the task's export of the model as it is now, plus `best.json` (step,
     metric, value, mode), published atomically like `final/`. The best value lives in TrainerState, so
-    it is in every checkpoint and a resumed run replaces `best/` only with a better model."""
+    it is in every checkpoint and a resumed run replaces `best/` only with a better model. best.json is
+    also what keeps the checkpoint of that evaluation from keep_last pruning and what `train.resume=best`
+    resumes (`engine.checkpoint.best_checkpoint`)."""
 
     name = "keep-best"
 

@@ -4,7 +4,8 @@ Why: the loop used to make nine calls into five modules to resume, their order k
 order is now the object's: deciding needs nothing built (and must run before prepare: it may enable
 DeepSpeed's `load_universal`); restoring needs the prepared optimizer and scheduler. Each rule has one
 home in this package:
-- `choice.py`: which checkpoint (manifests, `latest` falling back over damaged ones, rank 0 decides);
+- `choice.py`: which checkpoint (manifests, `latest` falling back over damaged ones, `best`, rank 0
+  decides);
 - `changes.py`: what the running config may change from the checkpoint's (refused vs applied);
 - `strategy.py` + `universal.py`: whether it loads under the running strategy, and from which directory;
 - `running_config.py`: the restored optimizer and schedule follow the running config (e.g. a new LR);
@@ -58,7 +59,10 @@ class ResumePlan:
         the run's meaning, check it loads under this launch (converting it for another world size). Every
         rank, before `accelerator.prepare`. Nothing is loaded. `on_chosen(step, checkpoint)` hears the
         choice at once (a stop during a long conversion still names the checkpoint)."""
-        checkpoint = decide_checkpoint(accelerator, Path(config.output_dir), config.train.resume)
+        train = config.train
+        checkpoint = decide_checkpoint(
+            accelerator, Path(config.output_dir), train.resume, train.eval.best_metric
+        )
         if checkpoint is None:
             return cls()
         stored = read_trainer_state(checkpoint)
