@@ -160,17 +160,17 @@ def write_deepspeed_json(base: str, path: Path, **zero_overrides) -> Path:
 
 def set_keys(config: dict, **sections: dict) -> dict:
     """`config` with dotted keys set per section (`train={"length.steps": 8, "eval.every": None}`) as
-    command-line overrides set them: an override of one unit of a Cadence replaces it."""
+    command-line overrides set them: an override of one unit of a Cadence replaces its unit."""
     import json
 
-    from framer_ds.config.cadence import cadence_paths
     from framer_ds.config.loader import apply_overrides
+    from framer_ds.config.one_of import one_of_groups
     from framer_ds.config.schema import RunConfigBase
 
     overrides = [
         f"{name}.{key}={json.dumps(value)}" for name, keys in sections.items() for key, value in keys.items()
     ]
-    problems = apply_overrides(config, overrides, whole_sections=cadence_paths(RunConfigBase))
+    problems = apply_overrides(config, overrides, one_of=one_of_groups(RunConfigBase))
     assert not problems, problems
     return config
 
