@@ -8,6 +8,7 @@ home in this package:
   decides);
 - `changes.py`: what the running config may change from the checkpoint's (refused vs applied);
 - `strategy.py` + `universal.py`: whether it loads under the running strategy, and from which directory;
+- `zero3_groups.py`: per-group step counts and settings that DeepSpeed's ZeRO-3 universal loader loses;
 - `running_config.py`: the restored optimizer and schedule follow the running config (e.g. a new LR);
 - `world_size.py`: the data position and RNG at another number of processes.
 """
@@ -27,7 +28,9 @@ from framer_ds.engine.resume.changes import resume_changes
 from framer_ds.engine.resume.choice import decide_checkpoint
 from framer_ds.engine.resume.running_config import apply_running_config, lr_scales
 from framer_ds.engine.resume.strategy import directory_to_load
+from framer_ds.engine.resume.universal import is_universal
 from framer_ds.engine.resume.world_size import adapt_to_world_size
+from framer_ds.engine.resume.zero3_groups import restore_zero3_group_state
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class ResumePlan:
             return TrainerState()
         scales = lr_scales(optimizer)  # the running config's, before the checkpoint's replace them
         accelerator.load_state(str(self.load_from))
+        if is_universal(self.load_from):  # DeepSpeed's ZeRO-3 universal loader is exact per parameter only
+            restore_zero3_group_state(optimizer, self.load_from)
         state = read_trainer_state(self.load_from)
         apply_running_config(optimizer, scheduler, train, scales)
         state = adapt_to_world_size(accelerator, state, self.load_from, train, batches_per_epoch)
