@@ -12,6 +12,7 @@ rename, so a file appears with its final mode.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -70,10 +71,8 @@ def give_default_mode(path: Path, umask: int | None = None) -> None:
         return
     wanted = (0o777 if stat.S_ISDIR(info.st_mode) else 0o666) & ~umask
     if stat.S_IMODE(info.st_mode) != wanted:
-        try:
+        with contextlib.suppress(PermissionError):
             os.chmod(path, wanted)
-        except PermissionError:
-            pass
 
 
 def give_default_modes(root: Path) -> None:

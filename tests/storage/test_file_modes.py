@@ -77,7 +77,7 @@ def scripted_run_config(tmp_path: Path) -> Path:
         "task": "test_scripted_eval",
         "output_dir": str(tmp_path / "run"),
         "model": {"width": 16, "depth": 2},
-        "data": {"num_samples": 64, "eval_samples": 8, "dim": 4, "sample_every": 2, "eval_script": [0.5, 0.7]},
+        "data": {"num_samples": 64, "eval_samples": 8, "dim": 4, "sample_every": 2, "eval_script": [0.5]},
         "train": {
             "length": {"steps": 4},
             "micro_batch_size": 8,
@@ -100,6 +100,8 @@ def test_every_file_of_a_run_gets_the_umask_mode(tmp_path, mask):
         train_in_process(scripted_run_config(tmp_path))
     run = tmp_path / "run"
     written = {p.relative_to(run).as_posix() for p in run.rglob("*.safetensors")}
-    assert {"final/model.safetensors", "best/model.safetensors", "checkpoints/step_4/model.safetensors"} <= written
+    assert {"final/model.safetensors", "best/model.safetensors", "checkpoints/step_4/model.safetensors"} <= (
+        written
+    )
     assert list((run / "samples").rglob("*.mp4")) and list((run / "tensorboard").rglob("events.*"))
     assert wrong_modes(run, mask) == []
