@@ -46,7 +46,7 @@ PEFT_DIRS = (CONTROLNET_DIR,)  # a Framer run's trained ControlNet
 
 
 class VideoExportCommandOptions(StrictModel):
-    """`framer-ds export RUN/final --format peft|merged|comfyui|framer --out DIR`."""
+    """`framer-ds export RUN/final --format peft|merged|comfyui|framer --out DIR [--overwrite]`."""
 
     format: Literal["peft", "merged", "comfyui", "framer"] = Field(
         description="'peft': the adapter as is (PeftModel.from_pretrained); 'merged': the LoRA merged into "
