@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,6 +109,29 @@ def train_in_process(config: str | Path, overrides: Sequence[str] = ()) -> Train
         return run_training(load_run_config(config, overrides))
     finally:
         reset_accelerate()
+
+
+@contextlib.contextmanager
+def umask(value: int) -> Iterator[None]:
+    """Run the body under the process umask `value` (a user's `umask 022`), then restore the old one."""
+    old = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def wrong_modes(root: Path, mask: int) -> list[str]:
+    """Every file and directory under `root` (itself included) whose permission bits are not what a
+    plain `open()` / `mkdir()` gives under umask `mask` (0o666 / 0o777 & ~mask), as 'path 0o600'."""
+    wrong = []
+    for path in [Path(root), *sorted(Path(root).rglob("*"))]:
+        if path.is_symlink():
+            continue
+        wanted = (0o777 if path.is_dir() else 0o666) & ~mask
+        if stat.S_IMODE(path.stat().st_mode) != wanted:
+            wrong.append(f"{path.relative_to(root)} {oct(stat.S_IMODE(path.stat().st_mode))}")
+    return wrong
 
 
 TINY_VIT_OVERRIDES = [

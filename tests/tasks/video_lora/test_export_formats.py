@@ -13,9 +13,10 @@ import pytest
 import torch
 from diffusers import UNetSpatioTemporalConditionModel
 from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import REPO
+from conftest import REPO, umask, wrong_modes
 from framer_ds.cli.main import main
 from framer_ds.engine.export import write_export_record
 from framer_ds.storage.locations import default_cache_dir
@@ -173,3 +174,74 @@ def test_damaged_adapter_metadata_is_named_with_the_fix(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{metadata}: not valid JSON" in err and "re-export the run" in err
     assert not (tmp_path / "peft").exists()
+
+
+# --- --out: an export never deletes or replaces a file it did not write (issue 45 §5) -------------------
+
+
+def folder_with_other_files(folder):
+    """A loader's folder as a user has it: another LoRA and a note, which every export must leave alone."""
+    folder.mkdir(parents=True)
+    (folder / "other_lora.safetensors").write_bytes(b"someone else's weights")
+    (folder / "readme.txt").write_text("mine\n")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def unchanged(folder, before) -> bool:
+    return {name: (folder / name).read_bytes() for name in before} == before
+
+
+def test_comfyui_adds_its_file_beside_the_others_and_replaces_it_only_with_overwrite(tmp_path, capsys):
+    """ComfyUI's models/loras holds every LoRA a user has: the export adds its one file there (before:
+    refused as 'not empty'; the Wan path deleted the others). A file of the same name is replaced only
+    with --overwrite, and then only that file; everything is readable under umask 022 (before: 0600)."""
+    adapter_dir, _ = make_adapter(tmp_path)
+    out = tmp_path / "ComfyUI" / "models" / "loras"
+    before = folder_with_other_files(out)
+    args = ["export", str(adapter_dir), "--format", "comfyui", "--out", str(out)]
+    with umask(0o022):
+        assert main(args) == 0, capsys.readouterr().err
+    assert unchanged(out, before)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*before, COMFYUI_FILE])  # no staging left
+    assert wrong_modes(out / COMFYUI_FILE, 0o022) == []
+    header = safe_open(str(out / COMFYUI_FILE), "pt").metadata()
+    assert json.loads(header[EXPORT_METADATA])["format"] == "comfyui"  # what made it, inside the file
+    exported = {k: v.clone() for k, v in load_file(out / COMFYUI_FILE).items()}  # not the mmap of a file
+    capsys.readouterr()
+
+    (out / COMFYUI_FILE).write_bytes(b"a file of the same name")
+    assert main(args) == 1  # refused without --overwrite, in one line naming the flag
+    err = capsys.readouterr().err
+    assert "exists; pass --overwrite" in err and "Traceback" not in err
+    assert (out / COMFYUI_FILE).read_bytes() == b"a file of the same name" and unchanged(out, before)
+    assert main([*args, "--overwrite"]) == 0
+    replaced = load_file(out / COMFYUI_FILE)  # the bytes differ: safetensors orders its header by hash
+    assert replaced.keys() == exported.keys() and all(torch.equal(replaced[k], exported[k]) for k in replaced)
+    assert unchanged(out, before)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*before, COMFYUI_FILE])
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mode"),
+    [("peft", "image_to_video"), ("merged", "image_to_video"), ("merged", "interpolation")],
+)
+def test_a_directory_format_refuses_a_folder_that_holds_files_and_writes_a_new_one(
+    tmp_path, capsys, fmt, mode
+):
+    """peft and merged write the directory a loader reads (from_pretrained(DIR)): a non-empty --out is
+    refused in one line and stays as it was, --overwrite is refused too (it would delete files the
+    export did not write); an empty --out is filled, readable by everyone under umask 022."""
+    adapter_dir, _ = make_adapter(tmp_path, mode)
+    taken = tmp_path / "taken"
+    before = folder_with_other_files(taken)
+    for extra in ([], ["--overwrite"]):
+        assert main(["export", str(adapter_dir), "--format", fmt, "--out", str(taken), *extra]) == 1
+        err = capsys.readouterr().err
+        assert ("--overwrite:" if extra else "is not empty") in err and "Traceback" not in err
+        assert sorted(p.name for p in taken.iterdir()) == sorted(before) and unchanged(taken, before)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with umask(0o022):
+        assert main(["export", str(adapter_dir), "--format", fmt, "--out", str(empty)]) == 0
+    assert list(empty.rglob("*.safetensors")) and wrong_modes(empty, 0o022) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
