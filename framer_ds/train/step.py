@@ -173,7 +173,11 @@ class OptimizerStep:
         """DeepSpeed steps inside the boundary `backward`, so a poisoned window cannot simply skip it.
 
         Close the window with a zero-gradient backward on the last finite batch while every param
-        group's LR is 0 (weights unchanged), then undo the scheduler tick the engine made.
+        group's LR is 0 (weights unchanged). The LR schedule is the loop's alone (accelerate hands
+        DeepSpeed only schedulers of DeepSpeed's own types, never our LambdaLR), so the engine's step
+        does not move it, and the loop does not step it for a skipped window: it stays where it is.
+        (It used to be moved back one step here, as if the engine had stepped it: every poisoned window
+        then set the schedule one step behind the step counter.)
         """
         run = self.run
         if self._last_finite_batch is None:
@@ -187,11 +191,8 @@ class OptimizerStep:
             group["lr"] = 0.0
         zero_loss = split_training_loss(run.task.training_loss(run.model, self._last_finite_batch))[0] * 0.0
         run.accelerator.backward(zero_loss)
-        inner = getattr(run.scheduler, "scheduler", run.scheduler)
-        inner.last_epoch -= 1
         for group, lr in zip(optimizer.param_groups, saved, strict=True):
             group["lr"] = lr
-        inner._last_lr = saved
 
 
 def loss_flags(accelerator, loss: torch.Tensor, stop_requested: Callable[[], bool]) -> tuple[bool, bool]:
