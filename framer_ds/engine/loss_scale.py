@@ -7,7 +7,8 @@ scale and goes on. The training loop must know, or it counts a step that trained
   engine takes inside the window's last `backward` ("OVERFLOW! Skipping step"); accelerate's
   `DeepSpeedOptimizerWrapper.step_was_skipped` returns it, and `engine.was_step_applied()` is made of it.
   A hysteresis > 1 skips steps without lowering the scale, so the flag is read, not the scale.
-  The ZeRO optimizers also skip an fp32/bf16 step whose gradient norm is not finite, reported alike.
+  ZeRO also skips an fp32 step whose gradient norm is not finite (bf16 only with its
+  `check_grad_overflow`), reported alike.
 - torch's GradScaler (plain, DDP and FSDP2 runs with fp16): accelerate's `AcceleratedOptimizer.
   step_was_skipped` only knows whether `scaler.step` called the optimizer's `step`. framer_ds's AdamW is
   fused (`train/run.py`), and GradScaler hands a fused optimizer its inf flag and always calls its
