@@ -134,6 +134,28 @@ def wrong_modes(root: Path, mask: int) -> list[str]:
     return wrong
 
 
+@contextlib.contextmanager
+def fp16_loss_scaler_on_cpu(init_scale: float = 2.0**10) -> Iterator[None]:
+    """Runs started in this process meanwhile get torch's GradScaler, as accelerate gives an fp16 run on a
+    GPU (it builds none on a CPU): the loss is scaled, and a step whose gradients hold an inf/NaN updates
+    nothing and halves the scale, the fp16 overflow skip. The test MLP task makes chosen gradients NaN
+    with a finite loss (`data.bad_grad_batches`). No clipping (train.optimizer.max_grad_norm=0) keeps it
+    faithful: accelerate unscales before clipping only under fp16, which a CPU accelerator is not."""
+    from unittest import mock
+
+    import framer_ds.train.loop as loop
+
+    build = loop.build_accelerator
+
+    def with_scaler(config, **kwargs):
+        accelerator = build(config, **kwargs)
+        accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+        return accelerator
+
+    with mock.patch.object(loop, "build_accelerator", with_scaler):
+        yield
+
+
 TINY_VIT_OVERRIDES = [
     "train.length.epochs=1",
     "train.micro_batch_size=16",
@@ -222,6 +244,21 @@ def mlp_config(path: Path, run_dir: Path, **sections) -> Path:
     }
     path.write_text(yaml.safe_dump(set_keys(config, **sections)))
     return path
+
+
+def mlp_lr_schedule(steps: int) -> list[float]:
+    """The LR each of `steps` optimizer steps of an `mlp_config` run trains at (cosine, lr 1e-3, warmup 2),
+    from the run's own scheduler code: a run's logged `lr` values equal these exactly."""
+    from framer_ds.train.lr_schedule import build_lr_scheduler
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
+    scheduler = build_lr_scheduler("cosine", optimizer, 2, steps)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    return lrs
 
 
 # What a C++ runtime or the Python interpreter prints when a process dies during teardown.

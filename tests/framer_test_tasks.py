@@ -43,6 +43,11 @@ class MlpDataConfig(StrictModel):
         description="From this process's N-th training micro-batch on (0 = never) the loss stays finite "
         "but its gradient is bad (`bad_grad`), as when a backward overflows.",
     )
+    bad_grad_batches: list[int] = Field(
+        default_factory=list,
+        description="This process's N-th training micro-batches (counted from 1) whose loss is finite but "
+        "whose gradient is bad (`bad_grad`): a loss scaler's overflow on chosen steps only.",
+    )
     bad_grad: Literal["nan", "huge"] = Field(
         "nan",
         description="'nan': every gradient is NaN, so the step leaves the weights NaN. 'huge': gradients "
@@ -125,7 +130,8 @@ class MlpRegressionTask(Task):
         pred = model(batch["x"]).float()
         loss = F.mse_loss(pred, batch["y"].float())
         self.batches_trained += 1
-        if data.bad_grad_after_batches and self.batches_trained >= data.bad_grad_after_batches:
+        after = data.bad_grad_after_batches and self.batches_trained >= data.bad_grad_after_batches
+        if after or self.batches_trained in data.bad_grad_batches:
             if data.bad_grad == "nan":  # sqrt's derivative at 0 is inf and 0 * inf is NaN; the value adds 0
                 loss = loss + 0.0 * torch.sqrt(pred.sum() * 0.0)
             else:  # adds 0, and 1e20 to d loss / d pred

@@ -75,7 +75,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         EARLY_STOP.disarm()  # the run has ended: a late signal must not write a marker for it
     if int(os.environ.get("RANK", "0")) == 0:
         summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
-        print(f"done: {result.global_step} steps, {summary or 'no eval set'}; outputs in {result.output_dir}")
+        skipped = f" ({result.skipped_steps} more skipped on overflow)" if result.skipped_steps else ""
+        steps = f"{result.global_step} steps{skipped}"
+        print(f"done: {steps}, {summary or 'no eval set'}; outputs in {result.output_dir}")
     return 0
 
 

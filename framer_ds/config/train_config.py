@@ -129,7 +129,10 @@ class NonfiniteConfig(StrictModel):
         description="A NaN/inf loss: 'skip' drops that optimizer step (counted and logged), 'abort' stops.",
     )
     max_consecutive: int = Field(
-        5, ge=1, description="Abort after this many skipped optimizer steps in a row (divergence)."
+        5,
+        ge=1,
+        description="Abort after this many skipped optimizer steps in a row (divergence): steps skipped for "
+        "a NaN/inf loss, and, counted apart, steps whose update the fp16 loss scaler skipped on an overflow.",
     )
 
 

@@ -48,6 +48,7 @@ class TrainerState:
     best_mode: str | None = None  # makes the stored value meaningless, and it is forgotten
     best_value: float | None = None
     best_step: int | None = None
+    skipped_steps: int = 0  # optimizer steps the engine skipped on an overflow (train/overflow.py)
 
     def forget_best_unless(self, metric: str | None, mode: str | None) -> None:
         """Keep the stored best only if it was judged by `metric` and `mode` (the config that runs now)."""

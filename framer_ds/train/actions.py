@@ -37,6 +37,7 @@ from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.train.console import say
 from framer_ds.train.evaluate import evaluate
 from framer_ds.train.faults import Preempted
+from framer_ds.train.overflow import loss_scale_metrics
 from framer_ds.train.run import TrainingRun
 from framer_ds.train.step import StepOutcome
 
@@ -150,6 +151,7 @@ class LogMetrics(StepAction):
             "samples": float(state.samples_seen),
             **ctx.throughput.rates(run.task.loss_items_name if summing else None),
             **worst_rank_memory(accelerator),
+            **loss_scale_metrics(run, state),  # fp16: train/loss_scale, train/skipped_steps
             **run.task.log_labels(),  # text, e.g. the bucket trained (video_lora data.buckets)
         }
         for index, name in enumerate(run.task.loss_parts):

@@ -40,6 +40,7 @@ from framer_ds.train.faults import (
     StopRequest,
     divergence_advice,
 )
+from framer_ds.train.overflow import OverflowTracker
 from framer_ds.train.preemption import clear_preempted_marker, write_preempted_marker
 from framer_ds.train.run import TrainingRun, build_training_run
 from framer_ds.train.step import OptimizerStep, windows
@@ -51,6 +52,7 @@ class TrainResult:
     output_dir: Path
     global_step: int
     eval_metrics: dict[str, float] = field(default_factory=dict)
+    skipped_steps: int = 0  # optimizer steps the engine skipped on an overflow (fp16), resumed runs' too
 
 
 def run_training(config: RunConfigBase) -> TrainResult:
@@ -126,7 +128,7 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
             )
     finally:
         logger.close()
-    return TrainResult(Path(config.output_dir), state.global_step, eval_metrics)
+    return TrainResult(Path(config.output_dir), state.global_step, eval_metrics, state.skipped_steps)
 
 
 def _train(
@@ -162,6 +164,9 @@ def _train(
         Path(run.config.output_dir),
         train_cfg.optimizer.learning_rate,
     )
+    overflow = OverflowTracker(
+        train_cfg.nonfinite.max_consecutive, Path(run.config.output_dir), train_cfg.optimizer.learning_rate
+    )
     step = OptimizerStep(run, lambda: stop.requested)
     run.model.train()
     with above_the_progress_bar():
@@ -175,6 +180,8 @@ def _train(
                     say(accelerator, f"non-finite loss: optimizer step {state.global_step + 1} skipped")
                     logger.log({"nonfinite_skipped_steps": float(nonfinite.skipped_total)}, state.global_step)
                     continue
+                if overflow.record(run, state, logger, outcome.skipped):
+                    continue  # the engine updated nothing: no step, no loss, the LR schedule stays
                 ctx.step_lr = run.scheduler.get_last_lr()[0]  # what this step ran at, before it moves on
                 run.scheduler.step()
                 ctx.epoch_before = ctx.epoch_now
