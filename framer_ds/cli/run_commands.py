@@ -17,7 +17,7 @@ OVERRIDES_HELP = """overrides:
     framer-ds train CONFIG train.length.steps=20 train.optimizer.learning_rate=1e-4 log.wandb=null
     framer-ds train CONFIG model.lora.rank=32 data.source.path=/data/clips train.resume=latest
   Setting one of a set of alternatives replaces the config's choice: data.source.path on a config with
-  a data.source.builtin, train.length.steps on one in epochs (two of one set here are an error).
+  a data.source.builtin, train.length.steps on one in epochs (of two here, the later wins).
   Every key, with its type, default and description:
     framer-ds config show TASK      (framer-ds tasks lists the tasks)
     docs/config.md                  (the same reference for every built-in task)

@@ -79,10 +79,13 @@ def apply_overrides(
     An override that sets one member of a one-of group (`one_of`, found from the schema: a source's
     `path` or `builtin`, a cadence's unit, `data.stride` or `stride_range`) replaces the file's choice:
     `data.source.path=/my/videos` on `source: {builtin: synthetic_clips}` means that path, not "path and
-    builtin both set". Two members of one group set by the overrides themselves are an error naming
-    both, and that override is left out (so validation does not report the pair a second time)."""
+    builtin both set". Among the overrides the later one wins, whether it sets the same key again or
+    another member of the group (`COMMON... train.length.steps=4` after a `train.length.epochs=1`), as on
+    any command line where a later flag replaces an earlier one.
+
+    Not a one-of group: `overwrite_output_dir` and `train.resume`. `--overwrite` deletes the run that a
+    resume would continue, so the pair stays refused wherever it is written (`RunConfigBase`)."""
     problems = []
-    chosen: dict[str, str] = {}  # member -> the override that set it
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -97,16 +100,10 @@ def apply_overrides(
             problems.append(ConfigProblem(key, f"cannot parse override value {text!r}: {exc}"))
             continue
         member = one_of.member_chosen_by(key, value)
-        rival = next((m for m in one_of.rivals(member) if m in chosen), None)
-        if rival is not None:
-            message = f"alternative to {rival}, which override {chosen[rival]} sets: keep one of the two"
-            problems.append(ConfigProblem(key, message))
-            continue
         problem = _set_dotted(raw, key, value)
         if problem is not None:
             problems.append(problem)
         elif member is not None:
-            chosen[member] = item
             one_of.drop_rivals(raw, member)
     return problems
 

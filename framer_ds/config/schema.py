@@ -8,7 +8,7 @@ the task (see `framer_ds.tasks.registry`) and combined with this base by `run_co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
@@ -44,9 +44,6 @@ class LogConfig(StrictModel):
 
 class RunConfigBase(StrictModel):
     """Fields every run has; `model` and `data` are added per task by `run_config_class`."""
-
-    # Starting over and continuing exclude each other: `--overwrite` on a config that resumes starts over.
-    one_of: ClassVar[tuple[tuple[str, ...], ...]] = (("overwrite_output_dir", "train.resume"),)
 
     task: str = Field(description="Registered task name; `framer-ds tasks` lists them.")
     imports: list[str] = Field(
