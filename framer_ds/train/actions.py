@@ -37,6 +37,7 @@ from framer_ds.train.console import say
 from framer_ds.train.evaluate import evaluate
 from framer_ds.train.faults import Preempted
 from framer_ds.train.run import TrainingRun
+from framer_ds.train.safe_point import AgreedStop
 from framer_ds.train.step import StepOutcome
 
 
@@ -86,7 +87,7 @@ class StepContext:
     logger: MetricsLogger
     progress: tqdm
     throughput: Throughput
-    signal_name: Callable[[], str | None]
+    stop: AgreedStop  # a stop signal, agreed by every rank at the safe points (train/safe_point.py)
     loss_total: torch.Tensor  # since the last log line, this rank
     loss_items: torch.Tensor
     part_totals: torch.Tensor | None = None  # the task's loss parts since the last log line, this rank
@@ -107,10 +108,15 @@ class StepAction(ABC):
     """Runs after an optimizer step when `due`; `run` happens on every rank.
 
     `cadence` (framer_ds.config.cadence: steps, epochs or a fraction of the run) makes it due on that
-    cadence and after the last step; None, never on a schedule (an action may decide `due` itself)."""
+    cadence and after the last step; None, never on a schedule (an action may decide `due` itself).
+
+    An action that `starts_new_work` (an evaluation, a `best/` export, samples) does not start once a
+    stop signal is agreed: it is put off to the resumed run (`due_on_resume`), and the stop checkpoint
+    comes first (train/safe_point.py)."""
 
     name: str
     counts_as_training_time = False  # most actions pause the throughput clock
+    starts_new_work = False
 
     def __init__(self, cadence: Cadence | None):
         self.cadence = cadence
@@ -122,6 +128,11 @@ class StepAction(ABC):
         return ctx.done or self.cadence.fires(
             ctx.state.global_step, ctx.epoch_before, ctx.epoch_now, plan.updates_per_epoch, plan.total_steps
         )
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        """Whether to run when a run resumes from a stop checkpoint that put off the actions `deferred`
+        (names) at its step: the ones put off, in their order, and nothing else."""
+        return self.name in deferred
 
     @abstractmethod
     def run(self, ctx: StepContext) -> None: ...
@@ -183,10 +194,14 @@ def worst_rank_memory(accelerator: Accelerator) -> dict[str, float]:
 
 class Evaluate(StepAction):
     name = "evaluate"
+    starts_new_work = True
 
     def due(self, ctx: StepContext) -> bool:
         # A run without an eval set never evaluates; with one it always does at the end.
         return ctx.run.eval_loader is not None and (ctx.done or super().due(ctx))
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        return ctx.run.eval_loader is not None and super().due_on_resume(ctx, deferred)
 
     def run(self, ctx: StepContext) -> None:
         run = ctx.run
@@ -209,6 +224,7 @@ class KeepBest(StepAction):
     it is in every checkpoint and a resumed run replaces `best/` only with a better model."""
 
     name = "keep-best"
+    starts_new_work = True
 
     def __init__(self, metric: str, mode: str):
         super().__init__(None)
@@ -216,6 +232,9 @@ class KeepBest(StepAction):
 
     def due(self, ctx: StepContext) -> bool:
         return ctx.evaluated_at == ctx.state.global_step
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        return self.name in deferred or self.due(ctx)  # it follows an evaluation that was put off
 
     def run(self, ctx: StepContext) -> None:
         state, step = ctx.state, ctx.state.global_step
@@ -286,6 +305,10 @@ class WriteSamples(StepAction):
     """The task's media (videos, audio, images) from the model being trained, under samples/step_N."""
 
     name = "samples"
+    starts_new_work = True
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        return self.cadence is not None and super().due_on_resume(ctx, deferred)  # unless turned off since
 
     def run(self, ctx: StepContext) -> None:
         run = ctx.run
@@ -297,7 +320,8 @@ class WriteSamples(StepAction):
 
 class SaveCheckpoint(StepAction):
     """A resumable checkpoint on schedule, or at once when a stop signal reached any rank; after the
-    signal's checkpoint the run stops with `Preempted` (exit 75, requeue).
+    signal's checkpoint the run stops with `Preempted` (exit 75, requeue). Asking whether it is due is
+    the safe point after every step: the ranks agree on the stop there, before the next step starts.
 
     Only from a finite state: weights that went NaN/inf in an update whose loss was still finite would
     otherwise be published, counted against keep_last (pruning the good checkpoints) and resumed by
@@ -306,7 +330,10 @@ class SaveCheckpoint(StepAction):
     name = "checkpoint"
 
     def due(self, ctx: StepContext) -> bool:
-        return super().due(ctx) or (ctx.outcome is not None and ctx.outcome.stop_requested)
+        return super().due(ctx) or ctx.stop.check()
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        return ctx.stop.check()  # a stop during the put-off work writes the step's checkpoint again
 
     def run(self, ctx: StepContext) -> None:
         run, accelerator, step = ctx.run, ctx.run.accelerator, ctx.state.global_step
@@ -325,8 +352,8 @@ class SaveCheckpoint(StepAction):
                 accelerator,
                 f"warning: step {step}: {finite.describe()}; checkpoint step_{step} NOT written, {newest}",
             )
-        if ctx.outcome is not None and ctx.outcome.stop_requested:
-            raise Preempted(step, ctx.signal_name() or "a stop signal on another rank", path)
+        if ctx.stop.check():  # asked before, or during the save: this checkpoint answers it
+            raise Preempted(step, ctx.stop.signal_name, path)
 
 
 def default_actions(run: TrainingRun) -> list[StepAction]:
@@ -346,15 +373,32 @@ def default_actions(run: TrainingRun) -> list[StepAction]:
     ]
 
 
-def run_due_actions(actions: list[StepAction], ctx: StepContext) -> None:
+def run_due_actions(
+    actions: list[StepAction], ctx: StepContext, due: Callable[[StepAction], bool] | None = None
+) -> None:
+    """Each action that is `due` (on every rank, in order), except that once the ranks agree on a stop,
+    one that starts new work is put off: named in the trainer state, which the stop checkpoint (the
+    last action) stores, for the resumed run to do first (`train/deferred.py`)."""
     for action in actions:
-        if not action.due(ctx):
+        if not (action.due(ctx) if due is None else due(action)):
+            continue
+        if action.starts_new_work and ctx.stop.check():
+            defer(action, ctx)
             continue
         if action.counts_as_training_time:
             action.run(ctx)
         else:
             with ctx.throughput.paused():
                 action.run(ctx)
+
+
+def defer(action: StepAction, ctx: StepContext) -> None:
+    """Put `action` off to the resumed run, with this step's evaluation when there was one (a put-off
+    `keep-best` judges it)."""
+    state = ctx.state
+    state.deferred_actions = [*state.deferred_actions, action.name]
+    if ctx.evaluated_at == state.global_step:
+        state.deferred_eval = dict(ctx.eval_metrics)
 
 
 def _format_metrics(step: int, metrics: dict[str, float]) -> str:

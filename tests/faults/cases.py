@@ -16,6 +16,7 @@ from faults import (  # noqa: F401
     input_cases,
     process_cases,
     startup_cases,
+    stop_cases,
     storage_cases,
     timeline_cases,
     value_cases,

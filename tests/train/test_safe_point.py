@@ -1,0 +1,31 @@
+"""A stop during the work a resumed run does first (what the previous stop put off) is answered the same
+way: the rest is put off again, the step's checkpoint is written again with it, and nothing is lost.
+(The single stops are fault cases: tests/faults/stop_cases.py.)"""
+
+from __future__ import annotations
+
+import json
+
+from faults.harness import cli, environment, mlp, train_steps
+from faults.stop_cases import OVERRIDES, SECTIONS, eval_steps, reference_run, same_numbers
+
+from conftest import read_metrics
+
+
+def test_a_stop_during_the_put_off_work_puts_off_the_rest_again(tmp_path):
+    config, run = mlp(tmp_path, **SECTIONS)
+    with environment(FRAMER_TEST_SIGNAL="batch:8"):  # step 4: evaluate and samples put off
+        assert cli("train", str(config), *OVERRIDES).rc == 75
+    with environment(FRAMER_TEST_SIGNAL="eval:1"):  # during the put-off evaluation
+        again = cli("train", str(config), *OVERRIDES, "train.resume=latest")
+    assert again.rc == 75, again.err[-3000:]
+    assert "step 4: first what the stop put off: evaluate, samples" in again.out + again.err
+    state = json.loads((run / "checkpoints" / "step_4" / "trainer_state.json").read_text())
+    assert state["deferred_actions"] == ["keep-best", "samples"], state
+    assert state["deferred_eval"]["eval/loss"] == read_metrics(run)[1][0]["eval/loss"]
+    assert train_steps(run) == [1, 2, 3, 4] and eval_steps(run) == [4]
+    assert not (run / "best").exists() and not (run / "samples").exists()
+    done = cli("train", str(config), *OVERRIDES, "train.resume=latest")
+    assert done.rc == 0, done.err[-3000:]
+    assert train_steps(run) == list(range(1, 9)) and eval_steps(run) == [4, 8]  # step 4 evaluated once
+    same_numbers(run, reference_run(tmp_path))
