@@ -36,6 +36,7 @@ from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.train.console import say
 from framer_ds.train.evaluate import evaluate
 from framer_ds.train.faults import Preempted
+from framer_ds.train.full_disk import reporting_full_disk_in_export, reporting_full_disk_in_samples
 from framer_ds.train.run import TrainingRun
 from framer_ds.train.safe_point import AgreedStop
 from framer_ds.train.step import StepOutcome
@@ -286,7 +287,8 @@ def write_export(run: TrainingRun, target: Path, record: tuple[str, dict] | None
     (name, content) inside it, published together with the weights. Call on EVERY rank.
 
     Nothing is written when the trainable weights are not finite on some rank (an export of NaN
-    weights replaced a good `best/` or `final/`); the caller learns it from the returned `Finiteness`."""
+    weights replaced a good `best/` or `final/`); the caller learns it from the returned `Finiteness`.
+    A full disk deletes the staging directory and raises DiskFullError (train/full_disk.py)."""
     accelerator = run.accelerator
     finite = agreed_finiteness(accelerator, run.model)
     if not finite.ok:
@@ -297,7 +299,8 @@ def write_export(run: TrainingRun, target: Path, record: tuple[str, dict] | None
         if record is not None and accelerator.is_main_process:
             atomic_write_json(staging / record[0], record[1])
 
-    publish_export(accelerator, target, write)
+    with reporting_full_disk_in_export(target):
+        publish_export(accelerator, target, write)
     return finite
 
 
@@ -311,10 +314,9 @@ class WriteSamples(StepAction):
         return self.cadence is not None and super().due_on_resume(ctx, deferred)  # unless turned off since
 
     def run(self, ctx: StepContext) -> None:
-        run = ctx.run
-        written = run.task.write_samples(
-            run.accelerator, run.model, ctx.state.global_step, ctx.output_dir / "samples"
-        )
+        run, samples = ctx.run, ctx.output_dir / "samples"
+        with reporting_full_disk_in_samples(samples, ctx.state.global_step):
+            written = run.task.write_samples(run.accelerator, run.model, ctx.state.global_step, samples)
         ctx.logger.log_media("samples", written, ctx.state.global_step)
 
 

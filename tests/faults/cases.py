@@ -13,6 +13,7 @@ from __future__ import annotations
 from faults import (  # noqa: F401
     concurrency_cases,
     divergence_cases,
+    full_disk_cases,
     input_cases,
     process_cases,
     startup_cases,
