@@ -167,6 +167,7 @@ class ScriptedEvalTask(MlpRegressionTask):
         self.evaluations = 0
         self.signalled: set[str] = set()
         self.signalled_checkpoints: list[Path] = []  # the checkpoints this process wrote
+        self.exports = 0
 
     def build_datasets(self):
         train, evaluation = super().build_datasets()
@@ -192,6 +193,11 @@ class ScriptedEvalTask(MlpRegressionTask):
     def checkpoint_artifacts(self, accelerator, model, checkpoint_dir: Path) -> None:
         _signal_self_at(self, "checkpoint", len(self.signalled_checkpoints) + 1)
         self.signalled_checkpoints.append(checkpoint_dir)
+
+    def export(self, accelerator, model, out_dir: Path) -> None:
+        self.exports += 1
+        _signal_self_at(self, "export", self.exports)
+        super().export(accelerator, model, out_dir)
 
     def sample_every(self) -> int:
         return self.config.data.sample_every
@@ -219,10 +225,10 @@ class ScriptedEvalTask(MlpRegressionTask):
 
 def _signal_self_at(task, phase: str, count: int) -> None:
     """FRAMER_TEST_SIGNAL=PHASE:N (phase `batch`: after this process's N-th training micro-batch, before
-    the loop exchanges its flags; `eval`: during its N-th evaluation; `checkpoint`: while writing its
-    N-th checkpoint): this process sends itself SIGUSR1 once, as Slurm's `--signal` would at that
-    moment; only the process of rank FRAMER_TEST_SIGNAL_RANK (default 0) does. A stop signal at an
-    exactly chosen point of a real run."""
+    the loop exchanges its flags; `eval`: during its N-th evaluation; `checkpoint` / `export`: while
+    writing its N-th checkpoint / export, e.g. best/): this process sends itself SIGUSR1 once, as
+    Slurm's `--signal` would at that moment; only the process of rank FRAMER_TEST_SIGNAL_RANK (default
+    0) does. A stop signal at an exactly chosen point of a real run."""
     wanted = os.environ.get("FRAMER_TEST_SIGNAL")
     if wanted != f"{phase}:{count}" or wanted in task.signalled:
         return

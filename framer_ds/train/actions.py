@@ -235,7 +235,7 @@ class KeepBest(StepAction):
         return ctx.evaluated_at == ctx.state.global_step
 
     def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
-        return self.name in deferred or self.due(ctx)  # it follows an evaluation that was put off
+        return self.name in deferred or (Evaluate.name in deferred and self.due(ctx))  # after a put-off eval
 
     def run(self, ctx: StepContext) -> None:
         state, step = ctx.state, ctx.state.global_step

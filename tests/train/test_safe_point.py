@@ -29,3 +29,18 @@ def test_a_stop_during_the_put_off_work_puts_off_the_rest_again(tmp_path):
     assert done.rc == 0, done.err[-3000:]
     assert train_steps(run) == list(range(1, 9)) and eval_steps(run) == [4, 8]  # step 4 evaluated once
     same_numbers(run, reference_run(tmp_path))
+
+
+def test_what_ran_before_the_stop_is_not_done_again(tmp_path):
+    """A stop during step 4's best/ export: the export finishes, only the samples are put off, and the
+    resumed run neither evaluates nor judges step 4 again (one eval line, one best/ line at step 4)."""
+    config, run = mlp(tmp_path, **SECTIONS)
+    with environment(FRAMER_TEST_SIGNAL="export:1"):
+        assert cli("train", str(config), *OVERRIDES).rc == 75
+    state = json.loads((run / "checkpoints" / "step_4" / "trainer_state.json").read_text())
+    assert state["deferred_actions"] == ["samples"] and state["best_step"] == 4, state
+    assert json.loads((run / "best" / "best.json").read_text())["step"] == 4
+    assert cli("train", str(config), *OVERRIDES, "train.resume=latest").rc == 0
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "best/eval/loss" in x] == [4, 8]
+    assert eval_steps(run) == [4, 8] and (run / "samples" / "step_4").is_dir()
