@@ -19,12 +19,14 @@ from pydantic import BaseModel, Tag, ValidationError
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.one_of import NO_GROUPS, OneOfGroups
 from framer_ds.config.strict import section_model, section_models
+from framer_ds.config.yaml_keys import RepeatedKeysError, UniqueKeyLoader
 
 
-class ConfigYamlLoader(yaml.SafeLoader):
+class ConfigYamlLoader(UniqueKeyLoader):
     """PyYAML reads YAML 1.1, whose floats need a dot: `1e-4` would be the STRING '1e-4' and only a lax
     schema would turn it into a number. Configs and overrides are read as YAML 1.2 reads that, so the
-    schemas can refuse every value of the wrong type."""
+    schemas can refuse every value of the wrong type. A key set twice in one mapping is refused
+    (`config/yaml_keys.py`): YAML would keep the second silently."""
 
 
 ConfigYamlLoader.add_implicit_resolver(
@@ -44,6 +46,8 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
         raise ConfigError([ConfigProblem(str(path), "file not found; check the path")], str(path))
     try:
         data = parse_yaml(path.read_text())
+    except RepeatedKeysError as exc:
+        raise ConfigError(exc.problems(str(path)), str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem(str(path), f"invalid YAML: {exc}")], str(path)) from None
     if data is None:

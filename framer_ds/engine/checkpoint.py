@@ -15,7 +15,7 @@ import re
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accelerate import Accelerator
@@ -49,6 +49,10 @@ class TrainerState:
     best_value: float | None = None
     best_step: int | None = None
     skipped_steps: int = 0  # optimizer steps the engine skipped on an overflow (train/overflow.py)
+    # What a stop signal put off at `global_step` (train/safe_point.py): the step actions (names) a run
+    # resumed from this checkpoint does first, and the evaluation of that step they may read.
+    deferred_actions: list[str] = field(default_factory=list)
+    deferred_eval: dict[str, float] | None = None
 
     def forget_best_unless(self, metric: str | None, mode: str | None) -> None:
         """Keep the stored best only if it was judged by `metric` and `mode` (the config that runs now)."""

@@ -149,8 +149,10 @@ def test_resolved_config_round_trips(tmp_path):
 
 def test_mixed_precision_no_survives_yaml_reading_it_as_false(tmp_path):
     assert load_run_config(QUICKSTART, ["train.mixed_precision=no"]).train.mixed_precision == "no"
-    text = QUICKSTART.read_text() + "\n"
-    config = load_run_config(write(tmp_path, text.replace("train:\n", "train:\n  mixed_precision: no\n", 1)))
+    text = QUICKSTART.read_text()
+    assert '  mixed_precision: "no"\n' in text  # quoted there; unquoted YAML 1.1 reads `no` as false
+    unquoted = text.replace('  mixed_precision: "no"\n', "  mixed_precision: no\n")
+    config = load_run_config(write(tmp_path, unquoted))
     assert config.train.mixed_precision == "no"
     assert any("mixed_precision" in p for p in problems_of(QUICKSTART, ["train.mixed_precision=yes"]))
 
