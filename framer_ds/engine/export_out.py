@@ -92,16 +92,23 @@ def export_file(out: Path, name: str, overwrite: bool) -> Iterator[Path]:
     a file of that name that appeared meanwhile is never replaced either (a file system without hard
     links falls back to a check just before the rename)."""
     target = check_export_file(out, name, overwrite)
+    created = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
-    with building_dir(target) as staging:
-        yield staging / name
     try:
-        written = staging / name
-        give_default_mode(written)
-        fsync_path(written)
-        _publish_file(written, target, overwrite)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        with building_dir(target) as staging:
+            yield staging / name
+        try:
+            written = staging / name
+            give_default_mode(written)
+            fsync_path(written)
+            _publish_file(written, target, overwrite)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        if created:  # a failed export leaves no --out folder it made (a full disk, an interrupt)
+            with contextlib.suppress(OSError):
+                target.parent.rmdir()
+        raise
     fsync_path(target.parent)
 
 

@@ -17,7 +17,8 @@ import pytest
 from faults.harness import Result, case, cli, mlp, train_steps
 from faults.storage_cases import tmpfs
 
-from conftest import REPO, read_metrics
+from conftest import read_metrics
+from video_adapters import make_adapter
 
 TINY_DISK = "size=16m"
 
@@ -66,18 +67,6 @@ def leftovers(root: Path) -> list[str]:
         for p in root.rglob("*")
         if p.name.startswith((".tmp_", ".old_")) or ".tmp." in p.name or p.name.endswith(".tmp")
     ]
-
-
-def _video_test_module(name: str):
-    """A module of tests/tasks/video_lora (its helpers), importable however this case is run: pytest
-    puts a test file's folder on sys.path only once it collects a file there."""
-    import importlib
-    import sys
-
-    folder = str(REPO / "tests" / "tasks" / "video_lora")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    return importlib.import_module(name)
 
 
 def _mlp_task():
@@ -225,7 +214,7 @@ def a_full_disk_during_eval_json(tmp: Path) -> str:
     "same command writes it",
 )
 def a_full_disk_during_an_export(tmp: Path) -> str:
-    adapter, svd = _video_test_module("test_export_formats").make_adapter(tmp)
+    adapter, svd = make_adapter(tmp)
     with tmpfs(tmp / "disk", TINY_DISK) as disk:
         out = disk / "comfyui"
         argv = ["export", str(adapter), "--format", "comfyui", "--base", str(svd), "--out", str(out)]

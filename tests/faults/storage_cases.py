@@ -39,7 +39,7 @@ main(sys.argv[1:])
     "the second export succeeds into the same --out and removes the staging directory the kill left",
 )
 def a_killed_merged_export_leaves_nothing_behind(tmp: Path) -> str:
-    from test_export_formats import make_adapter
+    from video_adapters import make_adapter
 
     adapter, _ = make_adapter(tmp)
     out = tmp / "exports" / "merged"
@@ -65,10 +65,9 @@ def a_killed_merged_export_leaves_nothing_behind(tmp: Path) -> str:
     "Wan path deleted them, the SVD path refused the folder, and the file was 0600)",
 )
 def an_export_into_a_loras_folder_keeps_the_other_loras(tmp: Path) -> str:
-    from test_export_formats import make_adapter
-
     from conftest import umask, wrong_modes
     from framer_ds.tasks.video_lora.export_formats import COMFYUI_FILE
+    from video_adapters import make_adapter
 
     adapter, _ = make_adapter(tmp)
     loras = tmp / "ComfyUI" / "models" / "loras"
