@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+from pathlib import Path
 from types import ModuleType
 
 INSTALL = {
@@ -87,3 +89,14 @@ def image_processor_class(name: str) -> type:
         return getattr(transformers, f"{name}Pil")
     except (AttributeError, ImportError):
         return getattr(transformers, name)
+
+
+def fix_processor_class(folder: Path, component: str = "feature_extractor") -> None:
+    """Name `component` `CLIPImageProcessor` in the diffusers folder's model_index.json (the tiny bases
+    built for tests and demos): without torchvision, transformers hands back `CLIPImageProcessorPil`,
+    which `save_pretrained` records; the real repos name `CLIPImageProcessor`, which resolves to
+    whichever backend the loading machine has (`image_processor_class` is the loading side)."""
+    index_path = Path(folder) / "model_index.json"
+    index = json.loads(index_path.read_text())
+    index[component] = ["transformers", "CLIPImageProcessor"]
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")

@@ -32,7 +32,64 @@ FORMER_CYCLES = [
     ("framer_ds.lab.bench", "framer_ds.lab.bench_plots"),
     # Task's refusing CLI hooks imported the registry, which imports base (the hooks are gone).
     ("framer_ds.tasks.base", "framer_ds.tasks.registry"),
+    # loader's lazy import of schema.expand_path closed cadence -> loader -> schema -> train_config (issue 46)
+    ("framer_ds.config.loader", "framer_ds.config.schema"),
 ]
+
+
+def import_cycles(graph) -> list[list[str]]:
+    """Every set of framer_ds modules that import one another in a circle (the strongly connected
+    components of more than one module, Tarjan's algorithm, iterative), lazy and TYPE_CHECKING imports
+    included: grimp records every import statement wherever it stands."""
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in sorted(graph.modules)}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(edges.get(target, ()))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_framer_ds_has_no_import_cycle():
+    """No module of framer_ds reaches itself through its imports (issue 46: video_lora's inference ->
+    framer_inference -> framer_export -> export_formats -> inference, and config's cadence -> loader ->
+    schema -> train_config -> cadence, both closed by lazy imports). The `acyclic_siblings` contract in
+    pyproject.toml keeps packages apart at every depth; this also catches a module and its own package."""
+    import grimp
+
+    assert import_cycles(grimp.build_graph("framer_ds", cache_dir=None)) == []
 
 
 @pytest.mark.parametrize(("first", "second"), FORMER_CYCLES)

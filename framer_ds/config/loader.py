@@ -18,7 +18,7 @@ from pydantic import BaseModel, Tag, ValidationError
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.one_of import NO_GROUPS, OneOfGroups
-from framer_ds.config.strict import section_model, section_models
+from framer_ds.config.strict import expand_path, section_model, section_models
 from framer_ds.config.yaml_keys import RepeatedKeysError, UniqueKeyLoader
 
 
@@ -64,8 +64,6 @@ def output_dir_early(path: Path, overrides: Sequence[str]) -> Path | None:
     """`output_dir` from the YAML and its overrides alone, without importing the task or validating:
     where a stop signal during the seconds of imports before that writes preempted.json. None when it
     cannot be read this way; the full validation that follows says why."""
-    from framer_ds.config.schema import expand_path
-
     try:
         raw = read_yaml_mapping(Path(path))
         if apply_overrides(raw, overrides) or not isinstance(raw.get("output_dir"), str):

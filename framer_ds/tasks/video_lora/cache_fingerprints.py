@@ -25,14 +25,29 @@ def source_fingerprint(dataset: Dataset) -> list:
     return [[r.video_id, r.first_frame, r.stop_frame, r.source_fps, *_stat(r.path)] for r in dataset.records]
 
 
-def weights_fingerprint(svd_dir: Path) -> list:
-    """The frozen encoders' files (the VAE and image encoder decide every cached tensor)."""
+def files_fingerprint(base_dir: Path, subfolders: tuple[str, ...]) -> list:
+    """The files of a base's frozen encoders (`subfolders` of `base_dir`: they decide every cached
+    tensor), with sizes and mtimes."""
     found = []
-    for sub in ("vae", "image_encoder"):
-        for path in sorted((Path(svd_dir) / sub).glob("*")):
+    for sub in subfolders:
+        for path in sorted((Path(base_dir) / sub).glob("*")):
             info = path.stat()
             found.append([f"{sub}/{path.name}", info.st_size, info.st_mtime_ns])
     return found
+
+
+def cache_basics(config: Any, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
+    """What decides any family's cached tensors: the format, the split and its copies, the seed, the
+    source files, the dtype and the mode; each family's `cache_description` adds its own."""
+    return {
+        "format": CACHE_FORMAT_VERSION,
+        "split": split,
+        "copies": copies,
+        "seed": config.train.seed,
+        "source": source_fingerprint(dataset),
+        "dtype": dtype,
+        "mode": config.model.base.mode,
+    }
 
 
 # bump when the encoding changes what a cached entry holds; 2: a training entry's augmentation is
@@ -41,21 +56,14 @@ CACHE_FORMAT_VERSION = 2
 
 
 def describe_cache(
-    config: Any, dataset: Dataset, split: str, copies: int, svd_dir: Path, dtype: str, framer_base: bool
+    config: Any, dataset: Dataset, split: str, copies: int, svd_dir: Path, dtype: str
 ) -> dict[str, Any]:
-    """Everything that decides a split's cached tensors: the cache key is its hash."""
+    """Everything that decides a split's cached tensors of an SVD-family base: the cache key is its hash."""
     options, data = config.model, config.data
     motion = getattr(dataset, "motion_fingerprint", None)  # through wrappers
     return {
-        "format": CACHE_FORMAT_VERSION,
-        "split": split,
-        "copies": copies,
-        "seed": config.train.seed,
-        "source": source_fingerprint(dataset),
-        "svd": weights_fingerprint(svd_dir),
-        "dtype": dtype,
-        "mode": options.base.mode,
-        **({"base": "framer"} if framer_base else {}),  # + the last frame's embedding
+        **cache_basics(config, dataset, split, copies, dtype),
+        "svd": files_fingerprint(svd_dir, ("vae", "image_encoder")),
         "cond_noise": [options.edm.cond_noise_mean, options.edm.cond_noise_std],
         "vae_tile_size": options.vae_tile_size,
         # from_data entries store their bucket and training prefers it to the fixed one: never mix them

@@ -21,7 +21,6 @@ from framer_ds.tasks.video_lora.data.buckets import (
     bucket_problems,
 )
 from framer_ds.tasks.video_lora.data.image_pairs import scan_image_pairs
-from framer_ds.tasks.video_lora.data.motion_score import MotionBuckets, WithMotionBucket, motion_rates
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
 from framer_ds.tasks.video_lora.data.video_clips import (
     ClipSampler,
@@ -29,7 +28,6 @@ from framer_ds.tasks.video_lora.data.video_clips import (
     VideoClipDataset,
     capped_records,
     conditioning_fps,
-    drawable_strides,
 )
 from framer_ds.tasks.video_lora.data.video_index import (
     VideoIndex,
@@ -107,9 +105,10 @@ class BuiltData:
     val: Dataset | None
     notes: dict[str, str] = field(default_factory=dict)  # for the run summary
     conditioning_fps: list[float] = field(default_factory=list)  # what training conditions on
-    motion_buckets: MotionBuckets | None = None  # model.motion_bucket from_data: the training quantiles
     buckets: BucketPlan | None = None  # data.buckets: each training video's shape
     item_buckets: list[str] = field(default_factory=list)  # data.buckets: each training item's, by index
+    records: list[VideoRecord] = field(default_factory=list)  # every indexed video (videos layout)
+    train_records: list[VideoRecord] = field(default_factory=list)  # those the training set holds
 
 
 @dataclass
@@ -117,11 +116,11 @@ class VideoLoraData:
     config: VideoLoraDataConfig
     root: Path
     fixed_fps: float | None  # model.fps
-    motion_from_data: bool = False  # model.motion_bucket: from_data
     seed: int | None = None  # train.seed: training items draw their augmentation from (seed, epoch, index)
-    size_multiple: int = 64  # data.buckets: H and W multiples of this (VAE x denoiser downsampling)
+    size_multiple: int = 64  # H and W multiples of this (the family's VAE x denoiser downsampling)
     min_frames: int = 2  # data.buckets: the fewest frames the base and mode train on
     frame_grid: tuple[int, int] = (0, AUTO_FRAME_STEP)  # data.buckets auto: lengths offset + k * step
+    with_placement: bool = False  # items carry their clip placement (the family's, for point tracks)
 
     @property
     def sampler(self) -> ClipSampler:
@@ -189,6 +188,7 @@ class VideoLoraData:
             pairs = scan_image_pairs(self.root)
             val_ids = held_out([pid for pid, _, _ in pairs], data.val_fraction)
             size = {"height": data.height, "width": data.width, "num_frames": data.num_frames}
+            size["size_multiple"] = self.size_multiple
             train = ImagePairDataset(
                 [p for p in pairs if p[0] not in val_ids], hflip=data.hflip, seed=self.seed, **size
             )
@@ -221,7 +221,8 @@ class VideoLoraData:
             "width": data.width,
             "stride": data.stride,
             "stride_range": data.stride_range,
-            "with_placement": data.tracks is not None,  # point tracks follow each clip
+            "with_placement": self.with_placement,  # point tracks follow each clip
+            "size_multiple": self.size_multiple,  # the base family's rule (the eval set has no buckets)
         }
         train = VideoClipDataset(
             replace(found, records=train_records),
@@ -238,7 +239,8 @@ class VideoLoraData:
             val = VideoClipDataset(replace(found, records=val_records), train=False, **common)
         built = BuiltData(train, val, notes, self._conditioning_fps(train_records, plan), buckets=plan)
         built.item_buckets = train.item_buckets() if plan is not None else []
-        return self._with_motion_buckets(built, records, train_records) if self.motion_from_data else built
+        built.records, built.train_records = records, train_records
+        return built
 
     def _val_at_fixed_shape(self, records: list[VideoRecord], val_ids: set[str], notes: dict) -> set[str]:
         """With buckets, evaluation stays at height x width x num_frames (its loss compares across runs
@@ -263,32 +265,3 @@ class VideoLoraData:
             for r in records
             for fps in conditioning_fps([r], replace(self.sampler, num_frames=frames[r.video_id]))
         ]
-
-    def motion_rates(self, records: list[VideoRecord] | None = None) -> dict[str, float]:
-        """Each video's motion per source frame (data/motion_score.py), scored at the smallest training
-        stride; cached, so `prepare_data` (local main process first) computes them and the other ranks
-        read them."""
-        records = records if records is not None else self.index().records
-        return motion_rates(records, self.sampler.strides[0], default_cache_dir() / "motion_scores")
-
-    def _with_motion_buckets(
-        self, built: BuiltData, records: list[VideoRecord], train_records: list[VideoRecord]
-    ) -> BuiltData:
-        """Each clip's bucket from its video's motion per source frame times the clip's stride, ranked
-        among the training clips (every training video at every stride it can be drawn at)."""
-        rates = self.motion_rates(records)
-        clip_scores = [
-            rates[r.video_id] * k for r in train_records for k in drawable_strides(r, self.sampler)
-        ]
-        buckets = MotionBuckets.from_scores(clip_scores)
-        source_fps = {r.video_id: r.source_fps for r in records}
-        built.train = WithMotionBucket(built.train, rates, buckets, source_fps)
-        built.val = WithMotionBucket(built.val, rates, buckets, source_fps) if built.val is not None else None
-        built.motion_buckets = buckets
-        lo, hi = self.sampler.strides
-        spread = sorted(buckets.bucket(rates[r.video_id] * lo) for r in train_records)
-        built.notes["motion bucket"] = (
-            f"from data: {len(rates)} videos scored, per clip by its stride ({lo}..{hi}); training videos "
-            f"at stride {lo}: buckets {spread[0]}..{spread[-1]} (median {spread[len(spread) // 2]})"
-        )
-        return built

@@ -7,11 +7,13 @@ latent cache (the same tensors, encoded once and read back from disk).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from framer_ds.tasks.video_lora.families.protocol import CachedBatch
 
 
 def svd_conditioning():
@@ -23,7 +25,7 @@ def svd_conditioning():
 
 
 @dataclass
-class EncodedClip:
+class EncodedClip(CachedBatch):
     target: Tensor  # [B,T,C,h,w] scaled VAE latents: the diffusion x0
     first: Tensor  # [B,C,h,w] unscaled conditioning latents of the (noise-augmented) first frame
     image_emb: Tensor  # [B,1,D] CLIP embedding of the first frame
@@ -39,17 +41,6 @@ class EncodedClip:
         if self.last is None:
             return self.first, None
         return svd_conditioning().interpolation_conditioning(self.first, self.last, num_frames)
-
-    def cache_entry(self, index: int) -> dict[str, Tensor]:
-        """Sample `index` of the batch, as the tensors one cache entry stores."""
-        return {
-            f.name: getattr(self, f.name)[index] for f in fields(self) if getattr(self, f.name) is not None
-        }
-
-    @classmethod
-    def from_cached_batch(cls, batch: dict[str, Any]) -> EncodedClip:
-        names = {f.name for f in fields(cls)}
-        return cls(**{name: value for name, value in batch.items() if name in names})
 
 
 @dataclass
@@ -126,7 +117,7 @@ def encode_pairs(
 
 
 def example_encoded_batch(
-    config: Any, svd_dir: Any, micro_batch_size: int, framer_base: bool
+    config: Any, svd_dir: Any, micro_batch_size: int, embed_last: bool = False
 ) -> dict[str, Tensor]:
     """What `framer-ds plan` runs forward and backward: an encoded micro-batch of the largest shapes, from
     the config and the VAE's and image encoder's config.json (no weights). Without a cache training encodes
@@ -148,10 +139,8 @@ def example_encoded_batch(
     }
     if config.model.base.mode == "interpolation":
         batch["last"] = torch.zeros(k, *latent)
-    if framer_base:
+    if embed_last:  # the last frame's CLIP embedding (Framer's conditioning)
         batch["last_image_emb"] = torch.zeros(k, 1, embedding)
-        if data.tracks is not None:  # the ControlNet's heatmaps, at pixel size
-            batch["controlnet_cond"] = torch.zeros(k, data.num_frames, 3, data.height, data.width)
     if data.layout == "image_pairs":
         batch["frame_weights"] = torch.ones(k, data.num_frames)
     return batch

@@ -1,15 +1,15 @@
 """`framer-ds export RUN/final --format FORMAT --out DIR`: one adapter, written for each loader.
 
 - `peft`: the adapter as training wrote it (`PeftModel.from_pretrained`), copied with its metadata
-  (and a Framer run's trained `controlnet/` and `mask_token.safetensors`).
+  (and the files a family adds: a Framer run's trained `controlnet/` and `mask_token.safetensors`).
 - `merged`: the LoRA merged into the base UNet (a diffusers pipeline for image-to-video, the UNet
-  alone for interpolation), `inference.export_merged`; a base with its own UNet class (Framer)
-  registers its own writer in `MERGED_BY_BASE`.
+  alone for interpolation), `inference.export_merged`; Framer has its own (framer_export.py).
 - `comfyui`: an SVD image-to-video LoRA in ComfyUI's generic format, `comfyui_keys` below.
-- `framer`: Framer checkpoints (registered by their own module).
+- `framer`: Framer checkpoints (framer_export.py).
 
-Each format is a function `(adapter_dir, options) -> str` in `EXPORT_FORMATS`; a new one registers
-itself with `register_export_format` and adds its name to `FORMAT_NAMES`. Every format writes through
+Each format is a function `(adapter_dir, options) -> str`; each base family lists the ones it writes
+(`SvdFamily.export_formats`: `SVD_EXPORT_FORMATS`, Framer's adds its own, Wan's are its own), so which
+formats exist never depends on which module was imported first. Every format writes through
 `engine.export_out` (a directory format: `export_directory`, a new or empty --out; a single-file format:
 `export_file`, beside the other files of --out), so none deletes or replaces a file it did not write.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -30,19 +30,11 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import StrictModel
 from framer_ds.engine.export_out import export_directory, export_file
 from framer_ds.tasks.video_lora.comfyui_keys import comfyui_lora_state_dict
-from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR, MASK_TOKEN_FILE
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_merged, read_adapter_metadata
 
 FORMAT_NAMES = ("peft", "merged", "comfyui", "framer")
 COMFYUI_FILE = "svd_lora_comfyui.safetensors"
-PEFT_FILES = (
-    "adapter_model.safetensors",
-    "adapter_config.json",
-    EXPORT_METADATA,
-    "README.md",
-    MASK_TOKEN_FILE,
-)
-PEFT_DIRS = (CONTROLNET_DIR,)  # a Framer run's trained ControlNet
+PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json", EXPORT_METADATA, "README.md")
 
 
 class VideoExportCommandOptions(StrictModel):
@@ -74,58 +66,59 @@ class VideoExportCommandOptions(StrictModel):
 
 
 ExportFormat = Callable[[Path, VideoExportCommandOptions], str]
-EXPORT_FORMATS: dict[str, ExportFormat] = {}
-MERGED_BY_BASE: dict[str, ExportFormat] = {}
-"""`--format merged` for a run whose `model.base` has its own UNet class, by base name (base.name)."""
 
 
-def register_export_format(name: str, function: ExportFormat) -> ExportFormat:
-    if name not in FORMAT_NAMES:
-        raise ValueError(f"internal: add {name!r} to FORMAT_NAMES and the `format` Literal first")
-    EXPORT_FORMATS[name] = function
-    return function
-
-
-def export_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
-    """Dispatch `--format` to its writer; returns the line to print."""
-    function = EXPORT_FORMATS.get(options.format)
+def export_format(
+    adapter_dir: Path, options: VideoExportCommandOptions, formats: Mapping[str, ExportFormat]
+) -> str:
+    """Dispatch `--format` to the base family's writer (`formats`); returns the line to print."""
+    function = formats.get(options.format)
     if function is None:
         problem = ConfigProblem(
             "--format",
-            f"{options.format!r} is not available in this version; available: {', '.join(EXPORT_FORMATS)}",
+            f"{options.format!r} is not available for this base; available: {', '.join(formats)}",
         )
         raise ConfigError([problem], "export")
     return function(Path(adapter_dir), options)
 
 
-def export_peft(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
+def export_peft(
+    adapter_dir: Path,
+    options: VideoExportCommandOptions,
+    extra: Mapping[str, str] | None = None,
+) -> str:
     """The adapter exactly as training saved it, with its metadata (`PeftModel.from_pretrained(DIR)`),
-    and a trained ControlNet beside it."""
+    and what else the family trained beside it (`extra`: file or folder name -> what it is, e.g. a
+    Framer run's `controlnet/`)."""
     read_adapter_metadata(adapter_dir)  # a clear error when this is not a video_lora adapter
-    out = Path(options.out)
+    out, extra = Path(options.out), extra or {}
     with export_directory(out, options.overwrite) as staging:
-        for name in PEFT_FILES:
+        for name in (*PEFT_FILES, *extra):
             if (adapter_dir / name).is_file():
                 shutil.copy2(adapter_dir / name, staging / name)
-        for name in PEFT_DIRS:
-            if (adapter_dir / name).is_dir():
+            elif name in extra and (adapter_dir / name).is_dir():
                 shutil.copytree(adapter_dir / name, staging / name)
     parts = []
     if (out / "adapter_model.safetensors").is_file():
         parts.append(f"the peft adapter (PeftModel.from_pretrained(unet, {str(out)!r}))")
-    if (out / CONTROLNET_DIR).is_dir():
-        parts.append(f"the trained ControlNet ({CONTROLNET_DIR}/)")
-    if (out / MASK_TOKEN_FILE).is_file():
-        parts.append(f"the trained mask_token ({MASK_TOKEN_FILE})")
+    parts += [what for name, what in extra.items() if (out / name).exists()]
     written = " and ".join(parts) or f"the metadata only ({adapter_dir} holds no trained weights)"
     return f"wrote {out}: {written}"
 
 
 def export_merged_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
-    writer = MERGED_BY_BASE.get(read_adapter_metadata(adapter_dir).get("base", "svd"))
-    if writer is not None:
-        return writer(adapter_dir, options)
     return export_merged(adapter_dir, options.out, options.dtype, options.base, options.overwrite)
+
+
+def refuse_framer_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
+    """`--format framer` of an SVD run: its UNet is not Framer's."""
+    problem = ConfigProblem(
+        "--format",
+        f"{adapter_dir} was trained on stock SVD (model.base.name svd), whose UNet has no mask_token and "
+        "another conditioning convention; --format framer needs a model.base.name framer run. Use "
+        "--format merged.",
+    )
+    raise ConfigError([problem], "export")
 
 
 def export_comfyui(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
@@ -165,6 +158,9 @@ def comfyui_file_metadata(record: dict) -> dict[str, str]:
     return {"format": "pt", "framer_ds": "video_lora", EXPORT_METADATA: json.dumps(record)}
 
 
-register_export_format("peft", export_peft)
-register_export_format("merged", export_merged_format)
-register_export_format("comfyui", export_comfyui)
+SVD_EXPORT_FORMATS: dict[str, ExportFormat] = {
+    "peft": export_peft,
+    "merged": export_merged_format,
+    "comfyui": export_comfyui,
+    "framer": refuse_framer_format,
+}

@@ -1,8 +1,8 @@
 """`framer-ds sample` for a `model.base.name: framer` export: Framer's UNet (with the LoRA merged) and
 ControlNet from the export and its base Framer directory, VAE, CLIP and scheduler from the SVD directory,
-sampled with Framer's conditioning (`sampling.FramerSampling`). The ControlNet runs on the heatmaps of
-`--tracks` (`sample_tracks.tracks_conditioning`, set by `inference.sample_to_file`); without tracks it
-is skipped, as Framer's pipeline does without points."""
+sampled with Framer's conditioning (`framer_conditioning.FramerSampling`). The ControlNet runs on the
+heatmaps of `--tracks` (`sample_tracks.tracks_conditioning`, `framer_sampler_parts_for`); without
+tracks it is skipped, as Framer's pipeline does without points."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR
+from framer_ds.tasks.video_lora.framer_export import CONTROLNET_DIR
 
 
 def framer_sampler_parts(adapter_dir: Path, metadata: dict[str, Any], device: str, dtype: torch.dtype):
@@ -19,7 +19,8 @@ def framer_sampler_parts(adapter_dir: Path, metadata: dict[str, Any], device: st
     from diffusers import AutoencoderKLTemporalDecoder, EulerDiscreteScheduler
     from transformers import CLIPVisionModelWithProjection
 
-    from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts
+    from framer_ds.tasks.video_lora.diffusion.framer_conditioning import FramerSampling
+    from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts
     from framer_ds.tasks.video_lora.diffusion.svd_conditioning import vae_dtype
     from framer_ds.tasks.video_lora.diffusion.temporal_context import set_temporal_context_order
     from framer_ds.tasks.video_lora.framer_export import merged_framer_unet
@@ -43,4 +44,33 @@ def framer_sampler_parts(adapter_dir: Path, metadata: dict[str, Any], device: st
         metadata.get("controlnet_cond_scale", 1.0),
         tuple(metadata.get("controlnet_step_range", (0.0, 1.0))),
     )
+    return parts, framer
+
+
+def framer_sampler_parts_for(
+    adapter_dir: Path,
+    metadata: dict[str, Any],
+    options: Any,
+    num_frames: int,
+    device: str,
+    dtype: torch.dtype,
+):
+    """(SamplerParts, FramerSampling) for `framer-ds sample` of a Framer export, with the flags' tracks and
+    ControlNet settings (the tracks file is read before any model loads)."""
+    from PIL import Image
+
+    from framer_ds.tasks.video_lora.sample_tracks import tracks_conditioning
+
+    heatmaps = None  # the tracks file is checked before any model loads
+    if options.tracks is not None:
+        with Image.open(options.image) as image:
+            image_size = image.size
+        size = (metadata["height"], metadata["width"])
+        heatmaps = tracks_conditioning(options.tracks, image_size, num_frames, *size, options.resize, dtype)
+    parts, framer = framer_sampler_parts(adapter_dir, metadata, device, dtype)
+    framer.controlnet_cond = heatmaps
+    if options.controlnet_scale is not None:
+        framer.conditioning_scale = options.controlnet_scale
+    if options.controlnet_step_range is not None:
+        framer.step_range = options.controlnet_step_range
     return parts, framer

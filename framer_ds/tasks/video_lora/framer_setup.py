@@ -1,5 +1,5 @@
 """`model.base.name: framer`: a Framer checkpoint as the base of a video_lora run (docs/video_lora.md,
-"Framer").
+"Framer"), as `FramerFamily`: the SVD family (families/svd.py) extended one way, overriding its hooks.
 
 Framer's `unet/` and `controlnet/` load strictly into diffusers' stock UNet (+ `mask_token`) and our
 ControlNet-SVD (`models/framer_model.py`, `controlnet_svd.py`); the VAE and CLIP encoder come from
@@ -18,32 +18,36 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
+from torch.utils.data import Dataset
 
-from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.engine.export import check_not_empty, gathered_trainable_state_dict
-from framer_ds.engine.export_load import load_peft_adapter
+from framer_ds.config.errors import ConfigProblem
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.bases import FramerBase
-from framer_ds.tasks.video_lora.config import VideoLoraModelConfig
 from framer_ds.tasks.video_lora.diffusion import edm
 from framer_ds.tasks.video_lora.encoding import EncodedClip
+from framer_ds.tasks.video_lora.families.svd import SvdFamily
+from framer_ds.tasks.video_lora.framer_export import (
+    CONTROLNET_DIR,
+    FRAMER_EXPORT_FORMATS,
+    load_framer_weights,
+    save_framer_weights,
+)
 
 FRAMER_SUBFOLDERS = ("unet", "controlnet")
-CONTROLNET_DIR = "controlnet"
-MASK_TOKEN_FILE = "mask_token.safetensors"
-"""final/'s trained mask_token (`model.train_mask_token`): {"mask_token": [1,1,C,1,1]}, Framer's key."""
 
 
-class FramerSetup:
-    """What a Framer base changes in the video_lora task: paths, model, conditioning, loss, export."""
+class FramerFamily(SvdFamily):
+    """What a Framer base changes in the SVD family: paths, model, conditioning, denoiser, datasets
+    (point tracks), export, sampler parts."""
 
-    def __init__(self, options: VideoLoraModelConfig, svd_path: Path):
-        assert isinstance(options.base, FramerBase), "FramerSetup serves model.base.name framer only"
-        self.options = options
-        self.framer: FramerBase = options.base
-        self.svd_path = svd_path
+    embeds_last_frame = True  # Framer's conditioning holds the CLIP embeddings of both given frames
+
+    def __init__(self, config: Any):
+        super().__init__(config)
+        assert isinstance(config.model.base, FramerBase), "FramerFamily serves model.base.name framer only"
+        self.options = config.model
+        self.framer: FramerBase = config.model.base
         self.model = None  # the unwrapped FramerModel once built
         self.bare_unet = None  # the diffusers UNet inside it (config, added-time embedding)
 
@@ -61,13 +65,20 @@ class FramerSetup:
         return Path(self.framer.source.path)
 
     def prepare(self) -> None:
+        super().prepare()
         if self.framer.source.builtin == "tiny_framer":
             from framer_ds.tasks.video_lora.models.tiny_framer import create_tiny_framer
 
-            create_tiny_framer(self.framer_path(), self.svd_path)
+            create_tiny_framer(self.framer_path(), self.base_path())
 
-    def check(self, data_config: Any) -> list[ConfigProblem]:
-        problems = []
+    def track_problems(self) -> list[ConfigProblem]:
+        from framer_ds.tasks.video_lora.tracks_setup import track_problems
+
+        return track_problems(self.config.data)
+
+    def base_problems(self) -> list[ConfigProblem]:
+        """The Framer checkpoint's folders, and a trained ControlNet without tracks to see."""
+        data_config, problems = self.config.data, []
         if not self.framer.source.builtin:
             missing = [s for s in FRAMER_SUBFOLDERS if not (self.framer_path() / s / "config.json").is_file()]
             if missing:
@@ -79,7 +90,7 @@ class FramerSetup:
                         "wwen1997/framer_512x320 --local-dir DIR`, and point this key at DIR.",
                     )
                 )
-        if self.trains_controlnet and getattr(data_config, "tracks", None) is None:
+        if self.trains_controlnet and data_config.tracks is None:
             problems.append(
                 ConfigProblem(
                     "model.base.train_modules",
@@ -89,9 +100,59 @@ class FramerSetup:
             )
         return problems
 
+    # --- data ----------------------------------------------------------------------------------------
+
+    @property
+    def clip_placement(self) -> bool:
+        """With data.tracks each clip carries its placement (start, stride, crop, flip): the tracks
+        follow it."""
+        return self.config.data.tracks is not None
+
+    def datasets(self, built: Any, data: Any) -> tuple[Dataset, Dataset | None]:
+        """SVD's datasets, and with data.tracks each item's `controlnet_cond` (Framer's heatmaps of its
+        clip's point tracks; analytic tracks are exact and cheap: built here, no `data tracks` step)."""
+        from framer_ds.tasks.video_lora.tracks_setup import build_tracks, with_controlnet_cond
+
+        train, val = super().datasets(built, data)
+        tracks = self.config.data.tracks
+        if tracks is None:
+            return train, val
+        if tracks.tracker == "analytic":
+            build_tracks(data)
+        seed = self.config.train.seed
+        records = list(train.records) + list(val.records if val else [])
+        return (
+            with_controlnet_cond(train, records, tracks, seed),
+            with_controlnet_cond(val, records, tracks, seed),
+        )
+
+    def cached_datasets(
+        self, train: Dataset, val: Dataset | None, records: list[Any]
+    ) -> tuple[Dataset, Dataset | None]:
+        """The latent cache's datasets with `controlnet_cond`, computed at load from each entry's clip
+        placement (`records`: the videos whose tracks the items use)."""
+        from framer_ds.tasks.video_lora.tracks_setup import with_controlnet_cond
+
+        tracks = self.config.data.tracks
+        if tracks is None:
+            return train, val
+        seed = self.config.train.seed
+        return with_controlnet_cond(train, records, tracks, seed), with_controlnet_cond(
+            val, records, tracks, seed
+        )
+
+    def compute_tracks(self, data: Any, shard: tuple[int, int]) -> str:
+        from framer_ds.tasks.video_lora.tracks_setup import build_tracks
+
+        return build_tracks(data, shard)
+
     # --- model ---------------------------------------------------------------------------------------
 
-    def build_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
+    def _build_unet(self, gradient_checkpointing: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+        model = self.build_framer_model(gradient_checkpointing)
+        return self.bare_unet, model  # the UNet's config + added-time embedding, as for SVD
+
+    def build_framer_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
         from framer_ds.engine.pretrained import building_empty
         from framer_ds.tasks.video_lora.models.framer_model import (
             FramerModel,
@@ -129,7 +190,7 @@ class FramerSetup:
         """Sampling in training (validation samples, interp_eval): Framer's conditioning with the model's
         mask token, and the ControlNet on a clip's heatmaps [1,F,3,H,W] when it has them (eval items
         with `data.tracks`); without them the ControlNet is skipped (Framer's pipeline without points)."""
-        from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling
+        from framer_ds.tasks.video_lora.diffusion.framer_conditioning import FramerSampling
 
         framer = self.framer
         return FramerSampling(
@@ -141,7 +202,7 @@ class FramerSetup:
 
     # --- objective -----------------------------------------------------------------------------------
 
-    def conditioning(self, encoded: EncodedClip, num_frames: int, dropout: bool) -> tuple[Tensor, Tensor]:
+    def _conditioning(self, encoded: EncodedClip, num_frames: int, dropout: bool) -> tuple[Tensor, Tensor]:
         """(cond [B,F,5,h,w] = latents + Framer's mask channel, CLIP embeddings [B,2,D])."""
         from framer_ds.tasks.video_lora.diffusion.framer_conditioning import (
             framer_conditioning,
@@ -160,18 +221,11 @@ class FramerSetup:
         cond = framer_conditioning(first, last, self.model.mask_token_value, num_frames)
         return cond, image_emb
 
-    def denoise(
-        self,
-        model: torch.nn.Module,
-        noisy: Tensor,
-        sigma: Tensor,
-        cond: Tensor,
-        image_emb: Tensor,
-        time_ids: Tensor,
-        controlnet_cond: Tensor | None,
-    ) -> Tensor:
+    def _unet_denoise(self, model, noisy, sigma, cond, image_emb, time_ids, batch) -> Tensor:
         """EDM denoiser through the FramerModel: `svd_conditioning.unet_denoise` plus the ControlNet's
-        conditioning (the ControlNet gets the UNet's own 9-channel input, as in Framer's pipeline)."""
+        conditioning on the batch's heatmaps (the ControlNet gets the UNet's own 9-channel input, as in
+        Framer's pipeline)."""
+        controlnet_cond = batch.get("controlnet_cond")
         c_skip, c_out, c_in, c_noise = edm.edm_preconditioning(sigma.to(noisy.device), ndim=noisy.ndim)
         dtype = next(self.model.unet.parameters()).dtype
         model_in = torch.cat([(c_in * noisy.float()).to(dtype), cond.to(dtype)], dim=2)
@@ -186,94 +240,42 @@ class FramerSetup:
         )[0]
         return c_skip * noisy.float() + c_out * out.float()
 
+    def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
+        """SVD's, + the base (its entries hold the last frame's embedding)."""
+        return {**super().cache_description(dataset, split, copies, dtype), "base": "framer"}
+
+    def example_batch(self, config: Any, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """SVD's (with the last frame's embedding), + the ControlNet's heatmaps at pixel size."""
+        batch = super().example_batch(config, micro_batch_size)
+        data = config.data
+        if data.tracks is not None:
+            batch["controlnet_cond"] = torch.zeros(
+                micro_batch_size, data.num_frames, 3, data.height, data.width
+            )
+        return batch
+
+    def sampling_source(self) -> FramerFamily:
+        return self
+
     # --- export --------------------------------------------------------------------------------------
 
-    def export(self, accelerator, model: torch.nn.Module, out_dir: Path) -> dict[str, Any]:
-        """final/: the UNet's peft adapter at the top (`PeftModel.from_pretrained(framer_unet, final)`)
-        when a LoRA trains, the whole ControlNet in `controlnet/` when it trains, the mask_token in
-        `MASK_TOKEN_FILE` when it trains. Every rank (gathers
-        under ZeRO-3); returns the metadata entries that describe it."""
-        state = gathered_trainable_state_dict(accelerator, model)
-        framer_model = accelerator.unwrap_model(model)
-        if accelerator.is_main_process:
-            out_dir = Path(out_dir)
-            if self.trains_lora:
-                adapter = {k.removeprefix("unet."): v for k, v in state.items() if k.startswith("unet.")}
-                check_not_empty(adapter, "the UNet LoRA")
-                framer_model.unet.save_pretrained(out_dir, state_dict=adapter, safe_serialization=True)
-            if self.options.train_mask_token:
-                token = state.get("mask_token")
-                check_not_empty({"mask_token": token} if token is not None else {}, "the mask_token")
-                save_file(
-                    {"mask_token": token.contiguous()}, str(out_dir / MASK_TOKEN_FILE), {"format": "pt"}
-                )
-            if self.trains_controlnet:
-                weights = {
-                    k.removeprefix("controlnet."): v for k, v in state.items() if k.startswith("controlnet.")
-                }
-                check_not_empty(weights, "the ControlNet")
-                missing = set(framer_model.controlnet.state_dict()) - set(weights)
-                if missing:
-                    raise RuntimeError(f"internal: ControlNet export lacks {sorted(missing)[:3]}")
-                # diffusers' save_pretrained has no state_dict argument (it would write ZeRO-3's empty
-                # partitions): the config and the gathered tensors, in its file layout
-                folder = out_dir / CONTROLNET_DIR
-                framer_model.controlnet.save_config(folder)
-                tensors = {k: v.contiguous() for k, v in weights.items()}
-                save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"), {"format": "pt"})
-        accelerator.wait_for_everyone()
-        return {
-            "base": "framer",
-            "framer_path": str(self.framer_path()),
-            "train_modules": self.framer.train_modules,
-            "controlnet_cond_scale": self.framer.controlnet_cond_scale,
-            "controlnet_step_range": list(self.framer.controlnet_step_range),
-            "has_adapter": self.trains_lora,
-            "has_controlnet": self.trains_controlnet,
-            "has_mask_token": self.options.train_mask_token,
-        }
+    def _export_weights(self, accelerator, model: torch.nn.Module, out_dir: Path) -> dict[str, Any]:
+        """final/: the trained UNet LoRA, ControlNet and mask_token (framer_export.py)."""
+        return save_framer_weights(self, accelerator, model, out_dir)
 
-    def load_export(self, model: torch.nn.Module, export_dir: Path) -> None:
-        """`framer-ds eval RUN`: what `export` wrote into the FramerModel `build_model` made: the UNet's
-        peft adapter when the run trained one, `controlnet/` (strictly) when it trained the ControlNet."""
-        from safetensors.torch import load_file
+    def load_export(self, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
+        """`framer-ds eval RUN`: what `export` wrote, into the FramerModel `build_model` made."""
+        load_framer_weights(self, model, Path(export_dir))
+        return model
 
-        export_dir = Path(export_dir)
-        adapter = export_dir / "adapter_model.safetensors"
-        weights = export_dir / CONTROLNET_DIR / "diffusion_pytorch_model.safetensors"
-        token = export_dir / MASK_TOKEN_FILE
-        wanted = [
-            (self.trains_lora, adapter),
-            (self.trains_controlnet, weights),
-            (self.options.train_mask_token, token),
-        ]
-        missing = [str(p.relative_to(export_dir)) for needed, p in wanted if needed and not p.is_file()]
-        if missing:
-            problem = ConfigProblem(
-                str(export_dir),
-                f"a Framer-base export of train_modules {self.framer.train_modules!r} lacks "
-                f"{', '.join(missing)}: pass the final/ or best/ of a finished run",
-            )
-            raise ConfigError([problem], "eval")
-        if self.trains_lora:
-            load_peft_adapter(model.unet, export_dir)
-        if self.trains_controlnet:
-            model.controlnet.load_state_dict(load_file(weights), strict=True)
-        if self.options.train_mask_token:
-            with torch.no_grad():
-                model.mask_token.copy_(read_mask_token(export_dir).reshape(model.mask_token.shape))
+    def sampler_parts(self, adapter_dir, metadata, options, num_frames, device, dtype):
+        """Framer's UNet, ControlNet and conditioning convention with the flags' tracks and ControlNet
+        settings (the tracks file is read before any model loads)."""
+        from framer_ds.tasks.video_lora.framer_inference import framer_sampler_parts_for
 
+        return framer_sampler_parts_for(adapter_dir, metadata, options, num_frames, device, dtype)
 
-def read_mask_token(export_dir: Path) -> Tensor:
-    """The trained mask_token of an export (`MASK_TOKEN_FILE`), with a clear error when it is absent."""
-    from safetensors.torch import load_file
-
-    path = Path(export_dir) / MASK_TOKEN_FILE
-    if not path.is_file():
-        problem = ConfigProblem(
-            str(export_dir),
-            f"its metadata says the run trained the mask_token but {MASK_TOKEN_FILE} is missing: pass a "
-            "complete final/ or best/ of the run",
-        )
-        raise ConfigError([problem], "loading the export")
-    return load_file(str(path))["mask_token"]
+    def export_formats(self) -> dict[str, Any]:
+        """peft (with the trained ControlNet and mask_token), merged (Framer's UNet), framer; comfyui is
+        SVD's, which refuses an interpolation model."""
+        return {**super().export_formats(), **FRAMER_EXPORT_FORMATS}

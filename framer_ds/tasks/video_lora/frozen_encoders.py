@@ -17,9 +17,10 @@ from framer_ds.engine.accelerator import frozen_model_init
 from framer_ds.engine.precision import compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.tasks.video_lora.encoding import svd_conditioning
+from framer_ds.tasks.video_lora.families.protocol import FrozenHelpers
 
 
-class FrozenSvdEncoders:
+class FrozenSvdEncoders(FrozenHelpers):
     def __init__(self, svd_dir: Path, keep_on_cpu: bool):
         self.svd_dir = svd_dir
         self.keep_on_cpu = keep_on_cpu
@@ -53,12 +54,6 @@ class FrozenSvdEncoders:
             if module.dtype != wanted:  # diffusers warns on every dtype-carrying .to(), even a no-op
                 module.to(dtype=wanted)
         return self.vae, self.image_encoder
-
-    def release_if_lent(self) -> None:
-        """After interp_eval under the latent cache: off the device before training goes on."""
-        if self.lent:
-            self.lent = False
-            self.release()
 
     def release(self) -> None:
         """Off the device: kept on CPU when sampling will want them again, else dropped."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -300,7 +301,7 @@ def require_flags_fit_adapter(metadata: dict[str, Any], options: VideoSampleComm
         raise ConfigError([problem], "sample")
 
 
-def load_sampler_parts(
+def svd_sampler_parts(
     adapter_dir: Path,
     metadata: dict[str, Any],
     options: VideoSampleCommandOptions,
@@ -308,50 +309,36 @@ def load_sampler_parts(
     device: str,
     dtype: torch.dtype,
 ):
-    """(SamplerParts, FramerSampling or None) for the export: Framer's UNet, ControlNet and conditioning
-    convention with the flags' tracks and ControlNet settings (the tracks file is read before any model
-    loads), or stock SVD's pipeline with the adapter merged."""
+    """(SamplerParts, None) of an SVD export: stock SVD's pipeline with the adapter merged (a Framer
+    export is refused there: its family samples it, `FramerFamily.sampler_parts`)."""
     from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts
 
-    if metadata.get("base") != "framer":
-        pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
-        return SamplerParts.from_pipeline(pipe), None
-    from framer_ds.tasks.video_lora.framer_inference import framer_sampler_parts
-    from framer_ds.tasks.video_lora.sample_tracks import tracks_conditioning
-
-    heatmaps = None  # the tracks file is checked before any model loads
-    if options.tracks is not None:
-        with Image.open(options.image) as image:
-            image_size = image.size
-        size = (metadata["height"], metadata["width"])
-        heatmaps = tracks_conditioning(options.tracks, image_size, num_frames, *size, options.resize, dtype)
-    parts, framer = framer_sampler_parts(adapter_dir, metadata, device, dtype)
-    framer.controlnet_cond = heatmaps
-    if options.controlnet_scale is not None:
-        framer.conditioning_scale = options.controlnet_scale
-    if options.controlnet_step_range is not None:
-        framer.step_range = options.controlnet_step_range
-    return parts, framer
+    pipe, _ = load_pipeline_with_adapter(adapter_dir, device, dtype)
+    return SamplerParts.from_pipeline(pipe), None
 
 
-def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str:
+def conditioning_record(conditioning: Any) -> dict[str, Any]:
+    """What a family's own sampling conditioning records (Framer's ControlNet scale and step range)."""
+    return {
+        "controlnet_scale": conditioning.conditioning_scale,
+        "controlnet_step_range": list(conditioning.step_range),
+    }
+
+
+def sample_to_file(
+    adapter_dir: Path,
+    options: VideoSampleCommandOptions,
+    sampler_parts: Callable[..., Any] = svd_sampler_parts,
+) -> str:
     """Write one video from the adapter in `adapter_dir` (plus its frames as PNGs and `<stem>.json`, the
     seed and every conditioning value: `sample_record.py`); prints those values before the denoising
-    starts and returns the closing line."""
+    starts and returns the closing line. `sampler_parts`: the family's (`SvdFamily.sampler_parts`:
+    (SamplerParts, its SamplingConditioning or None) of the export)."""
     from framer_ds.data.progress import sampling_progress
-    from framer_ds.tasks.video_lora.data.video_write import (
-        H264,
-        to_uint8_frames,
-        write_frame_pngs,
-        write_video,
-    )
+    from framer_ds.tasks.video_lora.data.motion_score import motion_bucket_choice
+    from framer_ds.tasks.video_lora.data.video_write import to_uint8_frames
     from framer_ds.tasks.video_lora.diffusion.sampling import sample_video
-    from framer_ds.tasks.video_lora.sample_record import (
-        describe,
-        motion_bucket_choice,
-        sample_record,
-        write_sample_record,
-    )
+    from framer_ds.tasks.video_lora.sample_record import describe, sample_record, write_sample_outputs
     from framer_ds.tasks.video_lora.sample_shape import sample_shape
 
     device = options.resolved_device()
@@ -365,15 +352,25 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
     last = load_frame(options.last_image, *size, device, options.resize) if options.last_image else None
     fps = options.fps or metadata.get("fps") or DEFAULT_FPS
     motion = motion_bucket_choice(options.motion_bucket, metadata, first, last, num_frames)
-    parts, framer = load_sampler_parts(adapter_dir, metadata, options, num_frames, device, dtype)
+    parts, conditioning = sampler_parts(adapter_dir, metadata, options, num_frames, device, dtype)
     settings = {"num_frames": num_frames, "height": size[0], "width": size[1], "fps": fps, **motion}
-    if framer is not None:
-        settings.update(
-            controlnet_scale=framer.conditioning_scale, controlnet_step_range=list(framer.step_range)
-        )
-    record = sample_record(
-        adapter_dir, metadata, options, {**settings, "device": device, "dtype": str(dtype)}
-    )
+    if conditioning is not None:
+        settings.update(conditioning_record(conditioning))
+    framer_base = metadata.get("base") == "framer"
+    settings = {
+        **settings,
+        "device": device,
+        "dtype": str(dtype),
+        "noise_aug_strength": options.noise_aug,
+        "steps": options.steps,
+        "min_guidance": options.min_guidance,
+        "max_guidance": options.max_guidance,
+        "guidance_schedule": options.guidance_schedule,
+        "decode_chunk_size": options.decode_chunk_size,
+        **({"tracks": str(options.tracks) if options.tracks is not None else None} if framer_base else {}),
+    }
+    base_fields = {"framer_path": metadata.get("framer_path")} if framer_base else {}
+    record = sample_record(adapter_dir, metadata, options, settings, base_fields)
     print(describe(record), flush=True)
     with sampling_progress(options.steps, "sample") as bar:
         frames = sample_video(
@@ -389,18 +386,16 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
             max_guidance_scale=options.max_guidance,
             generator=torch.Generator(device=device).manual_seed(options.seed),
             decode_chunk_size=options.decode_chunk_size,
-            framer=framer,
+            conditioning=conditioning,
             guidance_schedule=options.guidance_schedule,
             on_step=bar.update,
         )
     pixels = to_uint8_frames(frames)
-    codec = write_video(options.out, pixels, fps)
-    frames_note = f"; the frames as PNGs in {write_frame_pngs(options.out, pixels)}" if options.frames else ""
-    record_file = write_sample_record(options.out, {**record, "video": str(options.out), "codec": codec})
+    written = write_sample_outputs(options.out, pixels, fps, record, options.frames)
     return (
-        f"wrote {options.out} ({'H.264' if codec == H264 else codec}): {len(pixels)} frames at "
-        f"{size[1]}x{size[0]}, conditioned on {fps:g} fps, motion bucket {motion['motion_bucket']}, seed "
-        f"{options.seed}{frames_note}; settings in {record_file}"
+        f"wrote {options.out} ({written.codec_name}): {len(pixels)} frames at {size[1]}x{size[0]}, "
+        f"conditioned on {fps:g} fps, motion bucket {motion['motion_bucket']}, seed "
+        f"{options.seed}{written.files_note()}"
     )
 
 

@@ -17,7 +17,6 @@ from framer_ds.engine.rng import isolated_seed
 from framer_ds.tasks.video_lora.cache_fingerprints import latent_cache
 from framer_ds.tasks.video_lora.data.latent_cache import CachedEntryDataset, LatentCache, fill_cache
 from framer_ds.tasks.video_lora.interp_eval import with_eval_pixels
-from framer_ds.tasks.video_lora.tracks_setup import with_controlnet_cond
 
 
 class VideoLatentCaching:
@@ -33,13 +32,9 @@ class VideoLatentCaching:
         cached_eval = self._cached(accelerator, eval_set, "eval", 1) if eval_set is not None else None
         self.frozen.release()
         self._cached_eval_or_train = cached_eval if cached_eval is not None else cached_train  # sampling
-        tracks = self.config.data.tracks
-        if tracks is not None:  # controlnet_cond is computed at load from the entry's clip placement
-            # the videos whose tracks the items use: those of the datasets build_datasets returned
-            records = [*train_set.records, *(eval_set.records if eval_set is not None else [])]
-            seed = self.config.train.seed
-            cached_train = with_controlnet_cond(cached_train, records, tracks, seed)
-            cached_eval = with_controlnet_cond(cached_eval, records, tracks, seed)
+        # the videos the items come from: those of the datasets build_datasets returned (point tracks)
+        records = [r for split in (train_set, eval_set) for r in getattr(split, "records", None) or []]
+        cached_train, cached_eval = self.family.cached_datasets(cached_train, cached_eval, records)
         return cached_train, with_eval_pixels(cached_eval, eval_set, self.config)  # interp_eval's truth
 
     def _cache_for(self, accelerator, dataset: Dataset, split: str, copies: int) -> LatentCache:
@@ -62,10 +57,10 @@ class VideoLatentCaching:
                 batch = send_to_device(default_collate([item]), accelerator.device)
                 batch = to_compute_dtype(accelerator, batch, self.full_precision_keys)
                 encoded = self._encode(batch, self._eval_generator(batch) if split == "eval" else None)
-                encoded.motion_bucket = batch.get("motion_bucket_id")  # from_data: stored with the entry
+                entry = self.family.cache_entry(encoded, batch)  # + the family's own (SVD: motion bucket)
             # the clip placement (point tracks) and the bucket (data.buckets: the sampler's and the log's)
             extra = {key: item[key] for key in ("placement", "bucket") if key in item}
-            return encoded.cache_entry(0), {"video_id": item["video_id"], **extra}
+            return entry, {"video_id": item["video_id"], **extra}
 
         built = fill_cache(
             cache,

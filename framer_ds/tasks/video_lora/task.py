@@ -21,7 +21,6 @@ from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
-from framer_ds.tasks.video_lora import framer_export  # noqa: F401  (registers --format framer)
 from framer_ds.tasks.video_lora.bucket_hooks import VideoBuckets
 from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
 from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
@@ -32,7 +31,6 @@ from framer_ds.tasks.video_lora.families import family_for
 from framer_ds.tasks.video_lora.inference import VideoSampleCommandOptions
 from framer_ds.tasks.video_lora.interp_eval import lpips_note
 from framer_ds.tasks.video_lora.latent_caching import VideoLatentCaching
-from framer_ds.tasks.video_lora.tracks_setup import build_tracks, with_controlnet_cond
 from framer_ds.tasks.video_lora.training_samples import VideoTrainingSamples
 
 
@@ -65,7 +63,6 @@ class VideoLoraTask(
         self._cached_eval_or_train: Dataset | None = None  # their latent cache (a Wan base's prompt states)
         self._data_notes: dict[str, str] = {}
         self.trained_fps: list[float] = []  # the fps values training conditions on (model.fps null)
-        self.motion_buckets = None  # model.motion_bucket from_data: the training set's score quantiles
         self.init_buckets()  # data.buckets (bucket_hooks.py)
 
     # --- paths and pre-flight ------------------------------------------------------------------------
@@ -74,11 +71,6 @@ class VideoLoraTask(
     def frozen(self):
         """The base's frozen encoders (the latent cache, sampling and eval-memory hooks move them)."""
         return self.family.frozen
-
-    @property
-    def framer(self):
-        """A Framer base's setup (framer_setup.py), else None (the SVD-only hooks read it)."""
-        return getattr(self.family, "framer", None)
 
     def data_root(self) -> Path:
         source = self.config.data.source
@@ -98,22 +90,20 @@ class VideoLoraTask(
         self.family.prepare()
         if self.config.data.source.builtin == "synthetic_clips":
             ensure_synthetic_clips(self.data_root())
-        if self.config.model.motion_bucket == "from_data" and not self.uses_pairs:
-            self._data().motion_rates()  # once per node, before the other ranks read the cache
+        self.family.prepare_data(self._data())  # once per node, before the other ranks read its caches
 
     # --- data ----------------------------------------------------------------------------------------
 
     def _data(self) -> VideoLoraData:
-        model = self.config.model
         return VideoLoraData(
             self.config.data,
             self.data_root(),
-            model.fps,
-            model.motion_bucket == "from_data",
+            self.config.model.fps,
             self.config.train.seed,
             self.family.size_multiple(),
             self.family.min_frames(),
             self.family.frame_grid(),
+            self.family.clip_placement,
         )
 
     def data_report(self) -> str:
@@ -129,31 +119,21 @@ class VideoLoraTask(
         return self._data_notes
 
     def build_datasets(self):
-        built = self._data().build()
+        data = self._data()
+        built = data.build()
         self._data_notes, self.trained_fps = built.notes, built.conditioning_fps
-        self.motion_buckets = built.motion_buckets
         self.bucket_plan, self.item_buckets = built.buckets, built.item_buckets
         # the videos each clip comes from (image pairs have none): a Wan base reads their captions
         splits = (built.train, built.val)
         self.family.note_records([r for split in splits for r in getattr(split, "records", None) or []])
-        tracks = self.config.data.tracks
-        if tracks is None:
-            return built.train, built.val
-        if tracks.tracker == "analytic":  # exact and cheap: no separate `data tracks` step needed
-            build_tracks(self._data())
-        seed = self.config.train.seed
-        records = list(built.train.records) + list(built.val.records if built.val else [])
-        return (
-            with_controlnet_cond(built.train, records, tracks, seed),
-            with_controlnet_cond(built.val, records, tracks, seed),
-        )
+        return self.family.datasets(built, data)  # SVD's motion buckets, Framer's point heatmaps
 
     def compute_tracks(self, shard: tuple[int, int] = (0, 1)) -> str:
         """`framer-ds data tracks`: track every video once (resumable; `shard` = rank, world size of a
         launched run, each tracking its share); returns a summary."""
         if self.config.data.tracks is None:
             raise ConfigError([ConfigProblem("data.tracks", "not set: add a data.tracks section first.")])
-        return build_tracks(self._data(), shard)
+        return self.family.compute_tracks(self._data(), shard)
 
     def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """The batch as the latent cache stores it (what the denoiser sees), of the largest bucket,
@@ -246,11 +226,7 @@ class VideoLoraTask(
 
     def export(self, accelerator, model, out_dir: Path) -> None:
         """The base family's adapter and metadata, with what the data taught the run."""
-        facts = {
-            "trained_fps": self.trained_fps,
-            "motion_buckets": self.motion_buckets,
-            "trained_shapes": self.trained_shapes(),
-        }
+        facts = {"trained_fps": self.trained_fps, "trained_shapes": self.trained_shapes()}
         self.family.export(accelerator, model, out_dir, facts)
 
     def export_record_fields(self) -> dict[str, Any]:

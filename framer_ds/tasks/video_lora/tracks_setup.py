@@ -16,21 +16,12 @@ from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 from framer_ds.tasks.video_lora.data_setup import VideoLoraData
 
 
-def track_problems(data: VideoLoraDataConfig, framer_base: bool = True) -> list[ConfigProblem]:
+def track_problems(data: VideoLoraDataConfig) -> list[ConfigProblem]:
     """What `data.tracks` needs from the rest of the config and from this machine, all at once."""
     tracks = data.tracks
     if tracks is None:
         return []
     problems = []
-    if not framer_base:
-        problems.append(
-            ConfigProblem(
-                "data.tracks",
-                "point tracks feed Framer's trajectory ControlNet, and model.base.name svd has none, so "
-                "nothing would read them: set model.base.name framer "
-                "(configs/tasks/video_lora/framer_tiny.yaml) or drop data.tracks.",
-            )
-        )
     if data.layout != "videos":
         problems.append(
             ConfigProblem(

@@ -12,7 +12,7 @@ from conftest import REPO, train_in_process
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.diffusion.framer_conditioning import framer_conditioning
-from framer_ds.tasks.video_lora.framer_setup import MASK_TOKEN_FILE
+from framer_ds.tasks.video_lora.framer_export import MASK_TOKEN_FILE
 from framer_ds.tasks.video_lora.models.framer_model import load_framer_unet
 from framer_ds.tasks.video_lora.task import VideoLoraTask
 
@@ -68,7 +68,7 @@ def test_a_trained_token_is_exported_in_every_layout_and_resumes_exactly(tmp_pat
     train_in_process(FRAMER_TINY, [f"output_dir={tmp_path / 'full'}", *COMMON, *light])
     final = tmp_path / "full" / "final"
     trained = load_file(final / MASK_TOKEN_FILE)["mask_token"]
-    base_dir = VideoLoraTask(load_run_config(FRAMER_TINY, [f"output_dir={tmp_path}"])).framer.framer_path()
+    base_dir = VideoLoraTask(load_run_config(FRAMER_TINY, [f"output_dir={tmp_path}"])).family.framer_path()
     base = load_framer_unet(base_dir / "unet").mask_token.detach()
     assert trained.shape == base.shape and not torch.equal(trained, base)
 

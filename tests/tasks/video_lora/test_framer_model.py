@@ -265,7 +265,7 @@ def test_adapter_loads_with_peft_on_a_fresh_framer_unet(tmp_path):
         "ff.net.2",
     }
     # "Framer's UNet class": the stock UNet with 9 channels and a mask_token, Framer's weights loaded
-    framer_path = task.framer.framer_path() / "unet"
+    framer_path = task.family.framer_path() / "unet"
     fresh = UNetSpatioTemporalConditionModel.from_pretrained(framer_path)
     add_mask_token(fresh, load_file(framer_path / "diffusion_pytorch_model.safetensors")["mask_token"])
     reloaded = PeftModel.from_pretrained(fresh, tmp_path / "adapter")
@@ -331,7 +331,7 @@ def test_framer_tiny_config_trains_and_exports_framer_layout(tmp_path, capsys):
 
 
 def config_framer_path(config):
-    return VideoLoraTask(config).framer.framer_path()
+    return VideoLoraTask(config).family.framer_path()
 
 
 def test_validate_names_what_a_framer_run_lacks(tmp_path):
@@ -384,7 +384,8 @@ def test_sampler_feeds_framers_conditioning_and_controlnet(tmp_path):
     from diffusers import AutoencoderKLTemporalDecoder, EulerDiscreteScheduler
     from transformers import CLIPVisionModelWithProjection
 
-    from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, SamplerParts, sample_video
+    from framer_ds.tasks.video_lora.diffusion.framer_conditioning import FramerSampling
+    from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts, sample_video
 
     task = framer_task(tmp_path)
     model = task.build_model().eval()
@@ -397,16 +398,16 @@ def test_sampler_feeds_framers_conditioning_and_controlnet(tmp_path):
         seen.append((args, kwargs))
         return model(*args, **kwargs)
 
-    parts = SamplerParts(denoiser, task.framer.bare_unet, vae, encoder, scheduler)
+    parts = SamplerParts(denoiser, task.family.bare_unet, vae, encoder, scheduler)
     first, last = torch.rand(3, 64, 64) * 2 - 1, torch.rand(3, 64, 64) * 2 - 1
-    token = task.framer.bare_unet.mask_token.detach()
+    token = task.family.bare_unet.mask_token.detach()
 
     def sample(controlnet_cond):
         seen.clear()
         framer = FramerSampling(token, controlnet_cond, conditioning_scale=1.0, step_range=(0.0, 0.5))
         generator = torch.Generator().manual_seed(0)
         return sample_video(
-            parts, first, last, 4, 7.0, 127, num_inference_steps=2, generator=generator, framer=framer,
+            parts, first, last, 4, 7.0, 127, num_inference_steps=2, generator=generator, conditioning=framer,
             on_step=lambda: steps.append(1),  # what moves the sampling progress bar
         )  # fmt: skip
 

@@ -26,7 +26,8 @@ from safetensors.torch import load_file
 
 from conftest import REPO
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling, sample_video
+from framer_ds.tasks.video_lora.diffusion.framer_conditioning import FramerSampling
+from framer_ds.tasks.video_lora.diffusion.sampling import sample_video
 from framer_ds.tasks.video_lora.diffusion.temporal_context import (
     set_temporal_context_order,
     temporal_context_order,
@@ -112,7 +113,7 @@ def framer_sample(parts, framer: FramerSampling, golden: dict[str, torch.Tensor]
         parts, first, last, settings["num_frames"], settings["fps"], settings["motion_bucket_id"],
         settings["noise_aug_strength"], settings["num_inference_steps"], settings["min_guidance_scale"],
         settings["max_guidance_scale"], torch.Generator().manual_seed(settings["generator_seed"]),
-        decode_chunk_size=settings["num_frames"], framer=framer, guidance_schedule="middle_max",
+        decode_chunk_size=settings["num_frames"], conditioning=framer, guidance_schedule="middle_max",
     )  # fmt: skip
     return (frames + 1) / 2  # [0, 1], as the issue measured
 

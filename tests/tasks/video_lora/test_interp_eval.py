@@ -188,16 +188,16 @@ def test_framer_base_interp_eval_and_eval_command(tmp_path, capsys, monkeypatch)
     conditioning with each held-out clip's own heatmaps, and `framer-ds eval` loads final/'s adapter and
     controlnet/ into a fresh model and reproduces the run's final evaluation."""
     from framer_ds.cli.main import main
-    from framer_ds.tasks.video_lora.framer_setup import FramerSetup
+    from framer_ds.tasks.video_lora.framer_setup import FramerFamily
 
     heatmaps = []
-    sampling = FramerSetup.sampling
+    sampling = FramerFamily.sampling
 
     def spy(self, controlnet_cond=None):
         heatmaps.append(None if controlnet_cond is None else tuple(controlnet_cond.shape))
         return sampling(self, controlnet_cond)
 
-    monkeypatch.setattr(FramerSetup, "sampling", spy)
+    monkeypatch.setattr(FramerFamily, "sampling", spy)
     run = tmp_path / "run"
     overrides = [
         f"output_dir={run}",
@@ -222,7 +222,7 @@ def test_framer_base_interp_eval_and_eval_command(tmp_path, capsys, monkeypatch)
     report = json.loads((run / "eval.json").read_text())
     for name, value in report["metrics"].items():
         assert value == pytest.approx(logged[name], rel=1e-4, abs=1e-6), name
-    monkeypatch.setattr(FramerSetup, "load_export", lambda self, model, export_dir: None)
+    monkeypatch.setattr(FramerFamily, "load_export", lambda self, model, export_dir: None)
     assert main(["eval", str(run)]) == 0  # the base Framer: the export's weights made the difference
     untrained = json.loads((run / "eval.json").read_text())["metrics"]
     assert untrained["eval/loss"] != pytest.approx(report["metrics"]["eval/loss"], rel=1e-3)
@@ -279,7 +279,7 @@ def test_framer_validation_samples_drive_the_controlnet_with_each_clips_heatmaps
     from framer_ds.tasks.video_lora import validation_samples
     from framer_ds.tasks.video_lora.config import SampleOptions
     from framer_ds.tasks.video_lora.diffusion import sampling
-    from framer_ds.tasks.video_lora.diffusion.sampling import FramerSampling
+    from framer_ds.tasks.video_lora.diffusion.framer_conditioning import FramerSampling
     from framer_ds.tasks.video_lora.families.svd_sampling import SvdClipSampler
 
     clip = torch.zeros(3, 3, 8, 8)
@@ -292,8 +292,8 @@ def test_framer_validation_samples_drive_the_controlnet_with_each_clips_heatmaps
     inputs = validation_samples.collect_sample_inputs(source, options, True, False, None)
     seen = []
 
-    def fake_sample(*args, framer=None, **kwargs):
-        seen.append(framer.controlnet_cond)
+    def fake_sample(*args, conditioning=None, **kwargs):
+        seen.append(conditioning.controlnet_cond)
         return clip
 
     monkeypatch.setattr(sampling, "sample_video", fake_sample)

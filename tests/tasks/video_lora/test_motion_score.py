@@ -234,7 +234,6 @@ def test_the_latent_cache_key_holds_the_buckets_through_the_track_wrapper(tmp_pa
     buckets, and a fixed-bucket run never reuses entries that stored from_data buckets."""
     from conftest import REPO
     from framer_ds.tasks.run_config import load_run_config
-    from framer_ds.tasks.video_lora.cache_fingerprints import describe_cache
     from framer_ds.tasks.video_lora.task import VideoLoraTask
 
     framer_tiny = REPO / "configs" / "tasks" / "video_lora" / "framer_tiny.yaml"
@@ -245,6 +244,6 @@ def test_the_latent_cache_key_holds_the_buckets_through_the_track_wrapper(tmp_pa
         task = VideoLoraTask(load_run_config(framer_tiny, overrides))
         task.prepare_data()
         train, _ = task.build_datasets()
-        keys[bucket] = describe_cache(task.config, train, "train", 1, task.family.svd_path(), "float32", True)
+        keys[bucket] = task.family.cache_description(train, "train", 1, "float32")
     assert "rates" in keys["from_data"]["motion_buckets"] and "motion_buckets" not in keys["127"]
     assert keys["from_data"]["motion_from_data"] and not keys["127"]["motion_from_data"]

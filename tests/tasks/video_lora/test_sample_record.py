@@ -7,9 +7,12 @@ import torch
 
 from framer_ds.cli.options import build_options_parser, parse_options
 from framer_ds.config.errors import ConfigError
-from framer_ds.tasks.video_lora.data.motion_score import MotionBuckets, bucket_from_quantiles
+from framer_ds.tasks.video_lora.data.motion_score import (
+    MotionBuckets,
+    bucket_from_quantiles,
+    motion_bucket_choice,
+)
 from framer_ds.tasks.video_lora.inference import VideoSampleCommandOptions
-from framer_ds.tasks.video_lora.sample_record import motion_bucket_choice
 
 QUANTILES = {"q00": 0.1, "q10": 0.2, "q25": 0.3, "q50": 0.5, "q75": 0.7, "q90": 0.8, "q100": 1.0}
 

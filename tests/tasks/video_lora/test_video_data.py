@@ -25,13 +25,13 @@ from framer_ds.tasks.video_lora.data.video_clips import (
     ImagePairDataset,
     VideoClipDataset,
     resize_and_crop,
-    validate_svd_size,
 )
 from framer_ds.tasks.video_lora.data.video_index import (
     build_video_index,
     format_report,
     require_usable,
 )
+from framer_ds.tasks.video_lora.preflight import validate_svd_size
 
 W, H, CELL = 64, 48, 8  # an 8x6 grid of 8-pixel cells: frame i lights cell i, so 48 frames are unique
 
@@ -335,8 +335,10 @@ def test_validate_svd_size() -> None:
     assert [p.where for p in problems] == ["data.height", "data.width"]
     assert "570 is not a multiple of 64" in problems[0].message and "use 576" in problems[0].message
     assert "use 64" in problems[1].message
+    # a dataset checks the size by its base family's rule (issue 47: Wan's 16, not SVD's 64 for all)
     with pytest.raises(ConfigError, match="multiple of 64"):
-        VideoClipDataset(build_index_stub(), num_frames=2, height=100, width=64)
+        VideoClipDataset(build_index_stub(), num_frames=2, height=100, width=64, size_multiple=64)
+    VideoClipDataset(build_index_stub(), num_frames=2, height=80, width=112, size_multiple=16)
 
 
 def build_index_stub():

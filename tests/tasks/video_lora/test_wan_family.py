@@ -123,6 +123,46 @@ def test_a_complete_cache_never_loads_an_encoder(wan_run: Path, monkeypatch: pyt
 
 
 @pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
+def test_sample_writes_the_frames_and_the_record_as_an_svd_sample_does(
+    wan_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 47: `framer-ds sample` of a Wan export wrote the mp4 alone, so `--frames` (on by default) did
+    nothing and no `<stem>.json` recorded the seed and settings, though docs/video_lora.md promises both;
+    one sample writer now serves every family: `<stem>.mp4`, `<stem>_frames/` and `<stem>.json`."""
+    from framer_ds.cli.main import main
+
+    first, last = _image(tmp_path / "a.png", 1), _image(tmp_path / "b.png", 2)
+    args = ["sample", str(wan_run / "run" / "final"), "--image", str(first), "--last-image", str(last)]
+    args += ["--prompt", PROMPT, "--num-frames", "5", "--num-inference-steps", "2", "--seed", "3"]
+    out = tmp_path / "clip.mp4"
+    assert main([*args, "--out", str(out)]) == 0, capsys.readouterr().err
+    pngs = sorted((tmp_path / "clip_frames").glob("*.png"))
+    assert len(pngs) == 5 and np.asarray(Image.open(pngs[0])).shape == (64, 64, 3)
+    record = json.loads((tmp_path / "clip.json").read_text())
+    assert record["base"] == "wan" and record["seed"] == 3 and record["prompt"] == PROMPT
+    assert record["steps"] == 2 and record["num_frames"] == 5 and record["video"] == str(out)
+    assert record["export"] == str((wan_run / "run" / "final").resolve())
+    assert "guidance_scale" in record and "shift" in record
+    assert main([*args, "--no-frames", "--out", str(tmp_path / "bare.mp4")]) == 0
+    assert (tmp_path / "bare.json").is_file() and not (tmp_path / "bare_frames").exists()
+
+
+def test_wan_trains_at_a_size_its_own_rule_allows(tmp_path: Path) -> None:
+    """Issue 47: 80x112 is a multiple of Wan's 16 (VAE x patch size) and not of SVD's 64. The datasets
+    applied SVD's rule to every base (the held-out set never has buckets), so the shipped 14B Wan recipes
+    (480x832, 720x1280) passed `validate` and then stopped in build_datasets with "not a multiple of 64"."""
+    run = tmp_path / "run"
+    overrides = [f"output_dir={run}", f"data.cache.dir={tmp_path / 'cache'}", "data.height=80"]
+    overrides += ["data.width=112", "train.length.steps=2", "train.eval.every.steps=2"]
+    overrides += ["train.checkpoint.every=null", "train.num_workers=0", "train.log_every=1"]
+    train_in_process(CONFIG, overrides)
+    train, evals = read_metrics(run)
+    assert len(train) == 2 and np.isfinite(evals[-1]["eval/loss"])
+    metadata = json.loads((run / "final" / "framer_ds_video_lora.json").read_text())
+    assert (metadata["height"], metadata["width"]) == (80, 112)
+
+
+@pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
 def test_sample_refuses_a_length_the_vae_cannot_decode_to(
     wan_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

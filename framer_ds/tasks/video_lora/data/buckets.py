@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from framer_ds.config.errors import ConfigProblem
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 
 BUCKET_PATTERN = re.compile(r"^(\d+)x(\d+)x(\d+)$")
@@ -53,6 +54,25 @@ class Bucket:
         return cls(*(int(g) for g in match.groups()))
 
 
+def side_problem(value: int, multiple: int) -> str | None:
+    """Why a frame height or width of `value` pixels does not fit a base whose VAE and denoiser
+    downsample by `multiple` (the base family's `size_multiple()`), naming the nearest that does; None
+    when it fits. The one statement of the rule: validate, the datasets and the buckets all ask it."""
+    if value >= multiple and value % multiple == 0:
+        return None
+    nearest = max(multiple, round(value / multiple) * multiple)
+    return (
+        f"{value} is not a multiple of {multiple} (what this base's VAE and denoiser downsample by); "
+        f"use {nearest}"
+    )
+
+
+def size_problems(height: int, width: int, multiple: int, where: str = "data") -> list[ConfigProblem]:
+    """`side_problem` of both sides, as problems of `<where>.height` / `<where>.width`."""
+    found = ((side, side_problem(value, multiple)) for side, value in (("height", height), ("width", width)))
+    return [ConfigProblem(f"{where}.{side}", why) for side, why in found if why is not None]
+
+
 def bucket_problems(
     texts: list[str],
     multiple: int,
@@ -70,12 +90,8 @@ def bucket_problems(
             problems.append(str(exc))
             continue
         for side, value in (("height", bucket.height), ("width", bucket.width)):
-            if value < multiple or value % multiple:
-                nearest = max(multiple, round(value / multiple) * multiple)
-                problems.append(
-                    f"{text}: {side} {value} is not a multiple of {multiple} (what this base's VAE and "
-                    f"denoiser downsample by); use {nearest}"
-                )
+            if (why := side_problem(value, multiple)) is not None:
+                problems.append(f"{text}: {side} {why}")
         if bucket.num_frames < min_frames:
             problems.append(f"{text}: {bucket.num_frames} frames, this base needs at least {min_frames}")
         elif (why := frame_problem(bucket.num_frames)) is not None:

@@ -30,12 +30,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.storage.atomic import atomic_write_json
+from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.data.clip_reader import read_clip
 from framer_ds.tasks.video_lora.data.video_index import VideoRecord
 from framer_ds.tasks.video_lora.data.wrapped_dataset import ForwardsToWrapped
@@ -211,3 +214,73 @@ class WithMotionBucket(ForwardsToWrapped, torch.utils.data.Dataset):
         """What decides every item's bucket (part of the latent cache key)."""
         quantiles = hashlib.sha256(np.asarray(self.buckets.sorted_scores).tobytes()).hexdigest()[:16]
         return {"rates": sorted(self.rates.items()), "quantiles": quantiles}
+
+
+AUTO = "auto"
+"""`framer-ds sample --motion-bucket auto`: a run trained with `model.motion_bucket: from_data` samples, by
+default, at the bucket the given first and last frames score with the measure training used (the pair's
+normal-flow score per clip frame, mapped by the training set's recorded quantiles), instead of the fixed
+127 that made every sample move like an average training clip."""
+
+
+def motion_bucket_choice(
+    flag: int | str | None,
+    metadata: dict[str, Any],
+    first: torch.Tensor,
+    last: torch.Tensor | None,
+    num_frames: int,
+) -> dict[str, Any]:
+    """{"motion_bucket": N, "motion_bucket_source": why, ["motion_score": s]}: an explicit number wins;
+    `auto` (the default for a from_data export) estimates it from the input frames; otherwise the
+    export's trained bucket."""
+    from_data = "motion_score_quantiles" in metadata
+    if isinstance(flag, int):
+        return {"motion_bucket": flag, "motion_bucket_source": "--motion-bucket"}
+    if flag == AUTO and not from_data:
+        problem = ConfigProblem(
+            "--motion-bucket",
+            f"auto estimates the bucket with the motion score quantiles of a run trained with "
+            f"model.motion_bucket: from_data; this export trained at the fixed bucket "
+            f"{metadata.get('motion_bucket_id')}: pass a number 0..255 or leave the flag out",
+        )
+        raise ConfigError([problem], "sample")
+    if not from_data:
+        return {"motion_bucket": int(metadata["motion_bucket_id"]), "motion_bucket_source": "the export"}
+    # image-to-video has no last frame: the first alone shows no motion, as a still clip would
+    score = end_frames_score(first, last if last is not None else first, num_frames)
+    return {
+        "motion_bucket": bucket_from_quantiles(score, metadata["motion_score_quantiles"]),
+        "motion_bucket_source": "the input frames",
+        "motion_score": score,
+    }
+
+
+def data_motion_rates(data: Any, records: Sequence[VideoRecord] | None = None) -> dict[str, float]:
+    """Each video of a `VideoLoraData` (`records`, else its index), its motion per source frame scored
+    at the smallest training stride; cached, so `prepare_data` (local main process first) computes
+    them and the other ranks read them."""
+    records = records if records is not None else data.index().records
+    return motion_rates(records, data.sampler.strides[0], default_cache_dir() / "motion_scores")
+
+
+def with_motion_buckets(built: Any, data: Any) -> MotionBuckets:
+    """model.motion_bucket from_data: `built`'s datasets wrapped so each item carries its clip's bucket
+    (its video's motion per source frame times the clip's stride, ranked among the training clips:
+    every training video at every stride it can be drawn at); returns the buckets (the export records
+    their quantiles) and adds the run summary's note."""
+    from framer_ds.tasks.video_lora.data.video_clips import drawable_strides
+
+    records, train_records, sampler = built.records, built.train_records, data.sampler
+    rates = data_motion_rates(data, records)
+    clip_scores = [rates[r.video_id] * k for r in train_records for k in drawable_strides(r, sampler)]
+    buckets = MotionBuckets.from_scores(clip_scores)
+    source_fps = {r.video_id: r.source_fps for r in records}
+    built.train = WithMotionBucket(built.train, rates, buckets, source_fps)
+    built.val = WithMotionBucket(built.val, rates, buckets, source_fps) if built.val is not None else None
+    lo, hi = sampler.strides
+    spread = sorted(buckets.bucket(rates[r.video_id] * lo) for r in train_records)
+    built.notes["motion bucket"] = (
+        f"from data: {len(rates)} videos scored, per clip by its stride ({lo}..{hi}); training videos "
+        f"at stride {lo}: buckets {spread[0]}..{spread[-1]} (median {spread[len(spread) // 2]})"
+    )
+    return buckets

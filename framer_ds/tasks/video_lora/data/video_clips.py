@@ -1,4 +1,4 @@
-"""Video clips for Stable Video Diffusion: where a clip starts, its stride, resize and crop, and the
+"""Video clips for the video bases: where a clip starts, its stride, resize and crop, and the
 datasets that read them (the decoding is clip_reader.py's).
 
 Why a training dataset draws from each item's own generator (`seed=`, data/item_draws.py): a resumed
@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.data.item_draws import DrawsPerItem, ItemDraws
-from framer_ds.tasks.video_lora.data.buckets import Bucket
+from framer_ds.tasks.video_lora.data.buckets import Bucket, size_problems
 from framer_ds.tasks.video_lora.data.clip_reader import VideoReadError, read_clip
 from framer_ds.tasks.video_lora.data.video_index import VideoIndex, VideoRecord
 
@@ -189,22 +189,6 @@ class ClipPlacement:
         return cls(raw["start"], raw["stride"], raw["num_frames"], CropBox(**raw["box"]), raw["flipped"])
 
 
-def validate_svd_size(height: int, width: int, where: str = "data") -> list[ConfigProblem]:
-    """SVD's VAE downsamples by 8 and its UNet by 8 more, so both sides must be multiples of 64."""
-    problems = []
-    for name, value in (("height", height), ("width", width)):
-        if value < 64 or value % 64:
-            nearest = max(64, round(value / 64) * 64)
-            problems.append(
-                ConfigProblem(
-                    f"{where}.{name}",
-                    f"{value} is not a multiple of 64 (>= 64), which Stable Video Diffusion needs "
-                    f"(VAE /8, UNet /8); use {nearest}, e.g. 576x1024 as SVD was trained.",
-                )
-            )
-    return problems
-
-
 def _coprime_step(n: int) -> int:
     """A step near n/golden-ratio sharing no factor with n: retries visit every record once and land
     far from the failed one (bad files tend to sit together, e.g. one broken sub-directory)."""
@@ -231,6 +215,10 @@ class VideoClipDataset(DrawsPerItem, Dataset):
     With `buckets` (video_id -> `Bucket`, data.buckets) each video's clips take its bucket's height,
     width and frame count instead of the dataset's, items carry "bucket" (its name), and a failed file
     is replaced only by a video of the same bucket (a batch holds one shape).
+
+    `size_multiple`: what the base family's VAE and denoiser downsample by (`VideoBaseFamily.
+    size_multiple()`: 16 for Wan, 64 for SVD); height and width must be multiples of it. Each family
+    states its own rule: this dataset once applied SVD's 64 to every base, refusing Wan's 480x832.
     """
 
     def __init__(
@@ -249,8 +237,9 @@ class VideoClipDataset(DrawsPerItem, Dataset):
         with_placement: bool = False,
         seed: int | None = None,
         buckets: dict[str, Bucket] | None = None,
+        size_multiple: int = 1,
     ) -> None:
-        problems = validate_svd_size(height, width) if buckets is None else []
+        problems = size_problems(height, width, size_multiple) if buckets is None else []
         if problems:
             raise ConfigError(problems, source="VideoClipDataset")
         self.draws = ItemDraws(seed) if seed is not None else None
@@ -352,7 +341,8 @@ class ImagePairDataset(DrawsPerItem, Dataset):
     """`scan_image_pairs` output -> {"pixel_values": float32 [2,3,H,W] (start, end) in [-1,1],
     "video_id": id, "num_frames": T}. Only the two real frames are returned: the interpolation task
     builds the T - 2 placeholder frames between them, so it alone decides what they hold. The flip
-    draws as `VideoClipDataset`'s augmentation does (`seed`)."""
+    draws as `VideoClipDataset`'s augmentation does (`seed`); the size follows the base family's
+    `size_multiple`, as there."""
 
     def __init__(
         self,
@@ -362,8 +352,9 @@ class ImagePairDataset(DrawsPerItem, Dataset):
         num_frames: int,
         hflip: bool = False,
         seed: int | None = None,
+        size_multiple: int = 1,
     ) -> None:
-        problems = validate_svd_size(height, width)
+        problems = size_problems(height, width, size_multiple)
         if num_frames < 2:
             problems.append(ConfigProblem("data.num_frames", f"{num_frames} < 2: a pair is two frames."))
         if problems:

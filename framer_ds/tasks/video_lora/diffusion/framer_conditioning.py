@@ -18,6 +18,9 @@ augmentation, CLIP preprocessing) is SVD's, in `svd_conditioning`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -63,3 +66,53 @@ def framer_dropout(
     keep_img = (u[0] >= p_image).to(image_emb.dtype).view(b, 1, 1)
     keep_lat = (u[1] >= p_latents).to(first.dtype).view(b, 1, 1, 1)
     return first * keep_lat, last * keep_lat, image_emb * keep_img
+
+
+@dataclass
+class FramerSampling:
+    """Sampling a Framer model (`framer_model.FramerModel` as the denoiser) in SVD's loop, as its
+    `SamplingConditioning` (diffusion/sampling.py): Framer's conditioning (`framer_conditioning`) with
+    `mask_token`, and the ControlNet on `controlnet_cond` heatmaps [1,F,3,H,W] at `conditioning_scale`
+    for the steps whose fraction i/steps lies in `step_range` (Framer's `controlnet_step_range`); None
+    heatmaps: the ControlNet is skipped (no points)."""
+
+    mask_token: Tensor
+    controlnet_cond: Tensor | None = None
+    conditioning_scale: float = 1.0
+    step_range: tuple[float, float] = (0.0, 1.0)
+
+    def image_embeddings(self, first: Tensor, last: Tensor) -> Tensor:
+        return framer_image_embeddings(first, last)
+
+    def latents(self, first: Tensor, last: Tensor, num_frames: int) -> tuple[Tensor, Tensor]:
+        """Zero first/last latents unconditionally: the middle keeps the mask token, the mask stays."""
+        zeros = torch.zeros_like(first)
+        return (
+            framer_conditioning(first, last, self.mask_token, num_frames),
+            framer_conditioning(zeros, zeros, self.mask_token, num_frames),
+        )
+
+    def denoiser_inputs(
+        self, step: int, num_steps: int, guided: bool, device: torch.device, dtype: torch.dtype
+    ) -> dict[str, Any]:
+        return controlnet_inputs(self, step, num_steps, guided, device, dtype)
+
+
+def controlnet_inputs(
+    framer: FramerSampling | None,
+    step: int,
+    num_steps: int,
+    guided: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """The ControlNet keywords of denoising step `step` of `num_steps`: none without Framer heatmaps;
+    the heatmaps (doubled for guidance) inside `framer.step_range`, None (ControlNet skipped) outside."""
+    if framer is None or framer.controlnet_cond is None:
+        return {}
+    low, high = framer.step_range
+    heatmaps = torch.cat([framer.controlnet_cond] * 2) if guided else framer.controlnet_cond
+    in_range = low <= step / num_steps < high
+    control: dict[str, Any] = {"controlnet_cond": heatmaps.to(device, dtype) if in_range else None}
+    control["conditioning_scale"] = framer.conditioning_scale
+    return control

@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
 
-from framer_ds.tasks.video_lora.diffusion.framer_conditioning import framer_conditioning
 from framer_ds.tasks.video_lora.diffusion.svd_conditioning import (
     added_time_ids,
     clip_image_embeddings,
@@ -48,17 +47,21 @@ def guidance_scales(
     raise ValueError(f"unknown guidance schedule {schedule!r}; use one of {', '.join(GUIDANCE_SCHEDULES)}")
 
 
-@dataclass
-class FramerSampling:
-    """Sampling a Framer model (`framer_model.FramerModel` as the denoiser): Framer's conditioning
-    (`framer_conditioning`) with `mask_token`, and the ControlNet on `controlnet_cond` heatmaps
-    [1,F,3,H,W] at `conditioning_scale` for the steps whose fraction i/steps lies in `step_range`
-    (Framer's `controlnet_step_range`); None heatmaps: the ControlNet is skipped (no points)."""
+class SamplingConditioning(Protocol):
+    """A family's own conditioning convention in SVD's sampling loop (Framer's, `FramerSampling`): the
+    loop encodes the given frames as SVD does and asks this for the rest, so the SVD code never names a
+    family that extends it."""
 
-    mask_token: Tensor
-    controlnet_cond: Tensor | None = None
-    conditioning_scale: float = 1.0
-    step_range: tuple[float, float] = (0.0, 1.0)
+    def image_embeddings(self, first: Tensor, last: Tensor) -> Tensor:
+        """CLIP embeddings [1,1,D] of the first and the last frame -> what the denoiser attends to."""
+
+    def latents(self, first: Tensor, last: Tensor, num_frames: int) -> tuple[Tensor, Tensor]:
+        """(conditional, unconditional) conditioning latents [1,F,C,h,w] from the given frames' latents."""
+
+    def denoiser_inputs(
+        self, step: int, num_steps: int, guided: bool, device: torch.device, dtype: torch.dtype
+    ) -> dict[str, Any]:
+        """Extra keywords of the denoiser at step `step` of `num_steps` (doubled for guidance)."""
 
 
 @dataclass
@@ -96,25 +99,25 @@ def conditional_and_unconditional(
     noise_aug_strength: float,
     generator: torch.Generator | None,
     tile_size: int | None,
-    framer: FramerSampling | None,
+    conditioning: SamplingConditioning | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(image embeddings, conditional latents, unconditional latents, first-frame latents) for
-    image-to-video, SVD interpolation (mask channel appended) or Framer's convention. The first frame's
-    latents draw their noise from `generator` before the last frame's, as the pipelines do."""
+    image-to-video, SVD interpolation (mask channel appended) or a family's own convention
+    (`conditioning`). The first frame's latents draw their noise from `generator` before the last
+    frame's, as the pipelines do."""
     image_emb = clip_image_embeddings(parts.image_encoder, first[None])
     first_lat = conditioning_latents(
         parts.vae, first[None], noise_aug_strength, generator=generator, tile_size=tile_size
     )
-    if framer is not None:
+    if conditioning is not None:
         if last is None:
-            raise ValueError("a Framer model interpolates: pass the last frame")
+            raise ValueError("this model interpolates (Framer): pass the last frame")
         last_lat = conditioning_latents(
             parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
         )
-        image_emb = torch.cat([image_emb, clip_image_embeddings(parts.image_encoder, last[None])], dim=1)
-        cond = framer_conditioning(first_lat, last_lat, framer.mask_token, num_frames)
-        zeros = torch.zeros_like(first_lat)
-        uncond = framer_conditioning(zeros, zeros, framer.mask_token, num_frames)
+        last_emb = clip_image_embeddings(parts.image_encoder, last[None])
+        image_emb = conditioning.image_embeddings(image_emb, last_emb)
+        cond, uncond = conditioning.latents(first_lat, last_lat, num_frames)
     elif last is not None:
         last_lat = conditioning_latents(
             parts.vae, last[None], noise_aug_strength, generator=generator, tile_size=tile_size
@@ -128,26 +131,6 @@ def conditional_and_unconditional(
         cond = first_lat[:, None].expand(-1, num_frames, -1, -1, -1)
         uncond = torch.zeros_like(cond)
     return image_emb, cond, uncond, first_lat
-
-
-def controlnet_inputs(
-    framer: FramerSampling | None,
-    step: int,
-    num_steps: int,
-    guided: bool,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> dict[str, Any]:
-    """The ControlNet keywords of denoising step `step` of `num_steps`: none without Framer heatmaps;
-    the heatmaps (doubled for guidance) inside `framer.step_range`, None (ControlNet skipped) outside."""
-    if framer is None or framer.controlnet_cond is None:
-        return {}
-    low, high = framer.step_range
-    heatmaps = torch.cat([framer.controlnet_cond] * 2) if guided else framer.controlnet_cond
-    in_range = low <= step / num_steps < high
-    control: dict[str, Any] = {"controlnet_cond": heatmaps.to(device, dtype) if in_range else None}
-    control["conditioning_scale"] = framer.conditioning_scale
-    return control
 
 
 @torch.no_grad()
@@ -165,20 +148,21 @@ def sample_video(
     generator: torch.Generator | None = None,
     decode_chunk_size: int = 8,
     tile_size: int | None = None,
-    framer: FramerSampling | None = None,
+    conditioning: SamplingConditioning | None = None,
     guidance_schedule: GuidanceSchedule = "linear",
     on_step: Callable[[], Any] | None = None,
 ) -> Tensor:
     """first/last: [3,H,W] in [-1,1]; returns [T,3,H,W] in [-1,1]. The UNet takes 9 input channels
     when `last` is given (noisy + conditioning latents + mask). `guidance_schedule`: how the guidance
     goes from min to max over the frames (`guidance_scales`). `on_step`: called after each denoising step
-    (a progress bar's `update`). `framer`: Framer's conventions (the
-    pipeline `StableVideoDiffusionInterpControlPipeline.__call__`): CLIP of first and last frame, the
-    mask token on missing frames, the mask 1 there, zero latents and embeddings unconditionally."""
+    (a progress bar's `update`). `conditioning`: a family's own convention (Framer's `FramerSampling`,
+    as the pipeline `StableVideoDiffusionInterpControlPipeline.__call__`: CLIP of first and last frame,
+    the mask token on missing frames, the mask 1 there, zero latents and embeddings unconditionally, and
+    its ControlNet's keywords per step)."""
     device = first.device
     dtype = next(parts.unet.parameters()).dtype
     image_emb, cond, uncond, first_lat = conditional_and_unconditional(
-        parts, first, last, num_frames, noise_aug_strength, generator, tile_size, framer
+        parts, first, last, num_frames, noise_aug_strength, generator, tile_size, conditioning
     )
     time_ids = added_time_ids(fps, motion_bucket_id, noise_aug_strength, 1, parts.unet, device=device)
     guided = max_guidance_scale > 1.0
@@ -198,7 +182,11 @@ def sample_video(
     for i, t in enumerate(scheduler.timesteps):
         model_in = torch.cat([latents] * 2) if guided else latents
         model_in = torch.cat([scheduler.scale_model_input(model_in, t), cond.float()], dim=2)
-        control = controlnet_inputs(framer, i, num_inference_steps, guided, device, dtype)
+        control = (
+            {}
+            if conditioning is None
+            else conditioning.denoiser_inputs(i, num_inference_steps, guided, device, dtype)
+        )
         pred = parts.denoiser(
             model_in.to(dtype),
             t,

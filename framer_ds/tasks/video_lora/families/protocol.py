@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from framer_ds.config.errors import ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.tasks.video_lora.data.buckets import AUTO_FRAME_STEP
 
 
@@ -36,6 +36,49 @@ class ClipToSample:
     motion_bucket: int | None  # SVD's motion conditioning (None: the run's fixed bucket)
     controlnet_cond: torch.Tensor | None = None  # [1, F, 3, H, W] Framer's point heatmaps
     prompt_emb: torch.Tensor | None = None  # [L, D] the clip's cached UMT5 states (Wan, latent cache)
+
+
+class CachedBatch:
+    """An encoded batch (a dataclass of tensors, None where a base has no such input) as the latent cache
+    stores it: entry = one clip's tensors, a cached batch = the entries collated. Mixed into each
+    family's encoded batch (SVD's `EncodedClip`, Wan's `WanEncodedClip`)."""
+
+    def cache_entry(self, index: int) -> dict[str, torch.Tensor]:
+        """Clip `index` of the batch, as the tensors one cache entry stores."""
+        present = [f.name for f in fields(self) if getattr(self, f.name) is not None]
+        return {name: getattr(self, name)[index] for name in present}
+
+    @classmethod
+    def from_cached_batch(cls, batch: dict[str, Any]) -> Any:
+        """A batch of cache entries (with the loader's other keys, which are left out)."""
+        return cls(**{f.name: batch[f.name] for f in fields(cls) if f.name in batch})
+
+
+class FrozenHelpers(ABC):
+    """The holder of a base's frozen encoders: loaded outside ZeRO-3 init, never prepared (only one model
+    may be, under DeepSpeed), on the device only while they encode or sample when the latent cache is on.
+    `lent`: on the device for interp_eval under the cache, until the next training step."""
+
+    vae: torch.nn.Module | None = None
+    lent: bool = False
+
+    @abstractmethod
+    def load(self) -> tuple[torch.nn.Module, ...]:
+        """Fresh modules (`framer-ds plan` counts them on meta, the VAE first)."""
+
+    @abstractmethod
+    def on_device(self, accelerator) -> tuple[torch.nn.Module | None, ...]:
+        """Loaded once (frozen, eval), then on the accelerator's device in their dtypes."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Off the device: the cache holds what they encode; a sampling round brings them back."""
+
+    def release_if_lent(self) -> None:
+        """After interp_eval under the latent cache: off the device before training goes on."""
+        if self.lent:
+            self.lent = False
+            self.release()
 
 
 class ClipSampler(ABC):
@@ -102,6 +145,37 @@ class VideoBaseFamily(ABC):
     def min_frames(self) -> int:
         """Fewest frames a training clip may have."""
 
+    def prepare_data(self, data: Any) -> None:
+        """Once per node before the other ranks read the data (`VideoLoraData`): what this base derives
+        from the clips and caches (SVD's motion scores)."""
+        return None
+
+    @property
+    def clip_placement(self) -> bool:
+        """Whether each clip carries its placement (start, stride, crop, flip; Framer's point tracks
+        follow it)."""
+        return False
+
+    def datasets(self, built: Any, data: Any) -> tuple[Dataset, Dataset | None]:
+        """The training and held-out datasets `data.build()` made (`built`), as this base trains on them
+        (SVD adds each clip's motion bucket, Framer its point heatmaps)."""
+        return built.train, built.val
+
+    def cached_datasets(
+        self, train: Dataset, val: Dataset | None, records: list[Any]
+    ) -> tuple[Dataset, Dataset | None]:
+        """The latent cache's datasets as this base trains on them (`records`: the videos of both)."""
+        return train, val
+
+    def compute_tracks(self, data: Any, shard: tuple[int, int]) -> str:
+        """`framer-ds data tracks`: a base without a trajectory ControlNet has no use for point tracks."""
+        problem = ConfigProblem(
+            "data.tracks",
+            f"model.base.name {self.config.model.base.name!r} reads no point tracks (only Framer's "
+            "ControlNet does): set model.base.name framer or drop data.tracks",
+        )
+        raise ConfigError([problem], "data tracks")
+
     def record_problems(self, records: Callable[[], list[Any]]) -> list[ConfigProblem]:
         """Problems of the indexed videos (`records()` indexes them) this base alone has (a missing
         caption); a base without per-clip files never indexes."""
@@ -159,6 +233,10 @@ class VideoBaseFamily(ABC):
     ) -> dict[str, torch.Tensor]:
         """Per-clip held-out losses at fixed noise levels (`loss` their mean), seeded per clip."""
 
+    def cache_entry(self, encoded: Any, batch: dict) -> dict[str, torch.Tensor]:
+        """What one latent-cache entry stores of `encoded`, the encoding of `batch` (one item)."""
+        return encoded.cache_entry(0)
+
     @abstractmethod
     def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
         """Everything that decides a split's cached tensors (its hash is the cache key)."""
@@ -190,7 +268,7 @@ class VideoBaseFamily(ABC):
     @abstractmethod
     def export(self, accelerator, model: torch.nn.Module, out_dir: Path, run_facts: dict[str, Any]) -> None:
         """Write the adapter and its metadata to `out_dir` (every rank calls; ZeRO-3 gathers).
-        `run_facts`: what the task learnt from the data (trained fps, shapes, motion buckets)."""
+        `run_facts`: what the task learnt from the data (trained fps, shapes)."""
 
     def export_record_fields(self) -> dict[str, Any]:
         """Facts framer_ds_export.json records beside `base_model` (a Wan 2.2 run: its expert)."""

@@ -1,8 +1,9 @@
-"""The SVD family: stock Stable Video Diffusion (`model.base.name: svd`) and Framer checkpoints
-(`framer`), both an SVD UNet trained under EDM with the frozen SVD VAE and CLIP image encoder.
+"""The SVD family: stock Stable Video Diffusion (`model.base.name: svd`), an SVD UNet trained under EDM
+with the frozen SVD VAE and CLIP image encoder.
 
-Framer's own model, conditioning and export live in framer_setup.py; this family routes to it where the
-base is Framer, so the task never asks which of the two it runs.
+Framer (`FramerFamily`) is this family extended one way: it overrides the steps marked "hook" below
+(its model, conditioning, denoiser call, datasets, export, sampler parts) and this module never names
+it, as finetrainers' Wan control specification extends its base specification.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.storage.locations import default_cache_dir
-from framer_ds.tasks.video_lora.bases import FramerBase
 from framer_ds.tasks.video_lora.cache_fingerprints import describe_cache
+from framer_ds.tasks.video_lora.data.motion_score import data_motion_rates, with_motion_buckets
 from framer_ds.tasks.video_lora.diffusion import edm
 from framer_ds.tasks.video_lora.diffusion.temporal_context import set_temporal_context_order
 from framer_ds.tasks.video_lora.encoding import (
@@ -33,13 +34,17 @@ from framer_ds.tasks.video_lora.encoding import (
 )
 from framer_ds.tasks.video_lora.encoding import svd_conditioning as _svd
 from framer_ds.tasks.video_lora.eval_memory import samples_during_training
-from framer_ds.tasks.video_lora.export_formats import export_format
+from framer_ds.tasks.video_lora.export_formats import SVD_EXPORT_FORMATS, ExportFormat, export_format
 from framer_ds.tasks.video_lora.families.protocol import VideoBaseFamily, per_clip_noise
 from framer_ds.tasks.video_lora.families.svd_sampling import SvdClipSampler
-from framer_ds.tasks.video_lora.framer_setup import FramerSetup
 from framer_ds.tasks.video_lora.frozen_encoders import FrozenSvdEncoders
-from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_metadata, sample_to_file
-from framer_ds.tasks.video_lora.preflight import config_problems
+from framer_ds.tasks.video_lora.inference import (
+    EXPORT_METADATA,
+    export_metadata,
+    sample_to_file,
+    svd_sampler_parts,
+)
+from framer_ds.tasks.video_lora.preflight import config_problems, tracks_unused
 from framer_ds.tasks.video_lora.unet_lora import build_svd_lora_unet
 
 SVD_SIZE_MULTIPLE = 64  # SVD's VAE downsamples by 8 and its UNet by 8 more
@@ -47,15 +52,17 @@ TINY_SIZE_MULTIPLE = 16  # the built-in tiny SVD: VAE /8, a UNet of two down blo
 
 
 class SvdFamily(VideoBaseFamily):
-    """SVD and Framer bases: EDM on the SVD UNet (`framer` set for a Framer base)."""
+    """Stock SVD: EDM on the SVD UNet; the base of `FramerFamily`."""
+
+    embeds_last_frame = False
+    """Whether a clip's conditioning holds the last frame's CLIP embedding too (Framer's convention)."""
 
     def __init__(self, config: Any):
         super().__init__(config)
         # the VAE and image encoder; idle on the CPU between sampling rounds when the latent cache is on
         self._frozen = FrozenSvdEncoders(self.base_path(), keep_on_cpu=samples_during_training(config))
         self.unet_config = None  # the UNet's config (added-time ids), from build_model
-        framer_base = isinstance(config.model.base, FramerBase)
-        self.framer = FramerSetup(config.model, self.base_path()) if framer_base else None
+        self.motion_buckets = None  # model.motion_bucket from_data: the training set's score quantiles
 
     @property
     def frozen(self) -> FrozenSvdEncoders:
@@ -76,11 +83,36 @@ class SvdFamily(VideoBaseFamily):
             from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
 
             create_tiny_svd(self.base_path())
-        if self.framer is not None:
-            self.framer.prepare()
+
+    def prepare_data(self, data: Any) -> None:
+        """model.motion_bucket from_data: every video's motion score, once per node before the other
+        ranks read the cache (`VideoLoraData.motion_rates`)."""
+        if self.motion_from_data:
+            data_motion_rates(data)
+
+    @property
+    def motion_from_data(self) -> bool:
+        """model.motion_bucket from_data on videos (image pairs have no motion to score)."""
+        return self.config.model.motion_bucket == "from_data" and not self.uses_pairs
+
+    def datasets(self, built: Any, data: Any) -> tuple[Dataset, Dataset | None]:
+        """With model.motion_bucket from_data each item carries its clip's bucket (data/motion_score.py)."""
+        if self.motion_from_data:
+            self.motion_buckets = with_motion_buckets(built, data)
+        return built.train, built.val
 
     def check(self, data_root: Path) -> list[ConfigProblem]:
-        return config_problems(self.config, self.base_path(), data_root, self.framer)
+        return config_problems(
+            self.config, self.base_path(), data_root, self.base_problems(), self.track_problems()
+        )
+
+    def base_problems(self) -> list[ConfigProblem]:
+        """Hook: the problems of the base's own files and keys beyond SVD's (Framer's checkpoint)."""
+        return []
+
+    def track_problems(self) -> list[ConfigProblem]:
+        """Hook: data.tracks on a base without a trajectory ControlNet is refused (nothing reads it)."""
+        return tracks_unused(self.config.data)
 
     def size_multiple(self) -> int:
         """The VAE's downsampling times the UNet's (2 per down block but the last), read from the
@@ -99,19 +131,14 @@ class SvdFamily(VideoBaseFamily):
     # --- models --------------------------------------------------------------------------------------
 
     def build_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
-        if self.framer is not None:
-            model = self.framer.build_model(gradient_checkpointing)
-            self.unet_config = self.framer.bare_unet  # config + added-time embedding, as for SVD
-        else:
-            self.unet_config, model = build_svd_lora_unet(
-                self.base_path(), self.config.model, gradient_checkpointing
-            )
-        # Framer's or diffusers' (diffusion/temporal_context.py), for both bases
+        self.unet_config, model = self._build_unet(gradient_checkpointing)
+        # the base's temporal context order (diffusion/temporal_context.py), Framer's too
         return set_temporal_context_order(model, self.config.model.context_order)
 
-    def optimizer_groups(self, model: torch.nn.Module) -> list[dict] | None:
-        """A Framer run's mask_token at `model.mask_token_lr` (framer_setup.py); otherwise one group."""
-        return self.framer.optimizer_groups(model) if self.framer is not None else None
+    def _build_unet(self, gradient_checkpointing: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """Hook: (the bare UNet, whose config and added-time embedding describe the time ids; the model
+        that trains)."""
+        return build_svd_lora_unet(self.base_path(), self.config.model, gradient_checkpointing)
 
     def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
         """The SVD UNet's repeated units (both bases build it): a res block and a spatio-temporal
@@ -149,18 +176,16 @@ class SvdFamily(VideoBaseFamily):
         encoders = FrozenEncoders(
             self.frozen.vae, self.frozen.image_encoder, options.vae_chunk_size, options.vae_tile_size
         )
+        last = self.embeds_last_frame
         if self.uses_pairs:
             fps = torch.full((pixels.shape[0],), float(options.fps), device=pixels.device)
             num_frames = self.config.data.num_frames
-            return encode_pairs(
-                encoders, pixels, num_frames, fps, cond_sigma, eval_generator, self.framer is not None
-            )
-        interpolation, framer = options.base.mode == "interpolation", self.framer is not None
-        return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, eval_generator, framer)
+            return encode_pairs(encoders, pixels, num_frames, fps, cond_sigma, eval_generator, last)
+        interpolation = options.base.mode == "interpolation"
+        return encode_clips(encoders, pixels, batch["fps"], cond_sigma, interpolation, eval_generator, last)
 
-    def _denoise(
-        self, model, noisy, sigma, encoded: EncodedClip, cond, mask, image_emb, controlnet_cond=None
-    ) -> torch.Tensor:
+    def _denoise(self, model, noisy, sigma, encoded: EncodedClip, cond, image_emb, batch) -> torch.Tensor:
+        """The EDM denoiser on `noisy` at `sigma`, conditioned as the clip was encoded."""
         options = self.config.model
         fps_value = options.fps if options.fps is not None else encoded.fps.float()
         time_ids = _svd().added_time_ids(
@@ -173,11 +198,28 @@ class SvdFamily(VideoBaseFamily):
             self.unet_config,
             device=noisy.device,
         )
-        if self.framer is not None:  # cond carries Framer's mask channel already
-            return self.framer.denoise(model, noisy, sigma, cond, image_emb, time_ids, controlnet_cond)
+        return self._unet_denoise(model, noisy, sigma, cond, image_emb, time_ids, batch)
+
+    def _unet_denoise(self, model, noisy, sigma, cond, image_emb, time_ids, batch) -> torch.Tensor:
+        """Hook: the UNet call itself (Framer's goes through its ControlNet on the batch's heatmaps)."""
+        return _svd().unet_denoise(model, noisy, sigma, cond, image_emb, time_ids)
+
+    def _conditioning(
+        self, encoded: EncodedClip, num_frames: int, dropout: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hook: (conditioning latents [B,F,C(+1),h,w] with the interpolation mask channel appended,
+        image embeddings), with classifier-free-guidance dropout when training (`dropout`): the mask
+        is never dropped (CFG drops content, not layout)."""
+        cond, mask = encoded.unet_conditioning(num_frames)
+        image_emb = encoded.image_emb
+        if dropout:
+            options = self.config.model
+            image_emb, cond = _svd().conditioning_dropout(
+                image_emb, cond, options.dropout_image, options.dropout_latents
+            )
         if mask is not None:
             cond = torch.cat([cond, mask.to(cond.dtype)], dim=2)
-        return _svd().unet_denoise(model, noisy, sigma, cond, image_emb, time_ids)
+        return cond, image_emb
 
     def training_loss(self, model, batch) -> torch.Tensor:
         options = self.config.model
@@ -185,17 +227,10 @@ class SvdFamily(VideoBaseFamily):
         encoded.motion_bucket = batch.get("motion_bucket_id", encoded.motion_bucket)  # else the cache's
         target = encoded.target.float()
         batch_size = target.shape[0]
-        if self.framer is not None:
-            (cond, image_emb), mask = self.framer.conditioning(encoded, target.shape[1], dropout=True), None
-        else:
-            cond, mask = encoded.unet_conditioning(target.shape[1])
-            image_emb, cond = _svd().conditioning_dropout(
-                encoded.image_emb, cond, options.dropout_image, options.dropout_latents
-            )
+        cond, image_emb = self._conditioning(encoded, target.shape[1], dropout=True)
         sigma = edm.sample_sigmas(batch_size, options.edm.p_mean, options.edm.p_std, device=target.device)
         noisy = edm.add_noise(target, sigma)
-        tracks = batch.get("controlnet_cond")
-        denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, image_emb, tracks)
+        denoised = self._denoise(model, noisy, sigma, encoded, cond, image_emb, batch)
         return edm.edm_loss(denoised, target, sigma, frame_weights=encoded.frame_weights)
 
     def eval_losses(self, model, batch, generators: list[torch.Generator]) -> dict[str, torch.Tensor]:
@@ -204,10 +239,7 @@ class SvdFamily(VideoBaseFamily):
         encoded = self.encode(batch, generators)
         encoded.motion_bucket = batch.get("motion_bucket_id", encoded.motion_bucket)  # else the cache's
         target = encoded.target.float()
-        cond, mask = encoded.unet_conditioning(target.shape[1])
-        image_emb = encoded.image_emb
-        if self.framer is not None:
-            (cond, image_emb), mask = self.framer.conditioning(encoded, target.shape[1], dropout=False), None
+        cond, image_emb = self._conditioning(encoded, target.shape[1], dropout=False)
         noise = per_clip_noise(target, generators)
         values: dict[str, torch.Tensor] = {}
         for sigma_value in edm.fixed_sigma_quantiles(
@@ -215,22 +247,24 @@ class SvdFamily(VideoBaseFamily):
         ):
             sigma = torch.full((target.shape[0],), float(sigma_value), device=target.device)
             noisy = target + sigma.view(-1, 1, 1, 1, 1) * noise
-            tracks = batch.get("controlnet_cond")
-            denoised = self._denoise(model, noisy, sigma, encoded, cond, mask, image_emb, tracks)
+            denoised = self._denoise(model, noisy, sigma, encoded, cond, image_emb, batch)
             values[f"loss_sigma_{float(sigma_value):.3g}"] = edm.edm_loss(
                 denoised, target, sigma, "none", frame_weights=encoded.frame_weights
             )
         values["loss"] = torch.stack(list(values.values())).mean(dim=0)
         return values
 
+    def cache_entry(self, encoded: EncodedClip, batch: dict) -> dict[str, torch.Tensor]:
+        """from_data: the entry stores the clip's bucket, which training prefers to the fixed one."""
+        encoded.motion_bucket = batch.get("motion_bucket_id")
+        return encoded.cache_entry(0)
+
     def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
-        framer_base = self.framer is not None
-        return describe_cache(self.config, dataset, split, copies, self.base_path(), dtype, framer_base)
+        return describe_cache(self.config, dataset, split, copies, self.base_path(), dtype)
 
     def example_batch(self, config: Any, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """From the VAE's and image encoder's config.json (`encoding.example_encoded_batch`)."""
-        framer_base = self.framer is not None
-        return example_encoded_batch(config, self.base_path(), micro_batch_size, framer_base=framer_base)
+        return example_encoded_batch(config, self.base_path(), micro_batch_size, self.embeds_last_frame)
 
     # --- sampling the model being trained -------------------------------------------------------------
 
@@ -244,7 +278,14 @@ class SvdFamily(VideoBaseFamily):
         scheduler = EulerDiscreteScheduler.from_pretrained(self.base_path(), subfolder="scheduler")
         parts = SamplerParts(model, self.unet_config, vae, encoder, scheduler)
         options = self.config.model
-        return SvdClipSampler(parts, options.vae_tile_size, self.framer, options.fixed_motion_bucket)
+        return SvdClipSampler(
+            parts, options.vae_tile_size, self.sampling_source(), options.fixed_motion_bucket
+        )
+
+    def sampling_source(self) -> Any:
+        """Hook: what gives a clip's `SamplingConditioning` (an object with `sampling(controlnet_cond)`);
+        None: SVD's own conditioning."""
+        return None
 
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The VAE in the dtype SVD's VAE tolerates (fp32 under fp16 with force_upcast), as
@@ -268,23 +309,42 @@ class SvdFamily(VideoBaseFamily):
     def export(self, accelerator, model, out_dir: Path, run_facts: dict[str, Any]) -> None:
         """adapter_model.safetensors + adapter_config.json (peft; with conv_in for interpolation), and
         the conditioning settings a sampler needs."""
-        framer = self.framer.export(accelerator, model, out_dir) if self.framer is not None else {}
-        if self.framer is None:
-            save_peft_adapter_gathered(accelerator, model, out_dir)
+        extra = self._export_weights(accelerator, model, out_dir)
         if accelerator.is_main_process:
             metadata = export_metadata(
-                self.config, self.base_path(), run_facts["trained_fps"], run_facts["motion_buckets"]
+                self.config, self.base_path(), run_facts["trained_fps"], self.motion_buckets
             )
             metadata["trained_shapes"] = run_facts["trained_shapes"]  # what `sample --height ...` accepts
-            atomic_write_json(Path(out_dir) / EXPORT_METADATA, {**metadata, **framer})
+            atomic_write_json(Path(out_dir) / EXPORT_METADATA, {**metadata, **extra})
+
+    def _export_weights(self, accelerator, model, out_dir: Path) -> dict[str, Any]:
+        """Hook: write the trained weights (every rank: ZeRO-3 gathers); returns metadata entries."""
+        save_peft_adapter_gathered(accelerator, model, out_dir)
+        return {}
 
     def load_export(self, model, export_dir: Path) -> torch.nn.Module:
-        load = self.framer.load_export if self.framer is not None else load_peft_adapter
-        load(model, Path(export_dir))
+        load_peft_adapter(model, Path(export_dir))
         return model
 
     def sample(self, export_dir: Path, options: Any) -> str:
-        return sample_to_file(export_dir, options)
+        return sample_to_file(export_dir, options, self.sampler_parts)
+
+    def sampler_parts(
+        self,
+        adapter_dir: Path,
+        metadata: dict[str, Any],
+        options: Any,
+        num_frames: int,
+        device: str,
+        dtype: torch.dtype,
+    ):
+        """Hook: (SamplerParts, SamplingConditioning or None) of an export: stock SVD's pipeline with
+        the adapter merged."""
+        return svd_sampler_parts(adapter_dir, metadata, options, num_frames, device, dtype)
+
+    def export_formats(self) -> dict[str, ExportFormat]:
+        """Hook: `framer-ds export --format` name -> writer, for this base."""
+        return dict(SVD_EXPORT_FORMATS)
 
     def export_command(self, export_dir: Path, options: Any) -> str:
-        return export_format(export_dir, options)
+        return export_format(export_dir, options, self.export_formats())

@@ -3,7 +3,8 @@
 samples and interp_eval.
 
 Why apart from svd.py: svd.py is the objective and the model; this is the inference loop's inputs
-(the base's scheduler, fps and motion-bucket conditioning, Framer's ControlNet on a clip's heatmaps).
+(the base's scheduler, fps and motion-bucket conditioning, a family's own conditioning such as Framer's
+ControlNet on a clip's heatmaps).
 """
 
 from __future__ import annotations
@@ -17,18 +18,16 @@ from framer_ds.tasks.video_lora.families.protocol import ClipSampler, ClipToSamp
 
 if TYPE_CHECKING:  # diffusers loads when sampling starts
     from framer_ds.tasks.video_lora.diffusion.sampling import SamplerParts
-    from framer_ds.tasks.video_lora.framer_setup import FramerSetup
 
 
 class SvdClipSampler(ClipSampler):
     """`sample_video` on `parts` (the model being trained + the frozen VAE, encoder, scheduler);
-    `framer`: a Framer base's setup (its conventions, the ControlNet on each clip's own heatmaps);
+    `conditioning`: None (SVD's own), or what gives a clip's `SamplingConditioning` by its heatmaps
+    (`.sampling(controlnet_cond)`: a Framer family, its ControlNet on each clip's own heatmaps);
     `motion_bucket`: the run's fixed bucket, for clips without one of their own."""
 
-    def __init__(
-        self, parts: SamplerParts, tile_size: int | None, framer: FramerSetup | None, motion_bucket: int
-    ):
-        self.parts, self.tile_size, self.framer = parts, tile_size, framer
+    def __init__(self, parts: SamplerParts, tile_size: int | None, conditioning: Any, motion_bucket: int):
+        self.parts, self.tile_size, self.conditioning = parts, tile_size, conditioning
         self.motion_bucket = motion_bucket
 
     def _bucket(self, clip: ClipToSample) -> int:
@@ -43,7 +42,8 @@ class SvdClipSampler(ClipSampler):
     ) -> torch.Tensor:
         from framer_ds.tasks.video_lora.diffusion import sampling
 
-        framer = self.framer.sampling(clip.controlnet_cond) if self.framer is not None else None
+        source = self.conditioning
+        conditioning = source.sampling(clip.controlnet_cond) if source is not None else None
         return sampling.sample_video(
             self.parts,
             clip.first,
@@ -54,7 +54,7 @@ class SvdClipSampler(ClipSampler):
             generator=generator,
             **settings.sampling_kwargs(),
             tile_size=self.tile_size,
-            framer=framer,
+            conditioning=conditioning,
             on_step=on_step,
         )
 

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.storage.locations import default_cache_dir
-from framer_ds.tasks.video_lora.cache_fingerprints import CACHE_FORMAT_VERSION, source_fingerprint
+from framer_ds.tasks.video_lora.cache_fingerprints import cache_basics, files_fingerprint
 from framer_ds.tasks.video_lora.diffusion import flow_matching as fm
 from framer_ds.tasks.video_lora.families.protocol import VideoBaseFamily, per_clip_noise
 from framer_ds.tasks.video_lora.families.wan_export import WanExports
@@ -314,17 +314,11 @@ class WanFamily(WanExports, VideoBaseFamily):
         of one dataset share one cache and the second run encodes nothing."""
         records = getattr(dataset, "records", [])
         return {
-            "format": CACHE_FORMAT_VERSION,
+            **cache_basics(self.config, dataset, split, copies, dtype),
             "base": "wan",
-            "split": split,
-            "copies": copies,
-            "seed": self.config.train.seed,
-            "source": source_fingerprint(dataset),
-            "encoders": encoder_fingerprint(self.base_path()),
+            "encoders": files_fingerprint(self.base_path(), ENCODER_FOLDERS),
             "prompts": sorted((r.video_id, self.prompts.get(r.video_id)) for r in records),
             "max_sequence_length": MAX_SEQUENCE_LENGTH,
-            "dtype": dtype,
-            "mode": self.config.model.base.mode,
             "data": self.config.data.model_dump(mode="json", exclude={"cache", "val_fraction", "source"}),
         }
 
@@ -347,13 +341,3 @@ class WanFamily(WanExports, VideoBaseFamily):
             frames = 2 if self.interpolation else 1
             batch["image_emb"] = torch.zeros(k, frames, tokens, image["hidden_size"])
         return batch
-
-
-def encoder_fingerprint(base_dir: Path) -> list:
-    """The frozen encoders' files (they decide every cached tensor), with sizes and mtimes."""
-    found = []
-    for sub in ENCODER_FOLDERS:
-        for path in sorted((Path(base_dir) / sub).glob("*")):
-            info = path.stat()
-            found.append([f"{sub}/{path.name}", info.st_size, info.st_mtime_ns])
-    return found

@@ -17,6 +17,7 @@ its expert and, with `--other-expert RUN2/final`, the other run's LoRA on the ot
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,18 +91,24 @@ class WanExports:
         return model
 
     def sample(self, export_dir: Path, options: Any) -> str:
-        """A video (+ `--save-frames` the float frames in [0, 1] it encodes) from a Wan export."""
-        from framer_ds.tasks.video_lora.data.video_write import H264, to_uint8_frames, write_video
+        """A video from a Wan export, with its frames as PNGs and `<stem>.json` (`sample_record.py`, the
+        files every family's sample writes); `--save-frames` also the float frames in [0, 1] it encodes."""
+        from framer_ds.tasks.video_lora.data.video_write import to_uint8_frames
+        from framer_ds.tasks.video_lora.sample_record import describe, write_sample_outputs
 
-        frames, settings = sample_wan_export(export_dir, options)
+        frames, settings = sample_wan_export(export_dir, options, announce=lambda r: print(describe(r)))
         if options.save_frames is not None:
             np.save(options.save_frames, frames[0].permute(0, 2, 3, 1).numpy())  # [F, H, W, 3]
-        codec = write_video(options.out, to_uint8_frames(frames[0] * 2 - 1), settings["fps"])
+        pixels = to_uint8_frames(frames[0] * 2 - 1)
+        written = write_sample_outputs(
+            options.out, pixels, settings["fps"], settings["record"], options.frames
+        )
         experts = f", {settings['experts']}" if settings.get("experts") else ""
         return (
-            f"wrote {options.out} ({'H.264' if codec == H264 else codec}): {frames.shape[1]} frames at "
+            f"wrote {options.out} ({written.codec_name}): {frames.shape[1]} frames at "
             f"{settings['width']}x{settings['height']}, {options.steps} steps, guidance "
             f"{settings['guidance_scale']:g}, shift {settings['shift']:g}, seed {options.seed}{experts}"
+            f"{written.files_note()}"
         )
 
     def export_command(self, export_dir: Path, options: Any) -> str:
@@ -205,12 +212,16 @@ def _transformers(
 
 
 @torch.no_grad()
-def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Frames [1, F, 3, H, W] float32 in [0, 1] from a Wan export, and the settings used: the
-    computation a run's validation samples make (wan_sampling.sample_clip), on the export's adapter (and
-    on a Wan 2.2 base both experts, switched as the pipeline switches them)."""
+def sample_wan_export(
+    export_dir: Path, options: Any, announce: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Frames [1, F, 3, H, W] float32 in [0, 1] from a Wan export, and the settings used (`record`:
+    the sample's record, which `announce` hears before the denoising starts): the computation a run's
+    validation samples make (wan_sampling.sample_clip), on the export's adapter (and on a Wan 2.2 base
+    both experts, switched as the pipeline switches them)."""
     from framer_ds.tasks.video_lora.families.wan_parts import FrozenWanEncoders
     from framer_ds.tasks.video_lora.families.wan_sampling import WanSampling, encode_prompt, sample_clip
+    from framer_ds.tasks.video_lora.sample_record import sample_record
     from framer_ds.tasks.video_lora.sample_shape import sample_shape
 
     metadata = read_adapter_metadata(export_dir)
@@ -234,6 +245,17 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
         encode_prompt(encoders, text, defaults.max_sequence_length) for text in (options.prompt, negative)
     ]
     guidance = options.guidance_scale if options.guidance_scale is not None else defaults.guidance_scale
+    fps = options.fps or WAN_OUTPUT_FPS
+    settings = {"num_frames": num_frames, "height": height, "width": width, "fps": fps}
+    settings |= {"steps": options.steps, "prompt": options.prompt, "negative_prompt": negative}
+    settings |= {"guidance_scale": guidance, "guidance_scale_2": options.guidance_scale_2}
+    settings |= {"shift": defaults.shift, "scheduler": defaults.scheduler_class}
+    if metadata.get("expert") is not None:
+        other = str(options.other_expert) if options.other_expert is not None else None
+        settings |= {"expert": metadata["expert"], "other_expert": other, "experts": experts}
+    record = sample_record(export_dir, metadata, options, {**settings, "device": device, "dtype": "float32"})
+    if announce is not None:
+        announce(record)
     frames = sample_clip(
         transformer,
         encoders,
@@ -248,6 +270,4 @@ def sample_wan_export(export_dir: Path, options: Any) -> tuple[torch.Tensor, dic
         boundary_ratio=metadata.get("boundary_ratio"),
         guidance_scale_2=options.guidance_scale_2,  # None: the pipeline's default, = guidance
     )
-    settings = {"height": height, "width": width, "guidance_scale": guidance, "shift": defaults.shift}
-    settings["experts"] = experts
-    return frames.cpu(), {**settings, "fps": options.fps or WAN_OUTPUT_FPS}
+    return frames.cpu(), {**settings, "experts": experts, "record": record}

@@ -7,7 +7,7 @@ encoders fill it, which text decides it), while wan.py is the objective and the 
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,14 @@ from framer_ds.config.errors import ConfigProblem
 from framer_ds.engine.accelerator import frozen_model_init
 from framer_ds.engine.precision import compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
+from framer_ds.tasks.video_lora.families.protocol import CachedBatch, FrozenHelpers
 from framer_ds.tasks.video_lora.families.wan_preflight import has_image_encoder
 
 CAPTION_SUFFIX = ".txt"
 
 
 @dataclass
-class WanEncodedClip:
+class WanEncodedClip(CachedBatch):
     """One batch as the Wan transformer reads it (and a latent-cache entry stores it, per clip)."""
 
     target: Tensor  # [B, z, F', h, w] normalised VAE latents (mode): the flow's x0
@@ -38,16 +39,8 @@ class WanEncodedClip:
         """[B*k, T, D], first_0, last_0, first_1, ...: the order the FLF2V image embedder pairs."""
         return None if self.image_emb is None else self.image_emb.flatten(0, 1)
 
-    def cache_entry(self, index: int) -> dict[str, Tensor]:
-        present = [f.name for f in fields(self) if getattr(self, f.name) is not None]
-        return {name: getattr(self, name)[index] for name in present}
 
-    @classmethod
-    def from_cached_batch(cls, batch: dict[str, Any]) -> WanEncodedClip:
-        return cls(**{f.name: batch[f.name] for f in fields(cls) if f.name in batch})
-
-
-class FrozenWanEncoders:
+class FrozenWanEncoders(FrozenHelpers):
     """The VAE, CLIP image encoder (+ processor; none on Wan 2.2 I2V A14B) and UMT5 text encoder
     (+ tokenizer) of a Wan run.
 
@@ -142,12 +135,6 @@ class FrozenWanEncoders:
         from framer_ds.tasks.video_lora.wan.conditioning import encode_images
 
         return encode_images(self.image_encoder, self.image_processor, first, last)
-
-    def release_if_lent(self) -> None:
-        """After interp_eval under the latent cache: dropped before training goes on."""
-        if self.lent:
-            self.lent = False
-            self.release()
 
     def release(self) -> None:
         """Dropped: the cache holds what they encode; a sampling round loads them again."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from framer_ds.config.errors import ConfigProblem
+from framer_ds.tasks.video_lora.data.buckets import size_problems
 
 WAN_SUBFOLDERS = ("transformer", "vae", "text_encoder", "image_encoder", "scheduler")
 TINY_TWO_EXPERT_BUILTINS = ("tiny_wan22_i2v",)
@@ -197,10 +198,5 @@ def wan_problems(
         )
     if frames:
         problems.append(ConfigProblem("data.num_frames", frames))
-    for key in ("height", "width"):
-        value = getattr(data, key)
-        if value % multiple:
-            problems.append(
-                ConfigProblem(f"data.{key}", f"{value} is not a multiple of {multiple} (VAE x patch size)")
-            )
+    problems += size_problems(data.height, data.width, multiple)
     return problems + _unsupported(config) + sampling_problems(config.model)

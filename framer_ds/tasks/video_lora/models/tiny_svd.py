@@ -13,7 +13,6 @@ UNet cross_attention_dim.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from diffusers import (
 )
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
-from framer_ds.compat import image_processor_class
+from framer_ds.compat import fix_processor_class, image_processor_class
 from framer_ds.storage.atomic import build_once
 
 MARKER = ".framer_tiny_svd_complete"
@@ -155,16 +154,6 @@ def _assemble(unet, vae, image_encoder) -> StableVideoDiffusionPipeline:
         scheduler=scheduler,
         feature_extractor=feature_extractor,
     )
-
-
-def fix_processor_class(folder: Path, component: str = "feature_extractor") -> None:
-    """Name `component` `CLIPImageProcessor` in the folder's model_index.json: without torchvision,
-    transformers hands back `CLIPImageProcessorPil`; the real repos name `CLIPImageProcessor`, which
-    resolves to whichever backend the loading machine has."""
-    index_path = folder / "model_index.json"
-    index = json.loads(index_path.read_text())
-    index[component] = ["transformers", "CLIPImageProcessor"]
-    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def create_tiny_svd(path: Path, seed: int = 0, unet_overrides: dict[str, object] | None = None) -> Path:

@@ -41,11 +41,10 @@ from diffusers import (
 )
 from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
-from framer_ds.compat import image_processor_class
+from framer_ds.compat import fix_processor_class, image_processor_class
 from framer_ds.storage.atomic import build_once
 from framer_ds.tasks.video_lora.diffusion.flow_matching import WAN_SHIFT_480P
 from framer_ds.tasks.video_lora.families.wan_preflight import TINY_WAN22_BOUNDARY_RATIO
-from framer_ds.tasks.video_lora.models.tiny_svd import fix_processor_class
 
 WanMode = Literal["i2v", "flf2v", "wan22_i2v"]
 WAN22_BOUNDARY_RATIO = TINY_WAN22_BOUNDARY_RATIO  # Wan2.2-I2V-A14B-Diffusers' model_index.json
