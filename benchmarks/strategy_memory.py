@@ -14,7 +14,7 @@ every rank that maps them. Under `accelerate launch` (this benchmark) it was 0 f
 Models (random weights, built from configs; each trains `--steps` optimizer steps, fp32 on CPU):
 - vit_85m: ViT-B/16 (85.7M parameters) full fine-tune, 96 px (36 patches: the strategy terms, not
   activations, are what this compares), micro-batch 2.
-- unet_lora: LoRA rank 64 on a frozen ~100M SVD-style UNet (framer_ds.tasks.video_lora.models.tiny_svd
+- unet_lora: LoRA rank 64 on a frozen ~100M SVD-style UNet (framer_ds.tasks.video_lora.svd.tiny
   SVD_STYLE_100M_UNET), 4 frames 64x64, micro-batch 1.
 - tiny_lora: configs/tasks/video_lora/tiny.yaml as shipped (LoRA rank 4 on the tiny SVD).
 
@@ -96,7 +96,7 @@ def training_config(model: str, code: Path, work: Path, steps: int) -> dict:
     if model == "vit_85m":
         config = _vit_config()
     elif model == "unet_lora":
-        from framer_ds.tasks.video_lora.models.tiny_svd import SVD_STYLE_100M_UNET, create_tiny_svd
+        from framer_ds.tasks.video_lora.svd.tiny import SVD_STYLE_100M_UNET, create_tiny_svd
 
         config = _unet_lora_config(create_tiny_svd(work / "svd_100m", unet_overrides=SVD_STYLE_100M_UNET))
     else:

@@ -21,11 +21,11 @@ from report import write_section
 from torch.utils.data import DataLoader, Sampler
 
 from framer_ds.storage.locations import default_cache_dir
-from framer_ds.tasks.video_lora.data.bucket_sampler import BucketBlockSampler
-from framer_ds.tasks.video_lora.data.buckets import assign_buckets, auto_buckets
-from framer_ds.tasks.video_lora.data.synthetic_video import write_moving_shape_clip
-from framer_ds.tasks.video_lora.data.video_clips import VideoClipDataset
-from framer_ds.tasks.video_lora.data.video_index import VideoIndex, build_video_index
+from framer_ds.tasks.video_lora.shared.data.bucket_sampler import BucketBlockSampler
+from framer_ds.tasks.video_lora.shared.data.buckets import assign_buckets, auto_buckets
+from framer_ds.tasks.video_lora.shared.data.synthetic_video import write_moving_shape_clip
+from framer_ds.tasks.video_lora.shared.data.video_clips import VideoClipDataset
+from framer_ds.tasks.video_lora.shared.data.video_index import VideoIndex, build_video_index
 
 SECTION = "## video_buckets"
 SHAPES = ((256, 256), (256, 384), (384, 256))  # (height, width) of the source videos

@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader
 
 from framer_ds.storage.atomic import atomic_file
 from framer_ds.storage.locations import default_cache_dir
-from framer_ds.tasks.video_lora.data.clip_reader import read_clip
-from framer_ds.tasks.video_lora.data.video_clips import VideoClipDataset, resize_and_crop
-from framer_ds.tasks.video_lora.data.video_index import build_video_index
+from framer_ds.tasks.video_lora.shared.data.clip_reader import read_clip
+from framer_ds.tasks.video_lora.shared.data.video_clips import VideoClipDataset, resize_and_crop
+from framer_ds.tasks.video_lora.shared.data.video_index import build_video_index
 
 SECTION = "## video_loader"
 TARGET_SPEEDUP = 5.0

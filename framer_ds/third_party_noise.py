@@ -29,7 +29,7 @@ logger or warning category it comes from AND its message, never a whole logger o
   of a Wan LoRA run (diffusers' WanTransformer3DModel returns its output as a reshape/permute view):
   that output goes only to framer_ds's own flow-matching loss and sampler, which read it out of place,
   and the FSDP2 Wan run's adapter and samples equal DDP's bit for bit
-  (tests/tasks/video_lora/test_wan_family.py). The same warning for any other module still shows.
+  (tests/tasks/video_lora/wan/test_wan_family.py). The same warning for any other module still shows.
 - torch >= 2.10's FutureWarnings that `all_gather_into_tensor` / `reduce_scatter_tensor` (and their
   private `_base` forms) are deprecated: called by DeepSpeed's and accelerate's collectives, not by
   framer_ds.

@@ -73,7 +73,7 @@ def tiny_tts(data_cache: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_wan_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny random Wan bases ("i2v": first frame; "flf2v": first + last frame), built once a session."""
-    from framer_ds.tasks.video_lora.models.tiny_wan import create_tiny_wan
+    from framer_ds.tasks.video_lora.wan.tiny import create_tiny_wan
 
     root = tmp_path_factory.mktemp("tiny_wan_bases")
     return {mode: create_tiny_wan(root / mode, mode=mode) for mode in ("i2v", "flf2v")}

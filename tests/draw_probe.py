@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from framer_ds.tasks.video_lora.diffusion import edm
+from framer_ds.tasks.video_lora.svd import edm
 from framer_ds.tasks.video_lora.task import VideoLoraTask
 
 NOISE_VALUES = 16

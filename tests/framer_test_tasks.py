@@ -215,7 +215,7 @@ class ScriptedEvalTask(MlpRegressionTask):
         import soundfile
         from PIL import Image
 
-        from framer_ds.tasks.video_lora.data.video_write import write_video
+        from framer_ds.tasks.video_lora.shared.data.video_write import write_video
 
         folder = Path(out_dir) / f"step_{step}"
         folder.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,10 @@ def test_imports_point_down_the_layers():
 # import hides the cycle from a reader and from the layers contract, which sees only imports between
 # layers (issue 32). grimp, import-linter's graph, counts lazy imports too.
 FORMER_CYCLES = [
-    ("framer_ds.tasks.video_lora.data.point_tracks", "framer_ds.tasks.video_lora.data.cotracker_tracker"),
+    (
+        "framer_ds.tasks.video_lora.framer.tracks.point_tracks",
+        "framer_ds.tasks.video_lora.framer.tracks.cotracker",
+    ),
     ("framer_ds.lab.bench", "framer_ds.lab.bench_plots"),
     # Task's refusing CLI hooks imported the registry, which imports base (the hooks are gone).
     ("framer_ds.tasks.base", "framer_ds.tasks.registry"),

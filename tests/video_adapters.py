@@ -1,5 +1,5 @@
 """An exported-looking video_lora adapter made directly with peft, without a training run: shared by
-tests/tasks/video_lora/test_export_formats.py and the fault matrix's export cases (here, at the tests'
+tests/tasks/video_lora/svd/test_export_formats.py and the fault matrix's export cases (here, at the tests'
 root, so a case imports it whatever else pytest collected)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from conftest import REPO
 from framer_ds.engine.export import write_export_record
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.tasks.video_lora.config import ATTENTION_TARGETS, FEED_FORWARD_TARGETS, PROJECTION_TARGETS
-from framer_ds.tasks.video_lora.inference import EXPORT_METADATA
-from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
-from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
+from framer_ds.tasks.video_lora.shared.exports import EXPORT_METADATA
+from framer_ds.tasks.video_lora.svd.options import ATTENTION_TARGETS, FEED_FORWARD_TARGETS, PROJECTION_TARGETS
+from framer_ds.tasks.video_lora.svd.tiny import create_tiny_svd
+from framer_ds.tasks.video_lora.svd.unet import widen_conv_in
 
 TINY = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
 RANK, ALPHA = 4, 11.0

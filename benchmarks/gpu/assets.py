@@ -13,7 +13,7 @@ from pathlib import Path
 
 from framer_ds.storage.atomic import build_once
 from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts, sentences
-from framer_ds.tasks.video_lora.models.tiny_svd import create_full_size_svd
+from framer_ds.tasks.video_lora.svd.tiny import create_full_size_svd
 
 # A ~1.1B Llama (TinyLlama-1.1B's shape) standing in for the recipe's ~1B Granite: full fine-tune at 8192.
 LLAMA_1B = {

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 ON_CUDA = [
     "tests/test_gpu.py",
     "tests/engine/test_strategy_equivalence.py",
-    "tests/tasks/video_lora/test_svd_objective.py",
+    "tests/tasks/video_lora/svd/test_svd_objective.py",
     "tests/tasks/vit_classification/test_train_vit.py",
     "tests/tasks/tts_lm/test_tts_lm.py",
     "tests/tasks/video_lora/test_video_lora.py",

@@ -49,9 +49,9 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 
 from framer_ds.storage.locations import default_cache_dir
-from framer_ds.tasks.video_lora.comfyui_keys import comfyui_lora_state_dict
-from framer_ds.tasks.video_lora.config import ATTENTION_TARGETS, FEED_FORWARD_TARGETS, PROJECTION_TARGETS
-from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
+from framer_ds.tasks.video_lora.svd.comfyui_keys import comfyui_lora_state_dict
+from framer_ds.tasks.video_lora.svd.options import ATTENTION_TARGETS, FEED_FORWARD_TARGETS, PROJECTION_TARGETS
+from framer_ds.tasks.video_lora.svd.tiny import create_tiny_svd
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "golden" / "comfyui"
 UPSTREAM = {

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from framer_ds.tasks.drivable_vit.synthetic_roads import VIEWS, RoadSetOptions, write_sample
-from framer_ds.tasks.video_lora.data.synthetic_video import MovingShape
+from framer_ds.tasks.video_lora.shared.data.synthetic_video import MovingShape
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 VIDEO_SIZE = 64

@@ -130,8 +130,8 @@ def build_tiny_model(out: Path, seed: int) -> None:
     """The tiny Framer + SVD components into out/ (fp32 safetensors, diffusers layout)."""
     import shutil
 
-    from framer_ds.tasks.video_lora.models.tiny_framer import build_tiny_framer
-    from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
+    from framer_ds.tasks.video_lora.framer.tiny import build_tiny_framer
+    from framer_ds.tasks.video_lora.svd.tiny import create_tiny_svd
 
     with tempfile.TemporaryDirectory() as tmp:
         svd = create_tiny_svd(Path(tmp) / "svd", seed=seed, unet_overrides=UNET_OVERRIDES)

@@ -3,7 +3,7 @@
 ComfyUI's code is run, not re-implemented: its Wan 2.1 image-to-video model (`comfy.supported_models.
 WAN21_I2V` -> `comfy.model_base.WAN21`, whose network is `comfy.ldm.wan.model.WanModel`; first-last-frame
 is the same class with `flf_pos_embed_token_number`, as `comfy.model_detection` sets it from
-`img_emb.emb_pos`) is built at the tiny Wan transformer's size (models/tiny_wan.py), and our exported
+`img_emb.emb_pos`) is built at the tiny Wan transformer's size (wan/tiny.py), and our exported
 file goes through the LoraLoaderModelOnly node's path (`comfy.lora.model_lora_keys_unet` builds the
 accepted key map; `comfy.sd.load_lora_for_models`; `ModelPatcher.patch_model()`), reusing
 make_comfyui_golden.py's `import_comfyui` / `run_comfyui`.
@@ -46,12 +46,12 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_comfyui_golden import UPSTREAM, import_comfyui, run_comfyui
 
-from framer_ds.tasks.video_lora.models.tiny_wan import IMAGE_TOKENS, TINY_WAN_TRANSFORMER
 from framer_ds.tasks.video_lora.wan.lora_layout import (
     COMFYUI_MODULES,
     WAN_LORA_TARGETS,
     to_comfyui_state_dict,
 )
+from framer_ds.tasks.video_lora.wan.tiny import IMAGE_TOKENS, TINY_WAN_TRANSFORMER
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "golden" / "wan_lora_keys"
 LORA = {"r": 4, "lora_alpha": 6.0}

@@ -66,7 +66,7 @@ def a_killed_merged_export_leaves_nothing_behind(tmp: Path) -> str:
 )
 def an_export_into_a_loras_folder_keeps_the_other_loras(tmp: Path) -> str:
     from conftest import umask, wrong_modes
-    from framer_ds.tasks.video_lora.export_formats import COMFYUI_FILE
+    from framer_ds.tasks.video_lora.svd.export import COMFYUI_FILE
     from video_adapters import make_adapter
 
     adapter, _ = make_adapter(tmp)
@@ -165,7 +165,7 @@ def an_unwritable_output_dir_is_one_line(tmp: Path) -> str:
     "run summary says 'usable: 4, rejected: 2' and names both (as `data check` does)",
 )
 def broken_videos_are_named_at_start(tmp: Path) -> str:
-    from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
+    from framer_ds.tasks.video_lora.shared.data.synthetic_video import ensure_synthetic_clips
 
     root = tmp / "videos"
     shutil.copytree(ensure_synthetic_clips(tmp / "clips", count=4), root)

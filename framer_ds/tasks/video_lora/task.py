@@ -1,10 +1,10 @@
 """The `video_lora` task: a LoRA on a video diffusion base, image-to-video or first/last-frame
 interpolation.
 
-What every base shares lives here: the data, buckets, latent cache (latent_caching.py), the sampling
-plumbing (training_samples.py), eval seeding. What a base family owns (its models, encoding, objective,
-export and sampler) comes from `self.family` (families/: SVD and Framer under EDM, Wan under rectified
-flow), chosen from `model.base.name`. Beside it: the pre-flight (preflight.py).
+The task runs what every base shares: the data (shared/data_setup.py), buckets, latent cache and
+sampling plumbing (task_mixins.py), eval seeding. What a base family owns (its pre-flight, models,
+encoding, objective, datasets' extras, export and sampler) comes from `self.family` (svd/ and framer/
+under EDM, wan/ under rectified flow), chosen from `model.base.name` by families.py.
 """
 
 from __future__ import annotations
@@ -21,17 +21,23 @@ from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
-from framer_ds.tasks.video_lora.bucket_hooks import VideoBuckets
-from framer_ds.tasks.video_lora.config import VideoLoraDataConfig, VideoLoraModelConfig
-from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.tasks.video_lora.data_setup import VideoLoraData, bucket_config_problems
-from framer_ds.tasks.video_lora.eval_memory import VideoEvalMemory, samples_during_training
-from framer_ds.tasks.video_lora.export_formats import VideoExportCommandOptions
+from framer_ds.tasks.video_lora.config import (
+    VideoLoraDataConfig,
+    VideoLoraModelConfig,
+    VideoSampleCommandOptions,
+)
 from framer_ds.tasks.video_lora.families import family_for
-from framer_ds.tasks.video_lora.inference import VideoSampleCommandOptions
-from framer_ds.tasks.video_lora.interp_eval import lpips_note
-from framer_ds.tasks.video_lora.latent_caching import VideoLatentCaching
-from framer_ds.tasks.video_lora.training_samples import VideoTrainingSamples
+from framer_ds.tasks.video_lora.shared.data.synthetic_video import ensure_synthetic_clips
+from framer_ds.tasks.video_lora.shared.data_setup import VideoLoraData, bucket_config_problems
+from framer_ds.tasks.video_lora.shared.exports import VideoExportCommandOptions
+from framer_ds.tasks.video_lora.shared.interp_eval import lpips_note
+from framer_ds.tasks.video_lora.shared.options import samples_during_training
+from framer_ds.tasks.video_lora.task_mixins import (
+    VideoBuckets,
+    VideoEvalMemory,
+    VideoLatentCaching,
+    VideoTrainingSamples,
+)
 
 
 @register_task
@@ -40,8 +46,8 @@ class VideoLoraTask(
 ):
     name = "video_lora"
     summary = (
-        "LoRA fine-tuning of video diffusion bases: Stable Video Diffusion / Framer (EDM) and Wan 2.1 "
-        "(rectified flow); image-to-video or first/last-frame interpolation."
+        "LoRA fine-tuning of video diffusion bases: Stable Video Diffusion / Framer (EDM) and Wan 2.1 / "
+        "2.2 (rectified flow); image-to-video or first/last-frame interpolation."
     )
     ModelConfig = VideoLoraModelConfig
     DataConfig = VideoLoraDataConfig
@@ -63,7 +69,7 @@ class VideoLoraTask(
         self._cached_eval_or_train: Dataset | None = None  # their latent cache (a Wan base's prompt states)
         self._data_notes: dict[str, str] = {}
         self.trained_fps: list[float] = []  # the fps values training conditions on (model.fps null)
-        self.init_buckets()  # data.buckets (bucket_hooks.py)
+        self.init_buckets()  # data.buckets (task_mixins.py)
 
     # --- paths and pre-flight ------------------------------------------------------------------------
 
@@ -138,7 +144,7 @@ class VideoLoraTask(
     def example_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """The batch as the latent cache stores it (what the denoiser sees), of the largest bucket,
         shaped by the base family from the config and its components' config.json."""
-        largest = self.largest_shape()[0]  # data.buckets: the largest bucket (bucket_hooks.py)
+        largest = self.largest_shape()[0]  # data.buckets: the largest bucket (task_mixins.py)
         shape = {"height": largest.height, "width": largest.width, "num_frames": largest.num_frames}
         config = self.config.model_copy(update={"data": self.config.data.model_copy(update=shape)})
         return self.family.example_batch(config, micro_batch_size)
@@ -206,7 +212,7 @@ class VideoLoraTask(
 
     def summarize_eval(self, sums: dict[str, torch.Tensor], num_samples: int) -> dict[str, float]:
         """Per-clip means, and `eval/flicker_ratio` as a ratio of two totals (interp_metrics.py)."""
-        from framer_ds.tasks.video_lora.metrics.interp_metrics import (
+        from framer_ds.tasks.video_lora.shared.interp_metrics import (
             INTERP_METRIC_KEYS,
             summarize_interp_metrics,
         )

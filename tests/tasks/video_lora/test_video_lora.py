@@ -16,11 +16,11 @@ from safetensors.torch import load_file
 
 from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, strategy_launch_args
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.tasks.video_lora.bases import SvdBase
-from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
-from framer_ds.tasks.video_lora.inference import EXPORT_METADATA
+from framer_ds.tasks.video_lora.shared.data.synthetic_video import ensure_synthetic_clips
+from framer_ds.tasks.video_lora.shared.exports import EXPORT_METADATA
+from framer_ds.tasks.video_lora.svd.options import SvdBase
+from framer_ds.tasks.video_lora.svd.unet import widen_conv_in
 from framer_ds.tasks.video_lora.task import VideoLoraTask
-from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
 from framer_ds.train.loop import run_training
 
 TINY = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
@@ -170,7 +170,7 @@ def test_corrupt_and_too_short_videos_are_skipped_and_reported(tmp_path):
     root = tmp_path / "videos"
     shutil.copytree(clips, root)
     (root / "broken.mp4").write_bytes(b"not a video at all" * 50)
-    from framer_ds.tasks.video_lora.data.synthetic_video import write_moving_shape_clip
+    from framer_ds.tasks.video_lora.shared.data.synthetic_video import write_moving_shape_clip
 
     write_moving_shape_clip(root / "short.mp4", frames=3, width=96, height=80, fps=12, seed=9)
     write_moving_shape_clip(root / "five.mp4", frames=5, width=96, height=80, fps=12, seed=8)
@@ -447,8 +447,8 @@ def test_image_to_video_adapter_merges_into_a_pipeline_that_runs(tmp_path, capsy
 def test_sampling_encodes_with_the_vae_dtype_training_uses(tmp_path):
     """SVD's VAE overflows in fp16: with force_upcast the pipeline encodes in fp32, and so do training
     and `framer-ds sample` (one rule: svd_conditioning.vae_dtype)."""
-    from framer_ds.tasks.video_lora.diffusion.svd_conditioning import vae_dtype
-    from framer_ds.tasks.video_lora.inference import load_pipeline_with_adapter
+    from framer_ds.tasks.video_lora.svd.conditioning import vae_dtype
+    from framer_ds.tasks.video_lora.svd.export import load_pipeline_with_adapter
 
     config = tiny_config(tmp_path)
     task = VideoLoraTask(config)
@@ -471,8 +471,8 @@ def test_sample_frames_are_framed_as_training_frames(tmp_path):
     aspect ratio; pad letterboxes with black."""
     from PIL import Image
 
-    from framer_ds.tasks.video_lora.data.video_clips import resize_and_crop
-    from framer_ds.tasks.video_lora.inference import load_frame
+    from framer_ds.tasks.video_lora.shared.data.video_clips import resize_and_crop
+    from framer_ds.tasks.video_lora.shared.exports import load_frame
 
     pixels = torch.randint(0, 256, (64, 128, 3), dtype=torch.uint8)
     Image.fromarray(pixels.numpy()).save(tmp_path / "wide.png")

@@ -65,7 +65,7 @@ def encode_prompts(
     )
 
 
-def _to_uint8_images(images: torch.Tensor) -> list[np.ndarray]:
+def to_uint8_images(images: torch.Tensor) -> list[np.ndarray]:
     """[B, 3, H, W] in [-1, 1] -> B uint8 HWC arrays: the pixels a PIL image holds, so CLIP's processor
     resizes exactly what the pipeline's PIL input would give it (rounded, not truncated)."""
     pixels = ((images.detach().float().cpu() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
@@ -93,7 +93,7 @@ def encode_images(
             )
         images = torch.stack([images, last_images], dim=1).flatten(0, 1)
     device = next(image_encoder.parameters()).device
-    inputs = image_processor(images=_to_uint8_images(images), return_tensors="pt").to(device)
+    inputs = image_processor(images=to_uint8_images(images), return_tensors="pt").to(device)
     return image_encoder(**inputs, output_hidden_states=True).hidden_states[-2]
 
 

@@ -13,7 +13,7 @@ Schedulers: the step is the base folder's own scheduler, as the pipeline's is. d
 the real Wan 2.1/2.2 checkpoints saves `UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=...)`, a
 multistep solver that is not written again here: `load_base_scheduler(folder)` builds diffusers' own class
 from the folder's scheduler_config.json and `sample_video(..., scheduler=...)` calls its `set_timesteps`
-and `step` as the pipeline does. framer_ds's own Euler steps (`diffusion/flow_matching.py`, exact against
+and `step` as the pipeline does. framer_ds's own Euler steps (`wan/flow_matching.py`, exact against
 `FlowMatchEulerDiscreteScheduler`) run only when the config names that scheduler and no instance is given
 (the tiny bases).
 """
@@ -31,13 +31,13 @@ import torch
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
-from framer_ds.tasks.video_lora.diffusion.flow_matching import (
+from framer_ds.tasks.video_lora.wan.conditioning import denormalize_latents
+from framer_ds.tasks.video_lora.wan.flow_matching import (
     NUM_TRAIN_TIMESTEPS,
     euler_step,
     inference_sigmas,
     sigmas_to_timesteps,
 )
-from framer_ds.tasks.video_lora.wan.conditioning import denormalize_latents
 
 EULER = "FlowMatchEulerDiscreteScheduler"
 UNIPC = "UniPCMultistepScheduler"

@@ -1,1 +1,0 @@
-"""video_lora's diffusion: the EDM objective, SVD/Framer conditioning, temporal context and the sampler."""

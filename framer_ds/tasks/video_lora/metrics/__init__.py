@@ -1,1 +1,0 @@
-"""video_lora's interpolation metrics (PSNR/SSIM/LPIPS and the rest of the interp eval)."""
