@@ -1,14 +1,22 @@
 """The run directory: one writer at a time, seen by every rank, never clobbered by accident, and kept on
-one timeline when a run resumes from an older checkpoint."""
+one timeline when a run resumes from an older checkpoint.
+
+The loop takes it as one object, `RunDirectory`, as it takes resume as `ResumePlan`: `check` before the
+accelerator exists, `claimed` around the run (rank 0's lock, every rank seeing rank 0's files),
+`prepare` once the resume step is decided, `started` when the run really starts. The order was the
+loop's, kept in comments across five calls; it is now the object's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from accelerate import Accelerator
@@ -26,6 +34,47 @@ from framer_ds.storage.atomic import atomic_write_text
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final", "samples")
 SHARED_MARKER = ".framer_ds_run_id"
 ABANDONED_DIR = "abandoned"
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """`config.output_dir` through one run: each step below runs on every rank, in this order."""
+
+    config: RunConfigBase
+
+    @property
+    def path(self) -> Path:
+        return Path(self.config.output_dir)
+
+    @classmethod
+    def check(cls, config: RunConfigBase) -> RunDirectory:
+        """Before any work (and before the accelerator): the directory can be written, and a fresh run
+        would not overwrite an existing one (`check_run_dir`)."""
+        check_run_dir(config)
+        return cls(config)
+
+    @contextlib.contextmanager
+    def claimed(self, accelerator: Accelerator) -> Iterator[RunDirectory]:
+        """Rank 0 holds the directory's lock while the body runs (a second run on it fails on every rank,
+        naming the holder), released however the body ends; every rank must see what rank 0 writes
+        there (a file system they share), checked once the lock is held."""
+        lock = claim_run_dir(accelerator, self.path)
+        try:
+            check_shared_run_dir(accelerator, self.path)
+            yield self
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def prepare(self, accelerator: Accelerator, resume_step: int | None) -> None:
+        """With the lock held and the resume step decided (`ResumePlan.step`, None for a fresh run): clear
+        it for --overwrite, or set aside the timeline a resume leaves (`prepare_run_dir`)."""
+        prepare_run_dir(accelerator, self.config, resume_step)
+
+    def started(self, accelerator: Accelerator) -> None:
+        """The run really starts (models, data and checkpoint loaded): rank 0 writes config.yaml."""
+        if accelerator.is_main_process:
+            write_run_config(self.config)
 
 
 def holds_run(output_dir: Path) -> bool:

@@ -22,13 +22,7 @@ from framer_ds.engine.accelerator import build_accelerator, end_accelerator
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.metrics import MetricsLogger
 from framer_ds.engine.resume import ResumePlan
-from framer_ds.engine.run_dir import (
-    check_run_dir,
-    check_shared_run_dir,
-    claim_run_dir,
-    prepare_run_dir,
-    write_run_config,
-)
+from framer_ds.engine.run_dir import RunDirectory
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.train.actions import (
@@ -95,31 +89,27 @@ def _start(config: RunConfigBase, stop: StopRequest) -> TrainResult:
     problems = task.check() + check_runtime_environment(config.train, config.model.base_precision)
     if problems:
         raise ConfigError(problems, "pre-flight checks")
-    check_run_dir(config)
+    run_dir = RunDirectory.check(config)
     accelerator = build_accelerator(config, collective_timeout_s=config.train.collective_timeout_s)
     failed = True
     try:
-        lock = claim_run_dir(accelerator, config.output_dir)
-        try:
-            result = _run(accelerator, task, config, stop)
-        finally:
-            if lock is not None:
-                lock.release()
+        with run_dir.claimed(accelerator):
+            result = _run(accelerator, task, run_dir, stop)
         failed = False
         return result
     finally:
         end_accelerator(accelerator, failed=failed)
 
 
-def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: StopRequest) -> TrainResult:
-    check_shared_run_dir(accelerator, config.output_dir)
+def _run(accelerator: Accelerator, task: Task, run_dir: RunDirectory, stop: StopRequest) -> TrainResult:
+    config = run_dir.config
     plan = ResumePlan.decide(accelerator, config, on_chosen=stop.starting_from)  # before prepare
-    prepare_run_dir(accelerator, config, plan.step)
+    run_dir.prepare(accelerator, plan.step)
 
     run = build_training_run(accelerator, task, config)  # the task's phases: tasks/assemble.py
     state = plan.restore(accelerator, run.optimizer, run.scheduler, config.train, run.plan.batches_per_epoch)
-    if accelerator.is_main_process:  # the run really starts: a config error found earlier leaves no run
-        write_run_config(config)
+    run_dir.started(accelerator)  # config.yaml: a config error found earlier leaves no run
+    if accelerator.is_main_process:
         clear_preempted_marker(config.output_dir)  # this run is no longer the preempted one
     summary = run_summary(run, state, plan.checkpoint)
     say(accelerator, format_summary(summary))

@@ -36,3 +36,43 @@ def test_resume_drops_samples_of_the_abandoned_steps(tmp_path) -> None:
     drop_samples_after(tmp_path, 10)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step_10", "step_5"]
     drop_samples_after(tmp_path / "absent", 0)  # no samples folder: nothing to do
+
+
+def test_the_loop_takes_the_run_directory_as_one_object() -> None:
+    """Issue 46: train/loop.py made five calls into engine/run_dir.py (check, claim, shared check,
+    prepare, write config.yaml), their order kept in comments; it now takes one `RunDirectory`, as it
+    takes resume as one `ResumePlan`."""
+    import ast
+
+    from conftest import REPO
+
+    tree = ast.parse((REPO / "framer_ds" / "train" / "loop.py").read_text())
+    imported = [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "framer_ds.engine.run_dir"
+        for alias in node.names
+    ]
+    assert imported == ["RunDirectory"]
+
+
+def test_a_claimed_run_directory_is_released_however_the_run_ends(tmp_path) -> None:
+    """The lock is held while the body runs and released when it raises: the next run on the directory
+    claims it at once (no stale lock to wait out)."""
+    import pytest
+
+    from framer_ds.config.errors import RunSetupError
+    from framer_ds.engine.run_dir import RunDirectory
+    from framer_ds.engine.run_lock import LOCK_NAME
+
+    config = SimpleNamespace(output_dir=str(tmp_path / "run"))
+    accelerator = SimpleNamespace(is_main_process=True, num_processes=1)
+    (tmp_path / "run").mkdir()
+    run_dir = RunDirectory(config)
+    with pytest.raises(RuntimeError, match="the run failed"), run_dir.claimed(accelerator):
+        assert (tmp_path / "run" / LOCK_NAME).exists()
+        with pytest.raises(RunSetupError), RunDirectory(config).claimed(accelerator):
+            pass  # a second run on the directory while the first holds it
+        raise RuntimeError("the run failed")
+    with RunDirectory(config).claimed(accelerator):  # released: claimed again at once
+        pass
