@@ -23,7 +23,7 @@ diffusers moved or dropped some names Framer imports at module level, only for c
 
 The tiny model (stored in full, fp32, so the test needs no builder of ours to agree with this one):
 framer_ds's tiny SVD (VAE, CLIP image encoder, scheduler) with a smaller UNet, made into Framer's layout
-by `tiny_framer.build_tiny_framer` (9-channel conv_in, mask_token, ControlNet with random output convs),
+by `framer/tiny.build_tiny_framer` (9-channel conv_in, mask_token, ControlNet with random output convs),
 all from `--seed`. Outputs (`tests/golden/framer/`):
 - `model/` (unet/, controlnet/, vae/, image_encoder/, feature_extractor/, scheduler/): the weights;
 - `unet_cfg.safetensors`: one UNet forward at batch 2 as classifier-free guidance feeds it

@@ -446,7 +446,7 @@ def test_image_to_video_adapter_merges_into_a_pipeline_that_runs(tmp_path, capsy
 
 def test_sampling_encodes_with_the_vae_dtype_training_uses(tmp_path):
     """SVD's VAE overflows in fp16: with force_upcast the pipeline encodes in fp32, and so do training
-    and `framer-ds sample` (one rule: svd_conditioning.vae_dtype)."""
+    and `framer-ds sample` (one rule: svd/conditioning.vae_dtype)."""
     from framer_ds.tasks.video_lora.svd.conditioning import vae_dtype
     from framer_ds.tasks.video_lora.svd.export import load_pipeline_with_adapter
 

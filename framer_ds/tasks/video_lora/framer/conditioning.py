@@ -59,7 +59,7 @@ def framer_dropout(
     """Classifier-free-guidance dropout in Framer's terms: a dropped image embedding zeroes BOTH frames'
     embeddings, dropped latents zero BOTH given frames (never the mask token or the mask channel), so
     a drop of both is exactly the pipeline's unconditional half. Independent per sample, like
-    `svd_conditioning.conditioning_dropout`."""
+    `svd/conditioning.conditioning_dropout`."""
     b = first.shape[0]
     gen_device = generator.device if generator is not None else first.device
     u = torch.rand(2, b, generator=generator, device=gen_device).to(first.device)

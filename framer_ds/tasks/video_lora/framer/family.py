@@ -224,7 +224,7 @@ class FramerFamily(SvdFamily):
         return cond, image_emb
 
     def _unet_denoise(self, model, noisy, sigma, cond, image_emb, time_ids, batch) -> Tensor:
-        """EDM denoiser through the FramerModel: `svd_conditioning.unet_denoise` plus the ControlNet's
+        """EDM denoiser through the FramerModel: `svd/conditioning.unet_denoise` plus the ControlNet's
         conditioning on the batch's heatmaps (the ControlNet gets the UNet's own 9-channel input, as in
         Framer's pipeline)."""
         controlnet_cond = batch.get("controlnet_cond")

@@ -53,7 +53,7 @@ class FrozenEncoders:
     vae: torch.nn.Module
     image_encoder: torch.nn.Module
     chunk_size: int | None = None  # frames per VAE call
-    tile_size: int | None = None  # see svd_conditioning.vae_posterior
+    tile_size: int | None = None  # see svd/conditioning.vae_posterior
 
 
 @torch.no_grad()

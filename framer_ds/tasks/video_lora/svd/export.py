@@ -82,7 +82,7 @@ def export_context_order(metadata: dict[str, Any]) -> TemporalContextOrder:
 def load_pipeline_with_adapter(adapter_dir: Path, device: str, dtype: torch.dtype, base: Path | None = None):
     """StableVideoDiffusionPipeline whose UNet has the adapter merged (conv_in widened first for an
     interpolation adapter, exactly as in training). The VAE runs in the dtype training encoded with
-    (fp32 where SVD's VAE would overflow in fp16: `svd_conditioning.vae_dtype`)."""
+    (fp32 where SVD's VAE would overflow in fp16: `svd/conditioning.vae_dtype`)."""
     from diffusers import EulerDiscreteScheduler, StableVideoDiffusionPipeline
     from peft import PeftModel
 

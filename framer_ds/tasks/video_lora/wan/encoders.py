@@ -60,7 +60,7 @@ class FrozenWanEncoders(FrozenHelpers):
 
     @property
     def with_image_encoder(self) -> bool:
-        """Whether the base has a CLIP image encoder (`wan_preflight.has_image_encoder`)."""
+        """Whether the base has a CLIP image encoder (`wan/preflight.has_image_encoder`)."""
         return has_image_encoder(self.base_dir)
 
     def _load_vae_and_image(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:

@@ -209,7 +209,7 @@ def sample_wan_export(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Frames [1, F, 3, H, W] float32 in [0, 1] from a Wan export, and the settings used (`record`:
     the sample's record, which `announce` hears before the denoising starts): the computation a run's
-    validation samples make (wan_sampling.sample_clip), on the export's adapter (and on a Wan 2.2 base
+    validation samples make (wan/clip_sampler.sample_clip), on the export's adapter (and on a Wan 2.2 base
     both experts, switched as the pipeline switches them)."""
     from framer_ds.tasks.video_lora.shared.sample_record import sample_record
     from framer_ds.tasks.video_lora.shared.sample_shape import sample_shape

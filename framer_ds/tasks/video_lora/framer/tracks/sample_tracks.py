@@ -22,7 +22,7 @@ Framer's rules (aim-uofa/Framer at d0ba81f, `app.py`):
 - the tracks [F, P, 2] go to the pipeline in the UNet's dtype (line 485: `.to(self.device, self.dtype)`,
   fp16): they are drawn with that dtype's rounding (`rasterise_tracks(dtype=...)`);
 - they are drawn by `generate_gassian_heatmap` at the sampling size (pipeline lines 474-479), which
-  `track_heatmaps.heatmap_conditioning` reproduces; a point outside the frame leaves no blob.
+  `framer/tracks/heatmaps.heatmap_conditioning` reproduces; a point outside the frame leaves no blob.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ class PixelMapping:
 
 
 def resize_mapping(src_w: int, src_h: int, width: int, height: int, resize: str) -> PixelMapping:
-    """Where `inference.load_frame` puts a source pixel when it makes a src_w x src_h image width x height
-    with this `--resize` mode ('crop': the training loader's centre crop box; 'stretch'; 'pad')."""
+    """Where `load_frame` (shared/exports.py) puts a source pixel when it makes a src_w x src_h image
+    width x height with this `--resize` mode ('crop': the training loader's centre crop box; 'stretch';
+    'pad')."""
     if resize == "crop":
         box = crop_box(src_h, src_w, height, width, random_crop=False)
         return PixelMapping(box.new_w / src_w, box.new_h / src_h, -box.left, -box.top)
@@ -213,7 +214,7 @@ def tracks_conditioning(
 ) -> torch.Tensor | None:
     """float32 [1, F, 3, height, width] heatmaps (0..255) from a tracks file: `controlnet_cond` for
     `sampling.FramerSampling`. The coordinates are drawn in `dtype`, as Framer's demo hands the
-    pipeline its tracks in the UNet's dtype (`track_heatmaps.rasterise_tracks`). None for a file with
+    pipeline its tracks in the UNet's dtype (`heatmaps.rasterise_tracks`). None for a file with
     no points: Framer's demo then runs without the ControlNet (`with_control = False`, app.py lines
     479-482)."""
     xy, visible = sampling_tracks(read_tracks_file(path), image_size, num_frames, height, width, resize)
