@@ -12,6 +12,7 @@ from framer_ds.config.cadence import Cadence
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train import actions as actions_module
 from framer_ds.train import loop
+from framer_ds.train import step_context as step_context_module
 from framer_ds.train.actions import StepAction, StepContext, Throughput
 
 
@@ -27,7 +28,7 @@ def test_throughput_excludes_time_spent_in_actions(monkeypatch):
     """Two steps of 1 s each around a 10 s evaluation: 32 samples in 2 s of training, not in 1 s
     (the old loop restarted its clock after the eval but still counted both steps)."""
     clock = FakeClock()
-    monkeypatch.setattr(actions_module.time, "perf_counter", clock)
+    monkeypatch.setattr(step_context_module.time, "perf_counter", clock)
     meter = Throughput()
     clock.now += 1.0
     meter.record(16, 160.0)
