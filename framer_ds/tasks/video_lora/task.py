@@ -57,7 +57,7 @@ class VideoLoraTask(
 
     def __init__(self, config):
         super().__init__(config)
-        # the base family (models, encoding, objective, export, sampler): families/, by model.base.name
+        # the base family (models, encoding, objective, export, sampler): families.py, by model.base.name
         self.family = family_for(config)
         # Kept on the task, unlike what one phase hands the next (an argument or a return value,
         # tasks/assemble.py): what the per-batch hooks (training_loss, eval_step, write_samples) need

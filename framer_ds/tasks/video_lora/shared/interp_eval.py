@@ -12,7 +12,7 @@ With `data.cache.enabled` the eval loader reads cached latents, which hold no pi
 adds each held-out clip's real frames (read again from the video, deterministically: the eval split
 has no augmentation) to its cached entry, so the same loader, batches and collectives drive both
 eval/loss and these metrics, and the metrics are those of a run without the cache. A Framer base
-samples through Framer's conditioning (`FramerSetup.sampling`), with the clip's point heatmaps when
+samples through Framer's conditioning (`FramerFamily.sampling`), with the clip's point heatmaps when
 `data.tracks` gives the eval items `controlnet_cond` (else the ControlNet is skipped, as Framer's
 pipeline does without points).
 """
