@@ -222,7 +222,7 @@ def test_framer_base_interp_eval_and_eval_command(tmp_path, capsys, monkeypatch)
     report = json.loads((run / "eval.json").read_text())
     for name, value in report["metrics"].items():
         assert value == pytest.approx(logged[name], rel=1e-4, abs=1e-6), name
-    monkeypatch.setattr(FramerFamily, "load_export", lambda self, model, export_dir: None)
+    monkeypatch.setattr(FramerFamily, "load_export", lambda self, model, export_dir: model)
     assert main(["eval", str(run)]) == 0  # the base Framer: the export's weights made the difference
     untrained = json.loads((run / "eval.json").read_text())["metrics"]
     assert untrained["eval/loss"] != pytest.approx(report["metrics"]["eval/loss"], rel=1e-3)
