@@ -4,9 +4,10 @@ input.
 How: the task's model is built on the meta device (`engine.pretrained.empty_weights`), its parameters
 become fake tensors (`torch._subclasses.FakeTensorMode`: shapes, dtypes and devices, no storage), and one
 forward + backward of the task's own `training_loss` on its planning hook `example_batch(k)` runs under
-PyTorch's `MemTracker` (torch.distributed._tools.mem_tracker), which follows every tensor's storage
-through autograd. What is kept is the peak of activations plus backward temporaries (gradients of activations)
-over the whole step - not weights, gradients or optimizer states, which the memory model counts. Run at
+lab/activation_tracker.py, which follows every tensor's storage through autograd (the figures of
+PyTorch's `MemTracker`, without its per-module books). What is kept is the peak of activations plus
+backward temporaries (gradients of activations) over the whole step - not weights, gradients or
+optimizer states, which the memory model counts. Run at
 two micro-batch sizes, the two peaks give a line, fixed + per-sample x k: the planner reads it at any
 micro-batch. It is the real model's real graph (gradient checkpointing, LoRA, the loss's float upcasts
 included) at full size, in seconds, on a laptop.
@@ -37,6 +38,7 @@ import torch
 from accelerate.utils import send_to_device
 
 from framer_ds.engine.precision import cast_batch, dtype_of
+from framer_ds.lab.activation_tracker import ActivationTracker
 from framer_ds.lab.census import helper_modules, meta_model
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.planning import planning_hooks
@@ -79,53 +81,6 @@ class ActivationProbe:
             "eval_transient_bytes": self.eval_transient,
             "depth": list(self.depth),
         }
-
-
-def _tracker():
-    """A MemTracker that also keeps the peak of activations + temporaries (its own peak is of the total,
-    at which point most activations are already freed)."""
-    try:
-        from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
-    except ImportError as exc:  # added in torch 2.5
-        raise RuntimeError(
-            f"the activation probe needs torch's MemTracker (torch >= 2.5; this is {torch.__version__})"
-        ) from exc
-
-    class ActivationTracker(MemTracker):
-        activation_peak = 0
-
-        def _track_module_params_and_buffers(
-            self, module: torch.nn.Module, install_grad_hooks: bool = True
-        ) -> tuple[int, int]:
-            """MemTracker hooks every parameter's gradient, which fails on a frozen one (a LoRA's base):
-            hook only the trained ones, so their gradients still count as gradients, not temporaries."""
-            memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
-            if install_grad_hooks:
-                for param in module.parameters():
-                    if param.requires_grad and param not in self._param_to_grad_hook_handles:
-                        self._param_to_grad_hook_handles[param] = (
-                            param.register_hook(self._count_gradient),
-                            param.register_post_accumulate_grad_hook(lambda p: self._count_gradient(p.grad)),
-                        )
-            return memory
-
-        def _count_gradient(self, grad: torch.Tensor) -> None:
-            self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
-
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            """Only the whole-step peak: MemTracker's per-module peaks walk every module after every op
-            (a tiny UNet took a minute), and the probe reads none of them."""
-            for device, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(device, 0) < snap[_TOTAL_KEY]:
-                    self._peak_mem[device] = snap[_TOTAL_KEY]
-
-        def _update_snap(self, *args: Any, **kwargs: Any) -> None:
-            super()._update_snap(*args, **kwargs)
-            for snap in self._curr_mem_snap.values():
-                now = snap.get(_MemRefType.ACT, 0) + snap.get(_MemRefType.TEMP, 0)
-                self.activation_peak = max(self.activation_peak, now)
-
-    return ActivationTracker()
 
 
 def _loss_of(result: torch.Tensor | TrainingLoss) -> torch.Tensor:
@@ -246,7 +201,7 @@ def _step_peak(task: Task, model: torch.nn.Module, k: int, mode: Any, device: st
     """Peak activations + temporaries of one training forward + backward at micro-batch `k`."""
     model.train()
     batch = cast_batch(planning_hooks(task).example_batch(k), dtype, task.full_precision_keys)
-    tracker = _tracker()
+    tracker = ActivationTracker()
     with mode, tracker:
         _loss_of(task.training_loss(model, send_to_device(batch, device))).backward()
     model.zero_grad(set_to_none=True)
@@ -278,7 +233,7 @@ def _eval_transient_peak(
     hooks = planning_hooks(task)
     batch = send_to_device(cast_batch(hooks.example_batch(2), dtype, task.full_precision_keys), device)
     model.eval()
-    tracker = _tracker()
+    tracker = ActivationTracker()
     try:
         with mode, tracker:
             hooks.eval_transient(model, helpers, batch)
