@@ -28,7 +28,7 @@ from framer_ds.lab.activations import probe_activations
 from framer_ds.lab.census import helper_modules, meta_model, task_census
 from framer_ds.lab.hardware import Hardware
 from framer_ds.lab.memory_model import estimate
-from framer_ds.lab.planner import resolved_zero
+from framer_ds.lab.plan_rows import resolved_zero
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ import torch
 from accelerate.utils import send_to_device
 
 from framer_ds.engine.precision import cast_batch, dtype_of
+from framer_ds.lab.activation_probe import ActivationProbe
 from framer_ds.lab.activation_tracker import ActivationTracker
 from framer_ds.lab.census import helper_modules, meta_model
 from framer_ds.tasks.base import Task, TrainingLoss
@@ -48,39 +48,6 @@ from framer_ds.tasks.run_config import load_run_config
 PROBE_MICRO_BATCHES = (1, 2)
 PROBE_DEPTHS = (2, 3)
 """The block counts a model with one stack of identical blocks is probed at (module docstring)."""
-
-
-@dataclass(frozen=True)
-class ActivationProbe:
-    """Activation bytes of one rank's micro-batch: fixed + per_sample x k, fitted from two measurements."""
-
-    micro_batches: tuple[int, ...]
-    measured_bytes: tuple[int, ...]
-    fixed: int
-    per_sample: int
-    gradient_checkpointing: bool
-    device: str
-    eval_transient: int = 0
-    """Peak of what evaluation computes beyond the training step (the planning hook `eval_transient`),
-    no_grad."""
-    depth: tuple[int, ...] = ()
-    """(probed block counts..., full block count) when the figures were extended from a shallower
-    model (module docstring); () when the model ran at its full depth."""
-
-    def at(self, micro_batch: int) -> int:
-        return max(0, self.fixed + self.per_sample * micro_batch)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "micro_batches": list(self.micro_batches),
-            "measured_bytes": list(self.measured_bytes),
-            "fixed_bytes": self.fixed,
-            "per_sample_bytes": self.per_sample,
-            "gradient_checkpointing": self.gradient_checkpointing,
-            "device": self.device,
-            "eval_transient_bytes": self.eval_transient,
-            "depth": list(self.depth),
-        }
 
 
 def _loss_of(result: torch.Tensor | TrainingLoss) -> torch.Tensor:
