@@ -92,6 +92,7 @@ def test_an_edited_file_the_config_names_is_measured_again(monkeypatch, tmp_path
     after = json.loads(capsys.readouterr().out)
     assert after["inputs_cache"]["hit"] is False
     assert after["census"]["trainable"] > before["census"]["trainable"]
-    assert after["activations"]["configured"]["per_sample_bytes"] > before["activations"]["configured"][
-        "per_sample_bytes"
-    ]
+    assert (
+        after["activations"]["configured"]["per_sample_bytes"]
+        > before["activations"]["configured"]["per_sample_bytes"]
+    )
