@@ -29,7 +29,7 @@ VAE/encoder transient of a video run without a latent cache.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from framer_ds.engine.precision import cast_batch, dtype_of
 from framer_ds.lab.activation_probe import ActivationProbe
 from framer_ds.lab.activation_tracker import ActivationTracker
 from framer_ds.lab.census import helper_modules, meta_model
+from framer_ds.lab.probe_passes import run_passes
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.planning import planning_hooks
 from framer_ds.tasks.registry import get_task_class
@@ -138,12 +139,29 @@ def probe_activations(
     if with_eval:
         helpers = helper_modules(task).in_evaluation if helpers is None else helpers
         _make_helpers(task, helpers, mode, device, dtype)
+    depths = PROBE_DEPTHS if stack is not None else (None,)
+
+    def step(depth: int | None, k: int) -> Callable[[], int]:
+        def run() -> int:
+            with _cut_to(stack, depth):
+                return _step_peak(task, model, k, mode, device, dtype)
+
+        return run
+
+    def evaluation(depth: int | None) -> Callable[[], int]:
+        def run() -> int:
+            with _cut_to(stack, depth):
+                return _eval_transient_peak(task, model, helpers, mode, device, dtype)
+
+        return run
+
+    passes: list[Callable[[], int]] = []  # independent: side by side on the usable cores (probe_passes.py)
+    for depth in depths:
+        passes += [step(depth, k) for k in micro_batches] + ([evaluation(depth)] if with_eval else [])
+    peaks, width = run_passes(passes), len(passes) // len(depths)
     runs = []  # (peak at each micro-batch, eval peak) at each probed depth
-    for depth in PROBE_DEPTHS if stack is not None else (None,):
-        with _cut_to(stack, depth):
-            measured = [_step_peak(task, model, k, mode, device, dtype) for k in micro_batches]
-            eval_peak = _eval_transient_peak(task, model, helpers, mode, device, dtype) if with_eval else 0
-        runs.append((measured, eval_peak))
+    for chunk in (peaks[i : i + width] for i in range(0, len(peaks), width)):
+        runs.append((chunk[: len(micro_batches)], chunk[len(micro_batches)] if with_eval else 0))
     if stack is None:
         (measured, eval_peak), depth = runs[0], ()
     else:
