@@ -127,7 +127,6 @@ def make_plan(
         config = load_run_config(config_path, [*overrides, *stand_ins])
     task = get_task_class(config.task)(config)
     hooks = planning_hooks(task)
-    hooks.prepare_model_assets()  # built-in tiny models and data: the count below and the probe read them
     train = config.train
 
     def checkpointing_task():
@@ -140,6 +139,8 @@ def make_plan(
     micro_batch = train.micro_batch_size
     target = global_batch or micro_batch * train.gradient_accumulation_steps * hardware.world
 
+    # after the inputs: a measurement prepared the built-in assets it counts (census.meta_model); a plan
+    # read from the cache prepares nothing (a tiny base's builder imports diffusers: seconds of CPU)
     limit = micro_batch_limit(hooks.train_example_count(), hardware.world)
     zeros: dict[str, dict | FileNotFoundError] = {}  # each JSON read once, for both probes
     for strategy in strategies:
