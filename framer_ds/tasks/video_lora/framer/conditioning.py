@@ -97,6 +97,10 @@ class FramerSampling:
     ) -> dict[str, Any]:
         return controlnet_inputs(self, step, num_steps, guided, device, dtype)
 
+    def record(self) -> dict[str, Any]:
+        """The ControlNet's scale and step range, for the sample record."""
+        return {"controlnet_scale": self.conditioning_scale, "controlnet_step_range": list(self.step_range)}
+
 
 def controlnet_inputs(
     framer: FramerSampling | None,

@@ -154,6 +154,10 @@ class FramerFamily(SvdFamily):
         model = self.build_framer_model(gradient_checkpointing)
         return self.bare_unet, model  # the UNet's config + added-time embedding, as for SVD
 
+    def conv_in_extra_channels(self) -> int:
+        """None: Framer's UNet takes the mask channel already (9 inputs in its checkpoint)."""
+        return 0
+
     def build_framer_model(self, gradient_checkpointing: bool) -> torch.nn.Module:
         from framer_ds.engine.pretrained import building_empty
         from framer_ds.tasks.video_lora.framer.model import (
@@ -276,6 +280,13 @@ class FramerFamily(SvdFamily):
         from framer_ds.tasks.video_lora.framer.sampling import framer_sampler_parts_for
 
         return framer_sampler_parts_for(adapter_dir, metadata, options, num_frames, device, dtype)
+
+    def sample_record_fields(
+        self, metadata: dict[str, Any], options: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The `--tracks` file the sample used, and the Framer checkpoint the export builds on."""
+        tracks = str(options.tracks) if options.tracks is not None else None
+        return {"tracks": tracks}, {"framer_path": metadata.get("framer_path")}
 
     def export_formats(self) -> dict[str, Any]:
         """peft (with the trained ControlNet and mask_token), merged (Framer's UNet), framer; comfyui is

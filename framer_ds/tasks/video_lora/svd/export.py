@@ -53,15 +53,16 @@ def trained_fps_metadata(config_fps: float | None, trained: list[float]) -> dict
 
 
 def export_metadata(
-    config: Any, svd_dir: Path, trained_fps: list[float], motion_buckets: Any
+    config: Any, svd_dir: Path, trained_fps: list[float], motion_buckets: Any, conv_in_extra: int
 ) -> dict[str, Any]:
     """What a sampler needs besides the adapter: the base, the mode, the frame shape and the conditioning
-    values training used (fps, motion bucket, and with `from_data` the score quantiles)."""
+    values training used (fps, motion bucket, and with `from_data` the score quantiles). `conv_in_extra`:
+    the input channels training added to SVD's conv_in (`SvdFamily.conv_in_extra_channels`)."""
     options, data = config.model, config.data
     return {
         "base_model": str(svd_dir),
         "mode": options.base.mode,
-        "conv_in_extra_channels": int(options.base.mode == "interpolation" and options.base.name == "svd"),
+        "conv_in_extra_channels": conv_in_extra,
         "num_frames": data.num_frames,
         "height": data.height,
         "width": data.width,
@@ -145,12 +146,9 @@ def svd_sampler_parts(
     return SamplerParts.from_pipeline(pipe), None
 
 
-def conditioning_record(conditioning: Any) -> dict[str, Any]:
-    """What a family's own sampling conditioning records (Framer's ControlNet scale and step range)."""
-    return {
-        "controlnet_scale": conditioning.conditioning_scale,
-        "controlnet_step_range": list(conditioning.step_range),
-    }
+def no_record_fields(metadata: dict[str, Any], options: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stock SVD's `SvdFamily.sample_record_fields`: nothing beyond the shared settings."""
+    return {}, {}
 
 
 def sample_to_file(
@@ -158,11 +156,13 @@ def sample_to_file(
     options: Any,
     sampler_parts: Callable[..., Any] = svd_sampler_parts,
     own_flags: tuple[type, ...] = (SvdSampleFlags,),
+    record_fields: Callable[[dict[str, Any], Any], tuple[dict[str, Any], dict[str, Any]]] = no_record_fields,
 ) -> str:
     """Write one video from the adapter in `adapter_dir` (plus its frames as PNGs and `<stem>.json`, the
     seed and every conditioning value: `sample_record.py`); prints those values before the denoising
     starts and returns the closing line. `sampler_parts`: the family's (`SvdFamily.sampler_parts`:
-    (SamplerParts, its SamplingConditioning or None) of the export); `own_flags`: its flag groups."""
+    (SamplerParts, its SamplingConditioning or None) of the export); `own_flags`: its flag groups;
+    `record_fields`: its own (settings, base folders) for the record (`SvdFamily.sample_record_fields`)."""
     from framer_ds.data.progress import sampling_progress
     from framer_ds.tasks.video_lora.shared.data.video_write import to_uint8_frames
     from framer_ds.tasks.video_lora.shared.sample_record import describe, sample_record, write_sample_outputs
@@ -184,8 +184,8 @@ def sample_to_file(
     parts, conditioning = sampler_parts(adapter_dir, metadata, options, num_frames, device, dtype)
     settings = {"num_frames": num_frames, "height": size[0], "width": size[1], "fps": fps, **motion}
     if conditioning is not None:
-        settings.update(conditioning_record(conditioning))
-    framer_base = metadata.get("base") == "framer"
+        settings.update(conditioning.record())
+    own_settings, base_fields = record_fields(metadata, options)
     settings = {
         **settings,
         "device": device,
@@ -196,9 +196,8 @@ def sample_to_file(
         "max_guidance": options.max_guidance,
         "guidance_schedule": options.guidance_schedule,
         "decode_chunk_size": options.decode_chunk_size,
-        **({"tracks": str(options.tracks) if options.tracks is not None else None} if framer_base else {}),
+        **own_settings,
     }
-    base_fields = {"framer_path": metadata.get("framer_path")} if framer_base else {}
     record = sample_record(adapter_dir, metadata, options, settings, base_fields)
     print(describe(record), flush=True)
     with sampling_progress(options.steps, "sample") as bar:

@@ -38,6 +38,7 @@ from framer_ds.tasks.video_lora.svd.encoding import svd_conditioning as _svd
 from framer_ds.tasks.video_lora.svd.export import (
     SVD_EXPORT_FORMATS,
     export_metadata,
+    no_record_fields,
     sample_to_file,
     svd_sampler_parts,
 )
@@ -46,7 +47,7 @@ from framer_ds.tasks.video_lora.svd.motion import data_motion_rates, with_motion
 from framer_ds.tasks.video_lora.svd.options import SvdSampleFlags
 from framer_ds.tasks.video_lora.svd.preflight import config_problems, tracks_unused
 from framer_ds.tasks.video_lora.svd.temporal_context import set_temporal_context_order
-from framer_ds.tasks.video_lora.svd.unet import build_svd_lora_unet
+from framer_ds.tasks.video_lora.svd.unet import MASK_CHANNELS, build_svd_lora_unet
 
 SVD_SIZE_MULTIPLE = 64  # SVD's VAE downsamples by 8 and its UNet by 8 more
 TINY_SIZE_MULTIPLE = 16  # the built-in tiny SVD: VAE /8, a UNet of two down blocks /2
@@ -142,6 +143,11 @@ class SvdFamily(VideoBaseFamily):
         """Hook: (the bare UNet, whose config and added-time embedding describe the time ids; the model
         that trains)."""
         return build_svd_lora_unet(self.base_path(), self.config.model, gradient_checkpointing)
+
+    def conv_in_extra_channels(self) -> int:
+        """Hook: the input channels `_build_unet` adds to the base UNet's conv_in (the interpolation mask
+        on stock SVD, `svd/unet.widen_conv_in`), which a sampler adds again before loading the adapter."""
+        return MASK_CHANNELS if self.config.model.base.mode == "interpolation" else 0
 
     def fsdp_block_classes(self, model: torch.nn.Module) -> list[str]:
         """The SVD UNet's repeated units (both bases build it): a res block and a spatio-temporal
@@ -314,9 +320,8 @@ class SvdFamily(VideoBaseFamily):
         the conditioning settings a sampler needs."""
         extra = self._export_weights(accelerator, model, out_dir)
         if accelerator.is_main_process:
-            metadata = export_metadata(
-                self.config, self.base_path(), run_facts["trained_fps"], self.motion_buckets
-            )
+            facts = run_facts["trained_fps"], self.motion_buckets, self.conv_in_extra_channels()
+            metadata = export_metadata(self.config, self.base_path(), *facts)
             metadata["trained_shapes"] = run_facts["trained_shapes"]  # what `sample --height ...` accepts
             atomic_write_json(Path(out_dir) / EXPORT_METADATA, {**metadata, **extra})
 
@@ -330,7 +335,15 @@ class SvdFamily(VideoBaseFamily):
         return model
 
     def sample(self, export_dir: Path, options: Any) -> str:
-        return sample_to_file(export_dir, options, self.sampler_parts, self.sample_flags)
+        hooks = self.sampler_parts, self.sample_flags, self.sample_record_fields
+        return sample_to_file(export_dir, options, *hooks)
+
+    def sample_record_fields(
+        self, metadata: dict[str, Any], options: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Hook: (settings, base folders) this base adds to `framer-ds sample`'s record (Framer's tracks
+        file and its checkpoint directory); stock SVD adds none."""
+        return no_record_fields(metadata, options)
 
     def sampler_parts(
         self,

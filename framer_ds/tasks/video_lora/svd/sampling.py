@@ -63,6 +63,9 @@ class SamplingConditioning(Protocol):
     ) -> dict[str, Any]:
         """Extra keywords of the denoiser at step `step` of `num_steps` (doubled for guidance)."""
 
+    def record(self) -> dict[str, Any]:
+        """What `framer-ds sample`'s record says of this conditioning (its settings, by name)."""
+
 
 @dataclass
 class SamplerParts:

@@ -167,7 +167,12 @@ def test_training_model_runs_the_configured_order(tmp_path, golden_unet, order):
     model = task.build_model().eval()
     expected = order or "framer"
     assert temporal_context_order(model) == expected
-    assert metadata_of(task.config, MODEL, [], None)["temporal_context_order"] == expected
+    assert (
+        metadata_of(task.config, MODEL, [], None, task.family.conv_in_extra_channels())[
+            "temporal_context_order"
+        ]
+        == expected
+    )
     diff = max_diff(guided_forward(model, golden_unet, True), golden_unet["out_unet_controlnet"])
     assert diff <= TOLERANCE if order is None else diff > WRONG_ORDER_AT_LEAST
 
@@ -208,7 +213,9 @@ def test_stock_svd_runs_diffusers_order_unless_the_key_says_framer(tmp_path):
     )
     model = task.build_model()
     assert temporal_context_order(model) == "framer"
-    metadata = metadata_of(task.config, task.family.svd_path(), [], None)
+    metadata = metadata_of(
+        task.config, task.family.svd_path(), [], None, task.family.conv_in_extra_channels()
+    )
     model.save_pretrained(tmp_path / "adapter")
     atomic_write_json(tmp_path / "adapter" / EXPORT_METADATA, metadata)
     pipe, _ = load_pipeline_with_adapter(tmp_path / "adapter", "cpu", torch.float32)

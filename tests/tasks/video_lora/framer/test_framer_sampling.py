@@ -185,6 +185,13 @@ def test_tracks_drive_the_controlnet_and_scale_0_is_no_tracks(framer_final, tmp_
     assert main([*base, "--tracks", str(tracks), "--controlnet-scale", "0"]) == 0
     assert main([*base, "--guidance-schedule", "middle_max"]) == 0
     assert main([*base, "--tracks", str(tracks), "--controlnet-step-range", "0.6", "1"]) == 0  # steps 0, 0.5
+    # what only a Framer sample records (FramerFamily.sample_record_fields, FramerSampling.record)
+    record = json.loads((tmp_path / "v.json").read_text())
+    assert record["base"] == "framer" and record["tracks"] == str(tracks)
+    assert record["controlnet_scale"] == 1.0 and record["controlnet_step_range"] == [0.6, 1.0]
+    assert Path(record["framer_path"]) == Path(
+        json.loads((framer_final / "framer_ds_video_lora.json").read_text())["framer_path"]
+    )
     capsys.readouterr()
     bad = write_json(tmp_path / "bad.json", {"points": [[[1, 2, 3]]]})
     assert main([*base, "--tracks", str(bad)]) == 1  # refused before any model loads
