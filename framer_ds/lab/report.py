@@ -27,7 +27,7 @@ PROGRESS = re.compile(
 EVAL_LINE = re.compile(r"^step (?P<step>\d+): (?P<values>\S+=.*)$")  # "step 20: eval/loss=1.2345, ..."
 PAIR = re.compile(r"(?P<key>[\w/.-]+)=(?P<value>[-+0-9.eE]+|nan|inf)")
 # Peak memory, in order of preference: a GPU's allocator; on a CPU the tensors-only counter (what a GPU
-# would count, lab/alloc_counter.c, when preloaded); else the whole process.
+# would count, benchmarks/alloc_counter/alloc_counter.c, when preloaded); else the whole process.
 MEMORY_KEYS = ("memory/max_allocated_gb", "memory/max_tensor_allocated_gb", "memory/rss_gb")
 
 

@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 from framer_ds.config.errors import ConfigProblem
 from framer_ds.tasks.video_lora.shared.interp_metrics import interpolation_metrics
 from framer_ds.tasks.video_lora.shared.options import InterpEvalOptions
-from framer_ds.tasks.video_lora.shared.protocol import ClipSampler, ClipToSample
+from framer_ds.tasks.video_lora.shared.protocol import ClipToSample, FamilySampler
 
 CLIP_CHUNK = 16  # frames per CLIP (and LPIPS) forward
 
@@ -133,7 +133,7 @@ def clip_seed(video_id: str, seed: int) -> int:
 
 @torch.no_grad()
 def sample_clips(
-    sampler: ClipSampler,
+    sampler: FamilySampler,
     pixels: Tensor,
     batch: dict[str, Any],
     fps: list[float] | None,
@@ -163,7 +163,7 @@ def sample_clips(
     return torch.stack(samples)
 
 
-def interp_eval_batch(sampler: ClipSampler, batch: dict[str, Any], options: Any) -> dict[str, Tensor]:
+def interp_eval_batch(sampler: FamilySampler, batch: dict[str, Any], options: Any) -> dict[str, Tensor]:
     """Per-clip metric values [B] for one eval batch (every rank calls it with its batch): every clip
     sampled from its own first (and last) frame by the base family's sampler and compared with the real
     clip, with its fps and motion bucket as training conditioned on them (`model.fps`,

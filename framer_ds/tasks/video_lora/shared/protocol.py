@@ -81,7 +81,7 @@ class FrozenHelpers(ABC):
             self.release()
 
 
-class ClipSampler(ABC):
+class FamilySampler(ABC):
     """The model being trained, with the frozen encoders on the device, as one family samples it
     (`VideoBaseFamily.training_sampler`). Every rank calls `sample` the same number of times: under
     ZeRO-3 / FSDP2 each denoiser forward is a collective."""
@@ -248,7 +248,7 @@ class VideoBaseFamily(ABC):
     # --- sampling the model being trained -------------------------------------------------------------
 
     @abstractmethod
-    def training_sampler(self, model: torch.nn.Module) -> ClipSampler:
+    def training_sampler(self, model: torch.nn.Module) -> FamilySampler:
         """`model` (the prepared model: ZeRO-3 gathers its shards) with the frozen encoders on the
         device and the base's own sampler (validation samples, interp_eval); the caller releases the
         encoders after (`frozen.release`, or `frozen.lent` for interp_eval)."""

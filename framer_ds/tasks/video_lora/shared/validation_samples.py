@@ -25,7 +25,7 @@ from framer_ds.data.progress import sampling_progress
 from framer_ds.tasks.video_lora.shared.data.video_index import VIDEO_EXTENSIONS
 from framer_ds.tasks.video_lora.shared.data.video_write import to_uint8_frames, write_frame_pngs, write_video
 from framer_ds.tasks.video_lora.shared.options import SampleOptions
-from framer_ds.tasks.video_lora.shared.protocol import ClipSampler, ClipToSample
+from framer_ds.tasks.video_lora.shared.protocol import ClipToSample, FamilySampler
 from framer_ds.tasks.video_lora.shared.sample_record import write_sample_record
 
 
@@ -105,7 +105,7 @@ def _clip(source: SampleInput, num_frames: int, device: torch.device | str) -> C
 
 def write_sample_round(
     accelerator: Accelerator,
-    sampler: ClipSampler,
+    sampler: FamilySampler,
     inputs: list[SampleInput],
     options: SampleOptions,
     num_frames: int,

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framer_ds.tasks.video_lora.shared.protocol import ClipSampler, ClipToSample
+from framer_ds.tasks.video_lora.shared.protocol import ClipToSample, FamilySampler
 
 if TYPE_CHECKING:  # diffusers loads when sampling starts
     from framer_ds.tasks.video_lora.svd.sampling import SamplerParts
 
 
-class SvdClipSampler(ClipSampler):
+class SvdClipSampler(FamilySampler):
     """`sample_video` on `parts` (the model being trained + the frozen VAE, encoder, scheduler);
     `conditioning`: None (SVD's own), or what gives a clip's `SamplingConditioning` by its heatmaps
     (`.sampling(controlnet_cond)`: a Framer family, its ControlNet on each clip's own heatmaps);

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from framer_ds.tasks.video_lora.shared.protocol import ClipSampler, ClipToSample
+from framer_ds.tasks.video_lora.shared.protocol import ClipToSample, FamilySampler
 from framer_ds.tasks.video_lora.wan import conditioning as wan
 from framer_ds.tasks.video_lora.wan.sampling import WanSamplingDefaults, sample_video
 
@@ -89,7 +89,7 @@ def sample_clip(
     )
 
 
-class WanClipSampler(ClipSampler):
+class WanClipSampler(FamilySampler):
     """The model being trained (the prepared model) with the run's frozen encoders, at the pipeline's
     defaults. `prompts`: video_id -> prompt; `negative`: gives the negative prompt's states (encoded
     once per run by the family); `text_encoder`: gives the encoders with UMT5 loaded."""
