@@ -33,6 +33,13 @@ logger or warning category it comes from AND its message, never a whole logger o
 - torch >= 2.10's FutureWarnings that `all_gather_into_tensor` / `reduce_scatter_tensor` (and their
   private `_base` forms) are deprecated: called by DeepSpeed's and accelerate's collectives, not by
   framer_ds.
+
+Progress bars of the libraries' own loading and saving (transformers' "Loading weights" and "Writing model
+shards", one per component: a Wan sample printed two before its own bar; diffusers' "Loading checkpoint
+shards" and pipeline bars) are switched off by `quiet_loading_bars`, which the commands that load models
+call (`train`, `sample`, `export`, `eval`, `smoke`): framer_ds shows its own progress (training steps,
+sampling steps). It imports transformers and diffusers (seconds), so commands that load no model skip it.
+Download bars (huggingface_hub's) stay: a multi-GB download says how far it is.
 """
 
 from __future__ import annotations
@@ -84,3 +91,17 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def quiet_loading_bars() -> None:
+    """Switch off transformers' and diffusers' own progress bars (module docstring), not the hub's."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_tqdm_hook(_disabled_bar)
+    diffusers_logging.disable_progress_bar()
+
+
+def _disabled_bar(factory, args, kwargs):
+    """transformers' tqdm hook: the bar it would make, disabled (iterating it still yields every item)."""
+    return factory(*args, **{**kwargs, "disable": True})

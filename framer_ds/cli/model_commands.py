@@ -24,7 +24,9 @@ def _task_command(args: argparse.Namespace, command: str) -> int:
     options model (its fields become the flags) and does the work."""
     from framer_ds.cli.options import build_options_parser, parse_options
     from framer_ds.tasks.run_config import load_exported_task
+    from framer_ds.third_party_noise import quiet_loading_bars
 
+    quiet_loading_bars()
     task = load_exported_task(args.export_dir)
     options_model = type(task).sample_options if command == "sample" else type(task).export_options
     if options_model is None:
@@ -74,8 +76,10 @@ def _eval_arguments(evaluation: argparse.ArgumentParser) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
+    from framer_ds.third_party_noise import quiet_loading_bars
     from framer_ds.train.evaluate_export import eval_output_path, evaluate_run
 
+    quiet_loading_bars()
     report = evaluate_run(args.run_dir, args.export, args.max_batches)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(report["metrics"], indent=2))

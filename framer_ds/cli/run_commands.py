@@ -54,9 +54,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         EARLY_STOP.knows(output_dir_early(args.config, overrides))
 
     from framer_ds.tasks.run_config import load_run_config
+    from framer_ds.third_party_noise import quiet_loading_bars
     from framer_ds.train.faults import EXIT_PREEMPTED, NonFiniteLossError, Preempted
     from framer_ds.train.loop import run_training
 
+    quiet_loading_bars()
     config = load_run_config(args.config, overrides)
     EARLY_STOP.knows(config.output_dir)  # a stop signal from here on writes preempted.json there
     if args.deepspeed_config is not None:
