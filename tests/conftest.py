@@ -82,13 +82,13 @@ def tiny_wan_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def reset_accelerate() -> None:
     """Clear accelerate's process-wide state (AcceleratorState, GradientState: singletons that outlive an
     Accelerator), so the next Accelerator built in this process (a training, `framer-ds eval`, a test's
-    own `build_accelerator`) starts from its own config rather than the last one's. The one copy of this
-    reset in tests/: `fresh_accelerate_state`, `train_in_process`, the fault harness and tests that build
-    an Accelerator without `run_training` call it."""
-    from accelerate.state import AcceleratorState, GradientState
+    own `build_accelerator`) starts from its own config rather than the last one's: the package's
+    `engine.accelerator.reset_accelerate_state` (`framer-ds smoke` runs several commands in one process).
+    The tests' one entry to it: `fresh_accelerate_state`, `train_in_process`, the fault harness and tests
+    that build an Accelerator without `run_training` call it."""
+    from framer_ds.engine.accelerator import reset_accelerate_state
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
 
 
 @pytest.fixture(autouse=True)

@@ -76,6 +76,34 @@ def _report_arguments(report: argparse.ArgumentParser) -> None:
     )
 
 
+def _smoke_arguments(smoke: argparse.ArgumentParser) -> None:
+    add_config_args(smoke)
+    smoke.add_argument(
+        "--out",
+        type=Path,
+        help="where the smoke's run, export, sample and phase logs go (default runs/smoke/<config name>); "
+        "its run/ is replaced each time",
+    )
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    from framer_ds.lab.smoke import plan_smoke, run_smoke
+    from framer_ds.third_party_noise import quiet_loading_bars
+
+    quiet_loading_bars()
+    plan = plan_smoke(args.config, args.overrides, args.out or Path("runs/smoke") / args.config.stem)
+    for line in plan.lines():
+        print(line, flush=True)
+    results = run_smoke(plan, args.run_command, say=lambda line: print(line, flush=True))
+    passed = sum(r.ok for r in results)
+    print(f"\nsmoke {args.config}: {passed} of {len(results)} phases ok (logs in {plan.out / 'logs'})")
+    for line in [*plan.stand_ins.shrunk]:
+        print(f"  shrunk: {line}")
+    for result in results:
+        print(f"  {result.render()}")
+    return 0 if passed == len(results) else 1
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
@@ -177,4 +205,19 @@ REPORT = CliCommand(
     add_arguments=_report_arguments,
     run=cmd_report,
 )
-LAB_COMMANDS = (PLAN, BENCH, REPORT)
+SMOKE = CliCommand(
+    "smoke",
+    help="run a recipe end to end on this CPU machine before queueing it: tiny random models of its "
+    "architecture, synthetic data where none is on disk, its strategy on 2 CPU processes",
+    description="Train a config 2 optimizer steps with a checkpoint, resume it for 1 more, export, "
+    "`framer-ds eval` and (video) `framer-ds sample` at its sampling settings, keeping everything of the "
+    "recipe that can break (task, architectures, data layout and shapes, sequence length, vocabulary, LoRA "
+    "targets, precision, the strategy its header launches: ZeRO/FSDP2/DDP on 2 CPU processes over gloo) "
+    "and swapping only what cannot run here, each change printed: base weights become width- and "
+    "depth-tiny random models of the same architecture (cached under $FRAMER_DS_CACHE/smoke), missing "
+    "data becomes synthetic data in the recipe's layout, a shape too big for this machine at any width "
+    "shrinks (named). Ends with one line per phase; exit 0 only when every phase is ok.",
+    add_arguments=_smoke_arguments,
+    run=cmd_smoke,
+)
+LAB_COMMANDS = (PLAN, BENCH, SMOKE, REPORT)

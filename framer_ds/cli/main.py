@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "train":
         EARLY_STOP.resend_pending()  # only a training run stops with exit 75 (train/preemption.py)
     handlers = {command.name: command.run for command in COMMANDS}
+    args.run_command = main  # `framer-ds smoke` runs other commands in this process, with their exit codes
     try:
         check_torchvision()
         return handlers[args.command](args)

@@ -193,3 +193,14 @@ def end_accelerator(accelerator: Accelerator, *, failed: bool) -> None:
         accelerator.trackers = []
     finally:
         accelerator.state.destroy_process_group()
+
+
+def reset_accelerate_state() -> None:
+    """Clear accelerate's process-wide state (AcceleratorState, GradientState: singletons that outlive an
+    Accelerator), so the next Accelerator built in this process (another run, `framer-ds eval`) starts
+    from its own config rather than the last one's. Needed wherever one process runs several commands:
+    `framer-ds smoke`'s phases, and the tests."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

@@ -32,6 +32,7 @@ from framer_ds.tasks.video_lora.shared.data_setup import VideoLoraData, bucket_c
 from framer_ds.tasks.video_lora.shared.exports import VideoExportCommandOptions
 from framer_ds.tasks.video_lora.shared.interp_eval import lpips_note
 from framer_ds.tasks.video_lora.shared.options import samples_during_training
+from framer_ds.tasks.video_lora.smoke import VideoLoraSmoke
 from framer_ds.tasks.video_lora.task_mixins import (
     VideoBuckets,
     VideoEvalMemory,
@@ -42,7 +43,13 @@ from framer_ds.tasks.video_lora.task_mixins import (
 
 @register_task
 class VideoLoraTask(
-    VideoLatentCaching, VideoTrainingSamples, VideoEvalMemory, VideoBuckets, PlanningHooks, Task
+    VideoLatentCaching,
+    VideoTrainingSamples,
+    VideoEvalMemory,
+    VideoBuckets,
+    VideoLoraSmoke,
+    PlanningHooks,
+    Task,
 ):
     name = "video_lora"
     summary = (
