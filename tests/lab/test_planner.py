@@ -130,7 +130,7 @@ def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(
     too) and the hub offline. A base the config maps under `architectures:` is built from the config.json
     framer_ds ships, and the plan says so; an absent image folder is stated as an assumption. Each is
     planned once, with the command its header quotes, and the header's peak is that plan's figure for
-    the row its launch command runs."""
+    the row its launch command runs, which is the strategy the plan recommends."""
     import huggingface_hub.constants
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -158,6 +158,14 @@ def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(
         assert gib(rows[header["strategy"]]["device_bytes"]) == header["peak"], name
         assert plan["census"]["trainable"] > 0 and plan["activations"]["configured"]["per_sample_bytes"] > 0
         assert plan["recommendation"]["command"].startswith("accelerate launch"), name
+        # Issue 47: the header launches what the plan recommends (every 4-GPU recipe launched ZeRO-2/3
+        # while this plan picked DDP), at the recipe's own micro-batch and accumulation.
+        pick = plan["recommendation"]
+        assert pick["strategy"] == header["strategy"], (name, launch, pick["command"])
+        assert (pick["micro_batch"], pick["accumulation"]) == (
+            config.train.micro_batch_size,
+            config.train.gradient_accumulation_steps,
+        ), (name, pick["command"])
         notes = [line for line in plan["assumptions"] if "shipped with framer_ds" in line]
         assert len(notes) == len(config.architectures), (name, plan["assumptions"])
         stood_in |= {name} if notes else set()
