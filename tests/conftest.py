@@ -41,11 +41,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     order_heaviest_first(items)
-    if "readme_full" not in (config.getoption("markexpr") or ""):
-        skip_full = pytest.mark.skip(reason="runs every README training for real: `make test-readme`")
-        for item in items:
-            if "readme_full" in item.keywords:
-                item.add_marker(skip_full)
+    # Opt-in tiers: run only when named in -m (their Makefile targets do), never in `make test`.
+    opt_in = {
+        "readme_full": "runs every README training for real: `make test-readme`",
+        "smoke_full": "smokes a recipe the default suite's representatives cover: `make test-smoke`",
+    }
+    for marker, reason in opt_in.items():
+        if marker not in (config.getoption("markexpr") or ""):
+            for item in items:
+                if marker in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason=reason))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -40,12 +40,13 @@ from framer_ds.tasks.drivable_vit.losses import (
 from framer_ds.tasks.drivable_vit.model import Block, DrivableViT
 from framer_ds.tasks.drivable_vit.multiview_manifest import EGO_MOTION_DIM, EgoStatistics
 from framer_ds.tasks.drivable_vit.overlays import write_overlays
+from framer_ds.tasks.drivable_vit.smoke import DrivableSmoke
 from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
 
 
 @register_task
-class DrivableVitTask(PlanningHooks, Task):
+class DrivableVitTask(DrivableSmoke, PlanningHooks, Task):
     name = "drivable_vit"
     summary = "Drivable-space segmentation from several cameras x frames (spatial, cross-view, temporal ViT)."
     ModelConfig = DrivableModelConfig

@@ -30,6 +30,7 @@ from framer_ds.tasks.tts_lm.data_setup import TtsData
 from framer_ds.tasks.tts_lm.inference import TtsSampleCommandOptions, sample_to_files, write_layout_record
 from framer_ds.tasks.tts_lm.quality.gates import quality_problems, run_quality_gates
 from framer_ds.tasks.tts_lm.samplers import LengthGroupedSampler, RatioMixSampler
+from framer_ds.tasks.tts_lm.smoke import TtsSmoke
 from framer_ds.tasks.tts_lm.splitting import split_sequence
 from framer_ds.tasks.tts_lm.token_batches import collate_packed, collate_padded
 from framer_ds.tasks.tts_lm.token_sequences import (
@@ -57,7 +58,7 @@ class ItemDataset(Dataset):
 
 
 @register_task
-class TtsLmTask(PlanningHooks, Task):
+class TtsLmTask(TtsSmoke, PlanningHooks, Task):
     name = "tts_lm"
     summary = "Text-to-speech causal LM on text + SNAC audio tokens (VyvoTTS / Orpheus recipe)."
     ModelConfig = TtsModelConfig

@@ -29,6 +29,7 @@ from framer_ds.tasks.vit_classification.image_folder import (
     scan_image_folder,
 )
 from framer_ds.tasks.vit_classification.image_transform import ImageTransform
+from framer_ds.tasks.vit_classification.smoke import VitSmoke
 
 if TYPE_CHECKING:
     from transformers import ViTConfig
@@ -100,7 +101,7 @@ class VitSampleCommandOptions(SampleCommandOptions):
 
 
 @register_task
-class VitClassificationTask(PlanningHooks, Task):
+class VitClassificationTask(VitSmoke, PlanningHooks, Task):
     name = "vit_classification"
     summary = "Image classification with a HF ViT (pretrained dir or fresh config) on an ImageFolder."
     ModelConfig = VitModelConfig

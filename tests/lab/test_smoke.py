@@ -1,0 +1,128 @@
+"""`framer-ds smoke` (issue 47): every shipped recipe runs end to end on this CPU machine as shipped - its
+task, architectures, data layout and shapes, precision and the strategy its header launches - with only
+the base weights (tiny random models of the same architecture) and absent data (synthetic, in its
+layout) swapped, and every shape it shrinks named.
+
+A recipe gets the parametrized test by being in configs/ (configs/quickstart.yaml and configs/tasks/).
+Budget: the default suite stays under 20 minutes on 2 cores, so it smokes the cheapest recipe of each
+task and base family (DEFAULT; ~20-40 s each on 2 quiet cores, measured with `--durations`); every
+other recipe is `smoke_full`, run by `make test-smoke` (minutes each: a 2-process launch pays ~1 min of
+start-up twice, the full-size shapes' VAE passes are the rest). The strategy paths those skip are in the
+default suite already, on the tiny models (tests/engine/test_strategy_equivalence.py, the Wan family's
+ZeRO-2 / ZeRO-3 offload / FSDP2 test in tests/tasks/video_lora/wan/test_wan_family.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from framer_ds.cli.main import main
+from framer_ds.lab.smoke_launch import recipe_launch
+
+SHIPPED = [REPO / "configs" / "quickstart.yaml", *sorted((REPO / "configs" / "tasks").rglob("*.yaml"))]
+DEFAULT = {
+    "configs/quickstart.yaml",  # vit_classification
+    "configs/tasks/video_lora/tiny.yaml",  # SVD
+    "configs/tasks/video_lora/framer_tiny.yaml",  # Framer
+    "configs/tasks/video_lora/wan_tiny.yaml",  # Wan
+    "configs/tasks/tts_lm/tiny.yaml",  # tts_lm
+    "configs/tasks/drivable_vit/tiny.yaml",  # drivable_vit
+}
+VIDEO_PHASES = ["train", "resume", "export", "eval", "sample"]
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
+def _param(path: Path):
+    marks = () if _rel(path) in DEFAULT else (pytest.mark.smoke_full, pytest.mark.timeout(3600))
+    return pytest.param(path, id=_rel(path), marks=marks)
+
+
+def test_every_shipped_recipe_is_smoked_and_the_default_ones_exist():
+    """The parametrization is the files in configs/ (an empty one would test nothing)."""
+    names = {_rel(p) for p in SHIPPED}
+    assert len(SHIPPED) >= 18 and names >= DEFAULT
+    assert all("task" in yaml.safe_load(p.read_text()) for p in SHIPPED)
+
+
+def _phase_lines(out: str) -> dict[str, str]:
+    """The summary's `  <phase> ok|FAILED (...)` lines, by phase."""
+    summary = out.rsplit("\nsmoke ", 1)[-1].splitlines()[1:]
+    return {
+        line.split()[0]: line.strip() for line in summary if line.split()[:1] in ([p] for p in VIDEO_PHASES)
+    }
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in SHIPPED])
+def test_shipped_recipe_smokes_green(path: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """From an empty working directory, the hub offline: no weights, no data anywhere it points."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["smoke", str(path), "--out", str(tmp_path / "smoke")])
+    out = capsys.readouterr().out
+    phases = _phase_lines(out)
+    assert rc == 0, "\n".join(phases.values()) or out[-3000:]
+    task = yaml.safe_load(path.read_text())["task"]
+    wanted = VIDEO_PHASES if task == "video_lora" else VIDEO_PHASES[:-1]
+    assert list(phases) == wanted and all(" ok " in line for line in phases.values()), phases
+    strategy = recipe_launch(path).strategy
+    processes = "2 CPU processes" if strategy != "plain" else "single CPU process"
+    assert processes in phases["train"], phases["train"]  # the header's strategy ran, not a stand-in's
+
+
+def test_wan_480p_keeps_its_size_and_names_the_frames_it_shrinks(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The Wan 2.1 480p recipe plans at 480x832: 81 frames are 32,760 tokens of attention a clip, more
+    than a CPU runs at any width, so the smoke says it runs 5 (Wan's fewest: 1 + 4) and keeps the size
+    the dataset refused with SVD's rule before issue 47 (the smoke itself: `smoke_full`)."""
+    from framer_ds.lab.smoke import plan_smoke
+
+    monkeypatch.chdir(tmp_path)
+    path = REPO / "configs/tasks/video_lora/wan21_i2v_14b_480p.yaml"
+    plan = plan_smoke(path, [], tmp_path / "smoke")
+    lines = "\n".join(plan.lines())
+    assert (
+        "data.num_frames 81 -> 5" in lines and "32,760 tokens" in lines and "height and width stay" in lines
+    )
+    assert "data.height" not in " ".join(plan.stand_ins.overrides)
+    assert "data.num_frames=5" in plan.overrides
+    assert plan.launch.strategy == "ddp" and "--multi_gpu --num_processes 2" in lines
+
+
+def test_each_header_strategy_runs_on_two_cpu_processes() -> None:
+    """DeepSpeed JSONs on the CPU DeepSpeed YAML, DDP as --multi_gpu, one-process recipes in process."""
+    launches = {_rel(p): recipe_launch(p) for p in SHIPPED}
+    assert launches["configs/tasks/video_lora/wan21_flf2v_14b_720p.yaml"].strategy == "zero3"
+    assert launches["configs/tasks/video_lora/svd_xt_576x1024_14f_24gb.yaml"].strategy == "plain"
+    assert launches["configs/quickstart.yaml"].strategy == "plain"
+    for name, launch in launches.items():
+        if launch.strategy.startswith("zero"):
+            args = launch.cpu_launch_args(REPO)
+            assert args[:2] == ["--config_file", str(REPO / "configs/accelerate_cpu_2proc.yaml")], name
+            assert args[-1] == str(launch.deepspeed_json) and Path(args[-1]).is_file(), name
+        elif launch.strategy == "ddp":
+            assert launch.cpu_launch_args(REPO) == ["--multi_gpu", "--num_processes", "2"], name
+
+
+def test_a_failing_phase_is_one_line_the_rest_are_not_run_and_the_exit_is_1(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A model its config cannot build (64 wide in 3 heads) fails `train` with transformers' own reason in
+    one line, no traceback in the summary; the phases after it say they did not run."""
+    monkeypatch.chdir(tmp_path)
+    config = REPO / "configs/quickstart.yaml"
+    rc = main(
+        ["smoke", str(config), "model.source.config.num_attention_heads=3", "--out", str(tmp_path / "s")]
+    )
+    out = capsys.readouterr().out
+    phases = _phase_lines(out)
+    assert rc == 1 and list(phases) == ["train", "resume", "export", "eval"], out[-2000:]
+    assert "train    FAILED" in phases["train"] and "num_attention_heads" in phases["train"], phases
+    assert all("not run: train failed" in phases[p] for p in ("resume", "export", "eval")), phases
+    assert "Traceback" not in out.rsplit("\nsmoke ", 1)[-1]
+    assert "Traceback" in (tmp_path / "s" / "logs" / "train.log").read_text()
