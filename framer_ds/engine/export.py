@@ -41,19 +41,26 @@ def gathered_trainable_state_dict(
 
     Gathers only the trainable tensors (a LoRA adapter, a new input conv), never the frozen base, so
     it stays cheap for a LoRA on a multi-GB UNet. Every rank gets the dict; rank 0 writes it.
+
+    A parameter shared by two modules is listed under both names (each gathered once): with a head tied
+    to its input embedding, peft's copies of the two for a LoRA run (`modules_to_save`) share one
+    weight, and peft's save looks it up under each module's name (a KeyError before, when writing the
+    export of the lora_sft recipe's tied Granite base).
     """
     unwrapped = accelerator.unwrap_model(model)
-    named = [(name, p) for name, p in unwrapped.named_parameters() if p.requires_grad]
+    named = [(n, p) for n, p in unwrapped.named_parameters(remove_duplicate=False) if p.requires_grad]
+    unique = list({id(p): p for _, p in named}.values())
     if uses_zero3(accelerator):
         import deepspeed
 
         release_prefetched(accelerator, model)
-        with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
-            state = {name: p.detach().cpu().clone() for name, p in named}
+        with deepspeed.zero.GatheredParameters(unique, modifier_rank=None):
+            copies = {id(p): p.detach().cpu().clone() for p in unique}
     elif uses_fsdp2(accelerator):  # DTensor shards: all-gather each in the same order on every rank
-        state = {name: full_tensor(p.detach()).cpu().clone() for name, p in named}
+        copies = {id(p): full_tensor(p.detach()).cpu().clone() for p in unique}
     else:
-        state = {name: p.detach().cpu().clone() for name, p in named}
+        copies = {id(p): p.detach().cpu().clone() for p in unique}
+    state = {name: copies[id(p)] for name, p in named}
     check_not_empty(state, "trainable parameters")
     return state
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -62,12 +63,20 @@ def _teed() -> Iterator[tuple[_Tee, _Tee]]:
         yield out, err
 
 
+# What the other ranks of a launch raise when one rank died: consequences, never the cause.
+CONSEQUENCES = re.compile(r"Connection closed by peer|Connection reset by peer|ChildFailedError|SIGTERM")
+RAISED = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<text>[\w.]*(?:Error|Exception): .+)$")
+
+
 def error_line(output: str) -> str:
-    """framer_ds's own `error: ...` line when it printed one, else the exception a process raised."""
+    """framer_ds's own `error: ...` line when it printed one, else the first exception a rank raised
+    that is not another rank's death seen from here (a gloo peer closing), else the end of the output."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     ours = [i for i, line in enumerate(lines) if line.startswith("error: ")]
     if not ours:
-        return failure_reason(output)
+        raised = [m["text"] for line in lines if (m := RAISED.match(line))]
+        causes = [text for text in raised if not CONSEQUENCES.search(text)]
+        return causes[0][:400] if causes else failure_reason(output)
     first = ours[-1]
     problems = []  # a ConfigError's "N problem(s) in X:" is followed by one "- ..." line per problem
     for line in lines[first + 1 :]:

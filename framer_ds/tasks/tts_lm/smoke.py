@@ -33,6 +33,8 @@ from framer_ds.tasks.smoke import (
 )
 
 ROWS = {"train": 12, "eval": 4}
+SHORT_FRAMES = (8, 16)  # codec frames of an utterance (~12 a second): 0.7-1.3 s
+PACKED_FRAMES = (90, 110)  # ~8 s: packed recipes fill their blocks with fewer rows
 SPEAKERS = ("ana", "ben")
 SAMPLE_RATE = 24000
 
@@ -90,7 +92,13 @@ class TtsSmoke(SmokeHooks):
             if data.format == "tokens":
                 problem = f"{path} is not on disk; the smoke generates rows of format codes or audio"
                 raise ConfigError([ConfigProblem(key, problem)], "smoke")
-            shape = {"format": data.format, "name": Path(path).name, "split": split, "rows": ROWS[split]}
+            rows, frames = ROWS[split], SHORT_FRAMES
+            if data.length_policy in ("pack", "split") and split == "train":
+                # packed into max_seq_length blocks: 3 blocks (a micro-batch on each of 2 ranks and more)
+                frames = PACKED_FRAMES
+                rows = max(rows, -(-3 * data.max_seq_length // (7 * PACKED_FRAMES[0])) + 2)
+            shape = {"format": data.format, "name": Path(path).name, "split": split, "rows": rows}
+            shape["frames"] = list(frames)
             folder = build_once(
                 stand_in_dir(root, "speech", {**shape, "columns": self._columns()}),
                 ".framer_smoke_rows_complete",
@@ -100,7 +108,7 @@ class TtsSmoke(SmokeHooks):
             out = folder / Path(path).name
             found.overrides.append(f"{key}={out}")
             found.swapped.append(
-                f"{key}: {path} is not on disk -> {out} ({ROWS[split]} short synthetic utterances, format "
+                f"{key}: {path} is not on disk -> {out} ({rows} synthetic utterances, format "
                 f"{data.format}; data.max_seq_length {data.max_seq_length} and length_policy "
                 f"{data.length_policy} stay)"
             )
@@ -123,7 +131,7 @@ class TtsSmoke(SmokeHooks):
             row: dict[str, Any] = {columns["text"]: text}
             if columns["speaker"]:
                 row[columns["speaker"]] = SPEAKERS[index % len(SPEAKERS)]
-            frames = int(rng.integers(8, 16))  # ~12 codec frames a second: 0.7-1.3 s
+            frames = int(rng.integers(*shape["frames"]))  # ~12 codec frames a second
             if shape["format"] == "codes":
                 row[columns["codes"]] = [rng.integers(0, 4096, frames * n).tolist() for n in (1, 2, 4)]
             else:
