@@ -35,6 +35,7 @@ from framer_ds.tasks.smoke import (
 ROWS = {"train": 12, "eval": 4}
 SHORT_FRAMES = (8, 16)  # codec frames of an utterance (~12 a second): 0.7-1.3 s
 PACKED_FRAMES = (90, 110)  # ~8 s: packed recipes fill their blocks with fewer rows
+GATE_TEXTS, GATE_TOKENS = 1, 140  # the quality gates' texts and tokens (20 codec frames)
 SPEAKERS = ("ana", "ben")
 SAMPLE_RATE = 24000
 
@@ -78,7 +79,29 @@ class TtsSmoke(SmokeHooks):
                 f"model.codec.path: {model.codec.path} -> {out} (a random SNAC, 24 kHz layout)"
             )
         self._smoke_rows(root, found)
+        self._smoke_quality_gates(found)
         return found
+
+    def _smoke_quality_gates(self, found: SmokeStandIns) -> None:
+        """`framer-ds eval` speaks `count` held-out texts up to `max_new_tokens` each and scores them with
+        an ASR and a speaker encoder: minutes on a CPU at any width (a random model never ends its
+        speech early), so one short text keeps the path."""
+        gates = self.config.model.quality_eval
+        if not gates.enabled:
+            return
+        small = {
+            "count": min(gates.count, GATE_TEXTS),
+            "max_new_tokens": min(gates.max_new_tokens, GATE_TOKENS),
+        }
+        changed = {k: (getattr(gates, k), v) for k, v in small.items() if getattr(gates, k) != v}
+        if changed:
+            found.overrides += [f"model.quality_eval.{k}={new}" for k, (_, new) in changed.items()]
+            found.shrunk.append(
+                "model.quality_eval: "
+                + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
+                + ": the quality gates speak each held-out text to the end and score it with an ASR and a "
+                "speaker encoder, ~1 min a text of 1200 tokens on this CPU at any width"
+            )
 
     def _smoke_rows(self, root: Path, found: SmokeStandIns) -> None:
         """Synthetic rows for data.source.path and data.eval when they are not on disk."""

@@ -64,8 +64,6 @@ class VideoLoraSmoke(SmokeHooks):
             found.swapped.append(tiny_note(key, value, name, out, what))
         frames = self._smoke_frames(found)
         self._smoke_data(root, frames, found)
-        if self.config.model.samples.every:  # the recipe samples while training: one round in the smoke
-            found.overrides.append("model.samples.every=2")
         return found
 
     def _smoke_bases(self) -> list[tuple[str, Any, Any, str]]:

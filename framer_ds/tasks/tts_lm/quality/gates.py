@@ -59,15 +59,15 @@ def held_out_utterances(
 def _utterance(ids: list[int], builder: SequenceBuilder) -> HeldOutUtterance | None:
     special = builder.special
     try:
-        human = ids.index(special.start_of_human)
-        text_end = ids.index(special.end_of_text, human + 1)
+        start = ids.index(special.start_of_human) + 1
+        if special.start_of_text is not None and ids[start : start + 1] == [special.start_of_text]:
+            start += 1  # past the text's start token, which may be its end token too (Granite: BOS == EOS)
+        text_end = ids.index(special.end_of_text, start)
         speech = ids.index(special.start_of_speech, text_end)
         speech_end = ids.index(special.end_of_speech, speech + 1)
     except ValueError:
         return None
-    text_ids = ids[human + 1 : text_end]
-    if special.start_of_text is not None and text_ids[:1] == [special.start_of_text]:
-        text_ids = text_ids[1:]
+    text_ids = ids[start:text_end]
     text = builder.tokenizer.decode(text_ids, skip_special_tokens=True)
     if builder.data.speaker_prefix and ": " in text:  # `SequenceBuilder.text_ids` wrote "speaker: text"
         text = text.split(": ", 1)[1]
