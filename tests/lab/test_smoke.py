@@ -112,17 +112,21 @@ def test_each_header_strategy_runs_on_two_cpu_processes() -> None:
 def test_a_failing_phase_is_one_line_the_rest_are_not_run_and_the_exit_is_1(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    """A model its config cannot build (64 wide in 3 heads) fails `train` with transformers' own reason in
-    one line, no traceback in the summary; the phases after it say they did not run."""
+    """A run that stops at its first NaN loss (the test MLP task, every sample poisoned, nonfinite policy
+    abort) fails `train` with the loop's own reason in one line, no traceback in the summary; the phases
+    after it say they did not run."""
+    from conftest import mlp_config
+
     monkeypatch.chdir(tmp_path)
-    config = REPO / "configs/quickstart.yaml"
-    rc = main(
-        ["smoke", str(config), "model.source.config.num_attention_heads=3", "--out", str(tmp_path / "s")]
-    )
+    config = mlp_config(
+        tmp_path / "mlp.yaml", tmp_path / "unused", data={"poison_ids": list(range(512))},
+        train={"nonfinite.policy": "abort"},
+    )  # fmt: skip
+    rc = main(["smoke", str(config), "--out", str(tmp_path / "s")])
     out = capsys.readouterr().out
     phases = _phase_lines(out)
     assert rc == 1 and list(phases) == ["train", "resume", "export", "eval"], out[-2000:]
-    assert "train    FAILED" in phases["train"] and "num_attention_heads" in phases["train"], phases
+    assert phases["train"].startswith("train    FAILED") and "exit 1: " in phases["train"], phases
+    assert "non-finite" in phases["train"].lower() or "nan" in phases["train"].lower(), phases
     assert all("not run: train failed" in phases[p] for p in ("resume", "export", "eval")), phases
     assert "Traceback" not in out.rsplit("\nsmoke ", 1)[-1]
-    assert "Traceback" in (tmp_path / "s" / "logs" / "train.log").read_text()
