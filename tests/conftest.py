@@ -37,6 +37,11 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # make's own variables are not the user's shell: DeepSpeed's pdsh runner exports every variable to
+    # the nodes inside double quotes, and `make test PYTEST_ARGS=...` sets MAKEOVERRIDES to
+    # `${-*-command-variables-*-}`, a bash "bad substitution" on every node (the hostfile test failed).
+    for name in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL"):
+        os.environ.pop(name, None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
