@@ -102,11 +102,25 @@ for host in "${hosts[@]}"; do
 done
 
 # What each host runs, in this directory, with the environment that shapes the run (ssh passes none).
+# Tokens (WANDB_API_KEY, HF_TOKEN, ...) do not go on the command line, where `ps` on every host shows
+# them: into a file only this user can read, in this (shared) directory, sourced by each host's command
+# and deleted when the launch ends.
 launch_id="framer_ds_launch_$$_$RANDOM"
-exports=""
+exports="" secrets_file=""
 while IFS= read -r name; do
-    exports+="export $name=$(printf '%q' "${!name}"); "
-done < <(compgen -e | grep -E '^(NCCL_|GLOO_|OMP_NUM_THREADS$|PYTHONPATH$|WANDB_|HF_|TRANSFORMERS_|FRAMER_DS_|TORCH_|UCX_|FI_)' || true)
+    line="export $name=$(printf '%q' "${!name}")"
+    if [[ ${name^^} =~ (API_KEY|TOKEN|SECRET|PASSWORD) ]]; then
+        if [ -z "$secrets_file" ]; then
+            secrets_file="$PWD/.framer_ds_env.$launch_id"
+            (umask 077 && : > "$secrets_file")
+            trap 'rm -f "$secrets_file"' EXIT
+            exports+=". $(printf '%q' "$secrets_file"); "
+        fi
+        echo "$line" >> "$secrets_file"
+    else
+        exports+="$line; "
+    fi
+done < <(compgen -e | grep -E '^(NCCL_|GLOO_|OMP_NUM_THREADS$|PYTHONPATH$|WANDB_|HF_|HUGGING_FACE_|TRANSFORMERS_|FRAMER_DS_|TORCH_|UCX_|FI_)' || true)
 # shellcheck disable=SC2016  # $PATH is the remote host's, expanded there
 exports+="export PATH=$(printf '%q' "$(dirname "$PYTHON")"):\"\$PATH\"; "
 node_command() {  # $1 = machine rank (a number, or pdsh's %n), $2 = the host's slots
@@ -142,7 +156,8 @@ if [ "${REMOTE_LAUNCHER:-$(command -v pdsh >/dev/null && echo pdsh || echo ssh)}
     for s in "${slots[@]}"; do [ "$s" = "${slots[0]}" ] || uniform=0; done
     if [ "$uniform" = 1 ]; then
         # pdsh replaces %n with the host's position in -w, i.e. its machine rank; -S returns the worst status.
-        pdsh -S -f 1024 -w "$(IFS=,; echo "${hosts[*]}")" "$(node_command %n "${slots[0]}")" &
+        # -R ssh: Debian's pdsh defaults to rsh ("connect: Connection refused" on a machine with ssh only).
+        pdsh -R ssh -S -f 1024 -w "$(IFS=,; echo "${hosts[*]}")" "$(node_command %n "${slots[0]}")" &
         pdsh_pid=$!
         status=0
         while kill -0 "$pdsh_pid" 2>/dev/null; do status=0; wait "$pdsh_pid" || status=$?; done

@@ -1,0 +1,166 @@
+"""A real two-node cluster for the launch tests: Slurm (slurmctld, a slurmd per node), an sshd per node,
+pdsh and munge, built by `scripts/dev/cluster.sh` (each node a network + UTS + PID + mount namespace on
+a bridge; docs/cluster.md, "Rehearse a multi-node launch on one machine").
+
+`cluster` is built once per pytest session where this machine can (root, `ip netns`, Debian's
+`slurmctld slurmd slurm-client munge pdsh openssh-server`, which `.ci/run` installs), and skipped with
+the reason where it cannot. It is torn down (daemons by recorded PID, namespaces, the /etc/hosts and ssh
+blocks) when the session ends, a failed test included. Its tests live in ONE file
+(tests/launch/test_cluster.py): the suite runs each file on one xdist worker, and a second worker
+building the same namespaces would tear down the first one's. A lock file keeps two pytest sessions on
+one machine from doing that too.
+
+The launches run in a scratch copy of the checkout (`conftest.scratch_copy`: what a fresh clone holds),
+so what they leave (logs/, runs/, .deepspeed_env) is a fresh clone's, not this checkout's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, scratch_copy
+
+SCRIPT = REPO / "scripts" / "dev" / "cluster.sh"
+NODES = ("fds-node1", "fds-node2")
+LOCK = Path("/tmp/framer_ds_cluster.lock")
+LOCK_WAIT_S = 900
+
+
+@dataclass
+class Cluster:
+    directory: Path  # CLUSTER_DIR: configs, logs
+    checkout: Path  # the scratch copy every launch runs in
+    env: dict[str, str]  # SLURM_CONF, the venv first on PATH, PYTHONPATH for the test tasks
+
+    def run(
+        self, cmd: list[str], timeout: float = 300, drop: tuple[str, ...] = (), **env: str
+    ) -> subprocess.CompletedProcess:
+        """CMD in the checkout with the cluster's environment, plus `env`, less the names in `drop`."""
+        env = {k: v for k, v in {**self.env, **env}.items() if k not in drop}
+        return subprocess.run(
+            cmd, cwd=self.checkout, env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def start(self, cmd: list[str], **env: str) -> subprocess.Popen:
+        """A launch left running, in its own session (a terminal's process group), output merged."""
+        return subprocess.Popen(
+            cmd,
+            cwd=self.checkout,
+            env={**self.env, **env},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def sbatch(self, *args: str, drop: tuple[str, ...] = (), **env: str) -> str:
+        """The job id of `sbatch ARGS` (its --export=ALL,... passes this environment on)."""
+        proc = self.run(["sbatch", "--parsable", *args], timeout=30, drop=drop, **env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job` as {key: value}; {} once Slurm has forgotten it."""
+        proc = self.run(["scontrol", "show", "job", "-o", job_id], timeout=30)
+        return dict(re.findall(r"(\w+)=(\S*)", proc.stdout)) if proc.returncode == 0 else {}
+
+    def log(self, job_id: str) -> str:
+        """The job's output file (#SBATCH --output=logs/%x-%j.out), every restart appended."""
+        found = list((self.checkout / "logs").glob(f"*-{job_id}.out"))
+        return found[0].read_text(errors="replace") if found else ""
+
+    def wait_job(
+        self, job_id: str, until: Callable[[dict[str, str]], bool] | None = None, timeout: float = 300
+    ) -> dict[str, str]:
+        """Until `until(job)` (default: the job has ended); fails with its log after `timeout` s."""
+        ended = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+        until = until or (lambda job: job.get("JobState") in ended)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if until(job):
+                return job
+            time.sleep(0.5)
+        raise AssertionError(
+            f"job {job_id} not there in {timeout} s: {self.job(job_id)}\n{self.log(job_id)[-4000:]}"
+        )
+
+    def hostfile(self, *hosts: str) -> Path:
+        path = self.directory / ("hostfile_" + "_".join(hosts))
+        path.write_text("".join(f"{host} slots=1\n" for host in hosts))
+        return path
+
+    def script(self, *args: str) -> None:
+        """scripts/dev/cluster.sh ARGS (crash-node NODE, boot-node NODE)."""
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), *args], env=self.script_env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    @property
+    def script_env(self) -> dict[str, str]:
+        return {**os.environ, "CLUSTER_DIR": str(self.directory)}
+
+    def daemon_logs(self) -> str:
+        return "\n".join(
+            f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:])
+            for path in sorted((self.directory / "log").glob("*.log"))
+        )
+
+
+def _why_not() -> str | None:
+    if not SCRIPT.is_file():
+        return f"{SCRIPT} is missing"
+    proc = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=60)
+    return (
+        None
+        if proc.returncode == 0
+        else f"no real cluster here: {proc.stdout.strip() or proc.stderr.strip()}"
+    )
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The two-node cluster, up for the whole session (see the module docstring)."""
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    LOCK.touch(exist_ok=True)
+    with LOCK.open() as lock:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.skip(f"another pytest session has held the cluster ({LOCK}) for {LOCK_WAIT_S} s")
+                time.sleep(2)
+        root = tmp_path_factory.mktemp("cluster")
+        made = Cluster(root / "cluster", scratch_copy(root / "checkout"), {})
+        made.directory.mkdir()
+        made.env = {
+            **os.environ,
+            "SLURM_CONF": str(made.directory / "etc" / "slurm.conf"),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(made.checkout / "tests"),
+        }
+        try:
+            up = subprocess.run(
+                ["bash", str(SCRIPT), "up"], env=made.script_env, capture_output=True, text=True, timeout=180
+            )
+            assert up.returncode == 0, f"cluster.sh up failed:\n{up.stdout}\n{up.stderr}"
+            yield made
+        finally:
+            subprocess.run(
+                ["bash", str(SCRIPT), "down"], env=made.script_env, capture_output=True, timeout=180
+            )
