@@ -33,6 +33,8 @@ SCRIPT = REPO / "scripts" / "dev" / "cluster.sh"
 NODES = ("fds-node1", "fds-node2")
 LOCK = Path("/tmp/framer_ds_cluster.lock")
 LOCK_WAIT_S = 900
+# A job in one of these states is over (while its processes are being killed it is COMPLETING).
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 
 
 @dataclass
@@ -79,11 +81,10 @@ class Cluster:
         return found[0].read_text(errors="replace") if found else ""
 
     def wait_job(
-        self, job_id: str, until: Callable[[dict[str, str]], bool] | None = None, timeout: float = 300
+        self, job_id: str, until: Callable[[dict[str, str]], bool] | None = None, timeout: float = 600
     ) -> dict[str, str]:
         """Until `until(job)` (default: the job has ended); fails with its log after `timeout` s."""
-        ended = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
-        until = until or (lambda job: job.get("JobState") in ended)
+        until = until or (lambda job: job.get("JobState") in ENDED)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self.job(job_id)

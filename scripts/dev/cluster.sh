@@ -271,8 +271,20 @@ stop_pid_file() {
     rm -f "$file"
 }
 
+# Cancel the jobs still there and give their ranks time to stop: a rank SIGKILLed at the wrong moment
+# leaves torch's extension-build lock (~/.cache/torch_extensions/.../lock) behind, and every later
+# DeepSpeed process on this machine waits for it forever.
+drain_jobs() {
+    local deadline=$((SECONDS + 45))
+    [ -f "$DIR/run/slurmctld.pid" ] && kill -0 "$(cat "$DIR/run/slurmctld.pid")" 2>/dev/null || return 0
+    export SLURM_CONF="$DIR/etc/slurm.conf"
+    scancel --user="$(id -un)" 2>/dev/null || return 0
+    while [ -n "$(squeue -h 2>/dev/null)" ] && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
+}
+
 cmd_down() {
     local node i
+    drain_jobs
     for node in "${NODES[@]}"; do kill_node "$node"; done
     stop_pid_file "$DIR/run/slurmctld.pid"
     stop_pid_file "$DIR/run/munged.pid"

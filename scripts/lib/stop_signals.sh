@@ -15,6 +15,12 @@
 # torch's default (TORCH_ELASTIC_SHUTDOWN_TIMEOUT=30) would kill a checkpoint of a large ZeRO state
 # mid-write; USR1 comes 300 s before the time limit, so the ranks may use all of that.
 FRAMER_DS_STOP_WINDOW_S=${FRAMER_DS_STOP_WINDOW_S:-300}
+# Slurm SIGKILLs a job KillWait seconds after its TERM: the ranks warn when a checkpoint takes longer
+# (framer_ds/train/stop_window.py). Asked once, on the batch host; srun passes it on to the nodes.
+if [ -n "${SLURM_JOB_ID:-}" ] && [ -z "${FRAMER_DS_KILL_WAIT_S:-}" ]; then
+    FRAMER_DS_KILL_WAIT_S=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
+    if [ -n "$FRAMER_DS_KILL_WAIT_S" ]; then export FRAMER_DS_KILL_WAIT_S; fi
+fi
 
 # run_forwarding_stop MODE COMMAND...
 #   Runs COMMAND in the background and waits for it. USR1/TERM are passed on so the ranks finish the

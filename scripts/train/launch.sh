@@ -168,9 +168,12 @@ fi
 
 pids=()
 for rank in "${!hosts[@]}"; do
-    ssh -o BatchMode=yes -o ConnectTimeout="$SSH_TIMEOUT" "${hosts[$rank]}" \
-        "$(node_command "$rank" "${slots[$rank]}")" </dev/null \
-        > >(sed -u "s/^/[${hosts[$rank]}] /") 2>&1 &
+    # Each host's ssh client and its line prefixing in a session of their own: a terminal's Ctrl-C reaches
+    # this script, which asks the nodes to stop, but not the clients, which carry the nodes' output
+    # (their checkpoint lines) until the nodes have stopped. Killed by it, they lost that output.
+    # shellcheck disable=SC2016  # expanded by that bash, from its arguments
+    setsid bash -c 'set -o pipefail; ssh -o BatchMode=yes -o ConnectTimeout="$1" "$2" "$3" </dev/null 2>&1 \
+        | sed -u "s/^/[$2] /"' _ "$SSH_TIMEOUT" "${hosts[$rank]}" "$(node_command "$rank" "${slots[$rank]}")" &
     pids+=($!)
 done
 # Wait for every host; the first that fails stops the others (they would wait for it forever).
@@ -190,6 +193,6 @@ while [ "$running" -gt 0 ]; do
             stop_nodes
         fi
     done
-    sleep 1
+    sleep 1 || true  # a Ctrl-C kills the sleep (set -e would end the script with it)
 done
 finish "$status"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import accelerate_launch_cmd, free_port, mlp_config, read_metrics
-from real_cluster import NODES, Cluster
+from real_cluster import ENDED, NODES, Cluster
 from real_cluster import cluster as cluster  # the session fixture
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
@@ -32,20 +32,21 @@ CPU_NODES = ("--gres=none", "--cpus-per-task=1")
 TRAIN = {"checkpoint.every.steps": 2, "checkpoint.keep_last": 8, "eval.every.steps": 16}
 
 
-def mlp_run(cluster: Cluster, name: str, sleep_per_batch_s: float = 0.0, **train) -> tuple[Path, Path]:
-    """(config, run dir) of the MLP task in the cluster's checkout; the sleep changes no number."""
+def mlp_run(
+    cluster: Cluster, name: str, sleep_per_batch_s: float = 0.0, data: dict | None = None, **train
+) -> tuple[Path, Path]:
+    """(config, run dir) of the MLP task in the cluster's checkout; the sleeps change no number."""
     run_dir = cluster.checkout / "runs" / name
-    data = {"sleep_per_batch_s": sleep_per_batch_s}
-    return mlp_config(
-        cluster.directory / f"{name}.yaml", run_dir, data=data, train={**TRAIN, **train}
-    ), run_dir
+    data = {"sleep_per_batch_s": sleep_per_batch_s, **(data or {})}
+    config = mlp_config(cluster.directory / f"{name}.yaml", run_dir, data=data, train={**TRAIN, **train})
+    return config, run_dir
 
 
 def losses(run_dir: Path) -> list[float]:
     return [line["loss"] for line in read_metrics(run_dir)[0]]
 
 
-def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 240) -> None:
+def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 480) -> None:
     """Until metrics.jsonl has `step`; `alive()` False first fails (the run ended)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -98,26 +99,35 @@ def test_slurm_multinode_from_a_fresh_clone_on_cpu_nodes(cluster, reference):
 def test_slurm_usr1_and_scontrol_requeue_resume_onto_the_uninterrupted_losses(cluster, reference):
     """`scancel --signal=USR1 --batch` (what the time limit's --signal=B:USR1@300 sends): every node
     checkpoints, the script requeues the job, it resumes; then `scontrol requeue` (TERM; Slurm requeues
-    it itself): checkpoint, resume, finish. Finding 4: USR1 reached torchrun's agent too, which died
-    at once (exit 138) and srun tore the step down before the ranks had written preempted.json."""
-    config, run_dir = mlp_run(cluster, "requeue", sleep_per_batch_s=0.4)
+    it itself): checkpoint, resume, finish.
+    Finding 4: USR1 reached torchrun's agent too, which died at once (exit 138), and srun tore the step
+    down before the ranks had written preempted.json. Finding 9: the USR1 checkpoint here takes 32 s
+    (rank 0 sleeps in it, as a large state's write would): torchrun's agent SIGKILLed the ranks 30 s
+    after passing the signal on, so it never completed and the job failed instead of requeueing."""
+    flag = cluster.directory / "slow_checkpoint"
+    data = {"slow_checkpoint_flag": str(flag), "slow_checkpoint_s": 32}
+    config, run_dir = mlp_run(cluster, "requeue", sleep_per_batch_s=0.4, data=data)
     export = f"--export=ALL,CONFIG={config},OUTPUT_DIR={run_dir},ENV_CHECK=0"
     job = cluster.sbatch("--nodes=2", *CPU_NODES, export, "slurm/train_multinode.sh")
     marker = run_dir / "preempted.json"
-    stops = []
+    stops: list[int] = []
     for stop in (["scancel", "--signal=USR1", "--batch", job], ["scontrol", "requeue", job]):
         wait_for_step(run_dir, (stops[-1] if stops else 0) + 3, job_alive(cluster, job))
+        if not stops:
+            flag.touch()  # the USR1 checkpoint outlasts torch's 30 s
         assert cluster.run(stop, timeout=30).returncode == 0
-        cluster.wait_job(job, lambda j: marker.exists() or j.get("JobState") not in ("RUNNING", None))
+        cluster.wait_job(job, lambda j: marker.exists() or j.get("JobState") in ENDED, timeout=120)
+        assert marker.exists(), f"no checkpoint on {stop[:2]}: {cluster.job(job)}\n{cluster.log(job)[-4000:]}"
         stops.append(json.loads(marker.read_text())["step"])
         restarts = str(len(stops))
         cluster.wait_job(job, lambda j, n=restarts: j.get("Restarts") == n and j.get("JobState") == "RUNNING")
     info = cluster.wait_job(job)
     log = cluster.log(job)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", log[-5000:]
-    assert "exit code 138" not in log and "Exited with exit code" not in log, log[-5000:]
+    assert "Exited with exit code" not in log, log[-5000:]  # 138: the agent killed by USR1
     assert log.count(f"[framer_ds] requeued job {job}") == 1  # by the script, after USR1 only
     assert "TERM (scancel, scontrol requeue or preemption): not requeued by this script" in log
+    assert "to write, but a stop signal leaves 30 s (Slurm's KillWait=30" in log  # the 32 s one
     assert log.count("resumed from") == 2
     assert 3 <= stops[0] < stops[1] < 16
     assert losses(run_dir) == reference
