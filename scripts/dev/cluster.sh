@@ -115,9 +115,11 @@ EOF
             hosts_lines
         } > "$DIR/etc/hosts.$node"
     done
-    local cpus memory
-    cpus=$(nproc)
-    memory=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+    local cpus memory probed
+    # What slurmd will find (not `nproc`, which follows OMP_NUM_THREADS).
+    probed=$(slurmd -C)
+    cpus=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<< "$probed")
+    memory=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<< "$probed")
     # AuthInfo cred_expire: a requeued job is held this long (+1 s) before it may start again; Slurm's
     # default is 120 s. Scheduling every second so a requeued job starts as soon as its hold ends.
     cat > "$DIR/etc/slurm.conf" <<EOF

@@ -69,20 +69,21 @@ forward_stop() {
 }
 
 # finish_job OUTPUT_DIR STATUS
-#   A run that stopped at a checkpoint (OUTPUT_DIR/preempted.json) ends 0. After USR1 the job is
-#   requeued and resumes from it (train.resume=latest); after TERM it is not (see the top of this file).
-#   Otherwise the launch's own status is kept.
+#   A run that stopped at a checkpoint (OUTPUT_DIR/preempted.json): after USR1 the job is requeued and
+#   resumes from it (train.resume=latest), and this ends 0; after TERM it is not (see the top of this
+#   file), and this ends 75 (EX_TEMPFAIL, the ranks' own status): a job that stopped short of the end is
+#   never reported COMPLETED. Otherwise the launch's own status is kept.
 finish_job() {
     local output_dir=$1 status=$2
     if [ -f "$output_dir/preempted.json" ]; then
         echo "[framer_ds] stopped at a checkpoint: $(tr -d '\n' < "$output_dir/preempted.json")"
         if [ -n "${SLURM_JOB_ID:-}" ] && [ "${FRAMER_DS_STOP_SIGNAL:-}" = USR1 ]; then
-            scontrol requeue "$SLURM_JOB_ID" && echo "[framer_ds] requeued job $SLURM_JOB_ID"
+            scontrol requeue "$SLURM_JOB_ID" && echo "[framer_ds] requeued job $SLURM_JOB_ID" && exit 0
         elif [ -n "${SLURM_JOB_ID:-}" ]; then
             echo "[framer_ds] ${FRAMER_DS_STOP_SIGNAL:-a stop signal} (scancel, scontrol requeue or preemption):" \
                  "not requeued by this script; submit the same command again to resume from the checkpoint"
         fi
-        exit 0
+        exit 75
     fi
     exit "$status"
 }

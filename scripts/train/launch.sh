@@ -135,10 +135,15 @@ node_command() {  # $1 = machine rank (a number, or pdsh's %n), $2 = the host's 
 # the launch id (exec -a): not pkill's own shell, nor the ssh / pdsh clients on the head node.
 stop_nodes() {
     echo "[framer_ds] stopping: asking the ranks on ${hosts[*]} to checkpoint and stop" >&2
+    # Every host at once: one after the other, the first hosts' ranks could stop, agree with the rest to
+    # checkpoint and exit before the last host's signal arrived (it then hit a rank on its way out).
+    local host stoppers=()
     for host in "${hosts[@]}"; do
         ssh -o BatchMode=yes -o ConnectTimeout="$SSH_TIMEOUT" "$host" \
-            "pkill -TERM -f '^$launch_id '" </dev/null || true
+            "pkill -TERM -f '^$launch_id '" </dev/null &
+        stoppers+=($!)
     done
+    wait "${stoppers[@]}" || true
 }
 trap stop_nodes INT TERM
 
