@@ -88,10 +88,12 @@ def test_slurm_multinode_from_a_fresh_clone_on_cpu_nodes(cluster, reference):
     job = cluster.sbatch(
         "--nodes=2", *CPU_NODES, export, "slurm/train_multinode.sh", drop=("OMP_NUM_THREADS",)
     )
+    cluster.wait_job(job, lambda j: "[framer_ds] job" in cluster.log(job) or j.get("JobState") in ENDED)
+    started = cluster.log(job)  # ranks per node and threads per rank from the allocation, at once
+    assert "2 node(s) x 1, head fds-node1" in started and "OMP_NUM_THREADS=1" in started, started[-3000:]
     state = cluster.wait_job(job)["JobState"]
     log = cluster.log(job)
     assert state == "COMPLETED", f"{state}\n{log[-5000:]}\n{cluster.daemon_logs()}"
-    assert "2 node(s) x 1, head fds-node1" in log and "OMP_NUM_THREADS=1" in log  # from the allocation
     assert "rendezvous: 2 ranks at fds-node1" in log and "rank 1: host fds-node2" in log
     assert "resolves to 127.0.1.1 (loopback" in log and "using GLOO_SOCKET_IFNAME=eth0" in log
     assert losses(run_dir) == reference
