@@ -95,6 +95,16 @@ class Cluster:
             f"job {job_id} not there in {timeout} s: {self.job(job_id)}\n{self.log(job_id)[-4000:]}"
         )
 
+    def cancel_all(self, timeout: float = 60) -> None:
+        """Cancel every job still there and wait until they are gone: a test that failed must not leave
+        one running into the next test (it would hold the nodes, or clean up in its checkout)."""
+        if not self.run(["squeue", "-h"], timeout=30).stdout.strip():
+            return
+        self.run(["scancel", f"--user={os.getuid()}"], timeout=30)
+        deadline = time.monotonic() + timeout
+        while self.run(["squeue", "-h"], timeout=30).stdout.strip() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
     def hostfile(self, *hosts: str) -> Path:
         path = self.directory / ("hostfile_" + "_".join(hosts))
         path.write_text("".join(f"{host} slots=1\n" for host in hosts))

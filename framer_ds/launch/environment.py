@@ -41,7 +41,11 @@ def remove_accelerate_deepspeed_env() -> str | None:
     ACCELERATE_USE_DEEPSPEED reaches every rank, which then refuses --deepspeed-config), and it holds the
     launcher's whole environment, tokens included, which DeepSpeed's runner puts on every node's pdsh
     command line (readable with `ps` there)."""
-    names = _accelerate_deepspeed_env()
+    # Only a run that came through that file: DeepSpeed's launcher (it sets CROSS_RANK) with accelerate's
+    # environment. Another run in the same checkout (a Slurm job, say) must not take the file away
+    # before DeepSpeed's runner has read it.
+    launched_by_it = "CROSS_RANK" in os.environ and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    names = _accelerate_deepspeed_env() if launched_by_it else None
     if names is None:
         return None
     DEEPSPEED_ENV_FILE.unlink(missing_ok=True)

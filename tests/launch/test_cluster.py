@@ -11,6 +11,7 @@ so one launch checks several things. The finding each test covers (issue 49) is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -47,12 +48,20 @@ def losses(run_dir: Path) -> list[float]:
     return [line["loss"] for line in read_metrics(run_dir)[0]]
 
 
+def last_step(run_dir: Path) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    found = 0
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):  # the line being written
+            found = max(found, json.loads(line).get("step", 0))
+    return found
+
+
 def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 480) -> None:
     """Until metrics.jsonl has `step`; `alive()` False first fails (the run ended)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        metrics = run_dir / "metrics.jsonl"
-        if metrics.exists() and any(line.get("step", 0) >= step for line in read_metrics(run_dir)[0]):
+        if last_step(run_dir) >= step:
             return
         assert alive(), f"the run ended before step {step}"
         time.sleep(0.3)
@@ -68,6 +77,12 @@ def reference(cluster: Cluster) -> list[float]:
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert len(losses(run_dir)) == 16
     return losses(run_dir)
+
+
+@pytest.fixture(autouse=True)
+def no_job_left_over(cluster: Cluster):
+    yield
+    cluster.cancel_all()
 
 
 def job_alive(cluster: Cluster, job_id: str):
