@@ -28,7 +28,7 @@ from framer_ds.lab.activations import probe_activations
 from framer_ds.lab.census import helper_modules, meta_model, task_census
 from framer_ds.lab.hardware import Hardware
 from framer_ds.lab.memory_model import estimate
-from framer_ds.lab.planner import resolved_zero
+from framer_ds.lab.plan_rows import resolved_zero
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -73,6 +73,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--write", type=Path, help="replace the planner_accuracy section of this file")
     args = parser.parse_args()
+    from alloc_counter.alloc_counter import cpu_counter_env
+
     from framer_ds.lab.measure import describe_machine, measurement_env
     from framer_ds.storage.locations import default_cache_dir
 
@@ -84,7 +86,7 @@ def main() -> None:
     errors = []
     with tempfile.TemporaryDirectory(prefix="planner_accuracy_") as tmp:
         work = Path(tmp)
-        env = measurement_env(default_cache_dir(), pythonpath=REPO)
+        env = measurement_env(default_cache_dir(), pythonpath=REPO, env=cpu_counter_env(default_cache_dir()))
         for model in args.models.split(","):
             for strategy in args.strategies.split(","):
                 measured = measure(model, strategy, REPO, work, args.steps, args.processes, env)

@@ -4,9 +4,10 @@ Why: users pick ZeRO to save memory, and with DeepSpeed buffers sized for a 175B
 opposite at our sizes; RSS hid it (it counts touched pages, while a GPU's allocator must provide every
 allocated byte). This runs `run_training` for real under `accelerate launch` per strategy and model and
 reads, after every optimizer step, the peak of all allocations so far: on a CPU from the allocation
-counter preloaded into every process (framer_ds/lab/alloc_counter.c: every malloc-family allocation and
-every mapping, safetensors files included), on a GPU `torch.cuda.max_memory_allocated`. The cell is the
-largest over the ranks, through the last training step (eval at the end and the export are not in it).
+counter preloaded into every process (benchmarks/alloc_counter, built here: every malloc-family
+allocation and every mapping, safetensors files included), on a GPU `torch.cuda.max_memory_allocated`.
+The cell is the largest over the ranks, through the last training step (eval at the end and the export
+are not in it).
 POSIX shared memory (/dev/shm: DataLoader batches in flight; DeepSpeed's CPU allreduce workspace under
 its own launcher) is listed under the table when there is any, not in the cells: shared pages belong to
 every rank that maps them. Under `accelerate launch` (this benchmark) it was 0 for every cell.
@@ -31,6 +32,8 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
+
+from alloc_counter.alloc_counter import cpu_counter_env
 
 from framer_ds.lab.bench import launch_args
 from framer_ds.lab.measure import describe_machine, measure_launch, measurement_env
@@ -189,7 +192,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="strategy_memory_") as tmp:
         work = Path(tmp)
         cache = Path(os.environ.get("FRAMER_DS_CACHE", Path.home() / ".cache" / "framer_ds"))
-        env = measurement_env(cache, pythonpath=code)
+        env = measurement_env(cache, pythonpath=code, env=cpu_counter_env(cache))
         results: dict[tuple[str, str], dict] = {}
         for model in models:
             for strategy in strategies:

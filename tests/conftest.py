@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,6 +112,51 @@ def train_in_process(config: str | Path, overrides: Sequence[str] = ()) -> Train
         reset_accelerate()
 
 
+@contextlib.contextmanager
+def umask(value: int) -> Iterator[None]:
+    """Run the body under the process umask `value` (a user's `umask 022`), then restore the old one."""
+    old = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def wrong_modes(root: Path, mask: int) -> list[str]:
+    """Every file and directory under `root` (itself included) whose permission bits are not what a
+    plain `open()` / `mkdir()` gives under umask `mask` (0o666 / 0o777 & ~mask), as 'path 0o600'."""
+    wrong = []
+    for path in [Path(root), *sorted(Path(root).rglob("*"))]:
+        if path.is_symlink():
+            continue
+        wanted = (0o777 if path.is_dir() else 0o666) & ~mask
+        if stat.S_IMODE(path.stat().st_mode) != wanted:
+            wrong.append(f"{path.relative_to(root)} {oct(stat.S_IMODE(path.stat().st_mode))}")
+    return wrong
+
+
+@contextlib.contextmanager
+def fp16_loss_scaler_on_cpu(init_scale: float = 2.0**10) -> Iterator[None]:
+    """Runs started in this process meanwhile get torch's GradScaler, as accelerate gives an fp16 run on a
+    GPU (it builds none on a CPU): the loss is scaled, and a step whose gradients hold an inf/NaN updates
+    nothing and halves the scale, the fp16 overflow skip. The test MLP task makes chosen gradients NaN
+    with a finite loss (`data.bad_grad_batches`). No clipping (train.optimizer.max_grad_norm=0) keeps it
+    faithful: accelerate unscales before clipping only under fp16, which a CPU accelerator is not."""
+    from unittest import mock
+
+    import framer_ds.train.loop as loop
+
+    build = loop.build_accelerator
+
+    def with_scaler(config, **kwargs):
+        accelerator = build(config, **kwargs)
+        accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+        return accelerator
+
+    with mock.patch.object(loop, "build_accelerator", with_scaler):
+        yield
+
+
 TINY_VIT_OVERRIDES = [
     "train.length.epochs=1",
     "train.micro_batch_size=16",
@@ -187,17 +234,17 @@ def write_deepspeed_json(base: str, path: Path, **zero_overrides) -> Path:
 
 def set_keys(config: dict, **sections: dict) -> dict:
     """`config` with dotted keys set per section (`train={"length.steps": 8, "eval.every": None}`) as
-    command-line overrides set them: an override of one unit of a Cadence replaces it."""
+    command-line overrides set them: an override of one unit of a Cadence replaces its unit."""
     import json
 
-    from framer_ds.config.cadence import cadence_paths
     from framer_ds.config.loader import apply_overrides
+    from framer_ds.config.one_of import one_of_groups
     from framer_ds.config.schema import RunConfigBase
 
     overrides = [
         f"{name}.{key}={json.dumps(value)}" for name, keys in sections.items() for key, value in keys.items()
     ]
-    problems = apply_overrides(config, overrides, whole_sections=cadence_paths(RunConfigBase))
+    problems = apply_overrides(config, overrides, one_of=one_of_groups(RunConfigBase))
     assert not problems, problems
     return config
 
@@ -224,6 +271,21 @@ def mlp_config(path: Path, run_dir: Path, **sections) -> Path:
     }
     path.write_text(yaml.safe_dump(set_keys(config, **sections)))
     return path
+
+
+def mlp_lr_schedule(steps: int) -> list[float]:
+    """The LR each of `steps` optimizer steps of an `mlp_config` run trains at (cosine, lr 1e-3, warmup 2),
+    from the run's own scheduler code: a run's logged `lr` values equal these exactly."""
+    from framer_ds.train.lr_schedule import build_lr_scheduler
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
+    scheduler = build_lr_scheduler("cosine", optimizer, 2, steps)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    return lrs
 
 
 # What a C++ runtime or the Python interpreter prints when a process dies during teardown.

@@ -49,6 +49,11 @@ class MlpDataConfig(StrictModel):
         description="From this process's N-th training micro-batch on (0 = never) the loss stays finite "
         "but its gradient is bad (`bad_grad`), as when a backward overflows.",
     )
+    bad_grad_batches: list[int] = Field(
+        default_factory=list,
+        description="This process's N-th training micro-batches (counted from 1) whose loss is finite but "
+        "whose gradient is bad (`bad_grad`): a loss scaler's overflow on chosen steps only.",
+    )
     bad_grad: Literal["nan", "huge"] = Field(
         "nan",
         description="'nan': every gradient is NaN, so the step leaves the weights NaN. 'huge': gradients "
@@ -131,7 +136,8 @@ class MlpRegressionTask(Task):
         pred = model(batch["x"]).float()
         loss = F.mse_loss(pred, batch["y"].float())
         self.batches_trained += 1
-        if data.bad_grad_after_batches and self.batches_trained >= data.bad_grad_after_batches:
+        after = data.bad_grad_after_batches and self.batches_trained >= data.bad_grad_after_batches
+        if after or self.batches_trained in data.bad_grad_batches:
             if data.bad_grad == "nan":  # sqrt's derivative at 0 is inf and 0 * inf is NaN; the value adds 0
                 loss = loss + 0.0 * torch.sqrt(pred.sum() * 0.0)
             else:  # adds 0, and 1e20 to d loss / d pred
@@ -177,6 +183,9 @@ class ScriptedEvalTask(MlpRegressionTask):
     def __init__(self, config):
         super().__init__(config)
         self.evaluations = 0
+        self.signalled: set[str] = set()
+        self.signalled_checkpoints: list[Path] = []  # the checkpoints this process wrote
+        self.exports = 0
 
     def build_datasets(self):
         train, evaluation = super().build_datasets()
@@ -189,6 +198,24 @@ class ScriptedEvalTask(MlpRegressionTask):
             metrics["eval/score"] = float(script[min(self.evaluations, len(script) - 1)])
         self.evaluations += 1
         return metrics
+
+    def training_loss(self, model, batch) -> torch.Tensor:
+        loss = super().training_loss(model, batch)
+        _signal_self_at(self, "batch", self.batches_trained)
+        return loss
+
+    def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
+        _signal_self_at(self, "eval", self.evaluations + 1)  # during the (evaluations + 1)-th evaluation
+        return super().eval_step(model, batch)
+
+    def checkpoint_artifacts(self, accelerator, model, checkpoint_dir: Path) -> None:
+        _signal_self_at(self, "checkpoint", len(self.signalled_checkpoints) + 1)
+        self.signalled_checkpoints.append(checkpoint_dir)
+
+    def export(self, accelerator, model, out_dir: Path) -> None:
+        self.exports += 1
+        _signal_self_at(self, "export", self.exports)
+        super().export(accelerator, model, out_dir)
 
     def sample_every(self) -> int:
         return self.config.data.sample_every
@@ -212,6 +239,23 @@ class ScriptedEvalTask(MlpRegressionTask):
         tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000).astype(np.float32)
         soundfile.write(folder / "tone.wav", tone, 16000)
         return [folder / name for name in ("image.png", "clip_gif.gif", "clip_mp4.mp4", "tone.wav")]
+
+
+def _signal_self_at(task, phase: str, count: int) -> None:
+    """FRAMER_TEST_SIGNAL=PHASE:N (phase `batch`: after this process's N-th training micro-batch, before
+    the loop exchanges its flags; `eval`: during its N-th evaluation; `checkpoint` / `export`: while
+    writing its N-th checkpoint / export, e.g. best/): this process sends itself SIGUSR1 once, as
+    Slurm's `--signal` would at that moment; only the process of rank FRAMER_TEST_SIGNAL_RANK (default
+    0) does. A stop signal at an exactly chosen point of a real run."""
+    wanted = os.environ.get("FRAMER_TEST_SIGNAL")
+    if wanted != f"{phase}:{count}" or wanted in task.signalled:
+        return
+    if os.environ.get("RANK", "0") != os.environ.get("FRAMER_TEST_SIGNAL_RANK", "0"):
+        return
+    import signal
+
+    task.signalled.add(wanted)
+    os.kill(os.getpid(), signal.SIGUSR1)
 
 
 PHASE_CALLS: list[tuple[str, float]] = []

@@ -33,6 +33,12 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
         help="where the strategies' JSONs are (default configs/deepspeed)",
     )
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    plan.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="measure the census and activations again instead of reading them from the plan cache "
+        "($FRAMER_DS_CACHE/plan), and replace the cached entry",
+    )
 
 
 def _bench_arguments(bench: argparse.ArgumentParser) -> None:
@@ -73,7 +79,9 @@ def _report_arguments(report: argparse.ArgumentParser) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
-    from framer_ds.lab.planner import Hardware, format_plan, make_plan, parse_bytes
+    from framer_ds.lab.hardware import Hardware
+    from framer_ds.lab.plan_text import format_plan, parse_bytes
+    from framer_ds.lab.planner import make_plan
 
     problems = [
         ConfigProblem(flag, f"must be at least 1, got {value}")
@@ -96,7 +104,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if hardware.problems():
         raise ConfigError([ConfigProblem("--gpu-memory", text) for text in hardware.problems()], "plan")
     plan = make_plan(
-        args.config, args.overrides, hardware, args.deepspeed_dir, global_batch=args.global_batch
+        args.config,
+        args.overrides,
+        hardware,
+        args.deepspeed_dir,
+        global_batch=args.global_batch,
+        remeasure=args.remeasure,
     )
     print(json.dumps(plan.as_dict(), indent=2) if args.json else format_plan(plan))
     return 0
@@ -136,7 +149,8 @@ PLAN = CliCommand(
     description="Count the parameters (meta device, no weight file read), measure the activations "
     "(one forward + backward of the real model on fake tensors, at micro-batch 1 and 2, with gradient "
     "checkpointing as configured and on; a stack of identical blocks at 2 and 3 blocks, extended exactly "
-    "to its depth), and add up every strategy's per-GPU memory with the "
+    "to its depth; both cached per config, files and framer_ds version under $FRAMER_DS_CACHE/plan, so "
+    "planning the same config again takes seconds), and add up every strategy's per-GPU memory with the "
     "DeepSpeed JSONs' buffers. Prints which strategies fit, the largest micro-batch of each, the "
     "accumulation for the global batch and the fastest strategy that fits, with its launch command.",
     add_arguments=_plan_arguments,

@@ -17,7 +17,7 @@ from framer_ds.cli.lab_commands import LAB_COMMANDS
 from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, InputDataError, RunSetupError
 from framer_ds.launch.network import pin_gloo_interface
-from framer_ds.storage.disk_space import DiskFullError
+from framer_ds.storage.disk_space import DiskFullError, full_disk_line
 from framer_ds.third_party_noise import quiet_third_party_noise
 from framer_ds.train.preemption import EARLY_STOP
 
@@ -83,6 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (InputDataError, RunSetupError, MissingDependencyError, DiskFullError) as exc:
         tell_error(str(exc))
+        return 1
+    except Exception as exc:  # a full disk where no writer said more is one line too; the rest is raised
+        line = full_disk_line(exc)
+        if line is None:
+            raise
+        tell_error(line)
         return 1
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from framer_ds.cli.command import CliCommand
@@ -35,7 +36,20 @@ def _task_command(args: argparse.Namespace, command: str) -> int:
     )
     options = parse_options(options_model, parser, args.task_options)
     run = task.sample if command == "sample" else task.export_command
-    return _print(run(args.export_dir, options))
+    out = getattr(options, "out", None)
+    if out is None:
+        return _print(run(args.export_dir, options))
+    with _reporting_full_disk(Path(out), command):
+        return _print(run(args.export_dir, options))
+
+
+def _reporting_full_disk(out: Path, command: str) -> AbstractContextManager[None]:
+    """A full disk under `--out` is one line. The writers stage their files beside `out` (building_dir,
+    atomic_file) and delete them on failure, so nothing partial stays and what was there is kept."""
+    from framer_ds.storage.disk_space import reporting_full_disk
+
+    fix = f"Free space there and run framer-ds {command} again"
+    return reporting_full_disk(out, 0, None, kept="nothing partial was left there", fix=fix)
 
 
 def _print(text: str) -> int:

@@ -16,6 +16,8 @@ OVERRIDES_HELP = """overrides:
   Any config key can be set after the config path as a dotted key=value; values are read as YAML:
     framer-ds train CONFIG train.length.steps=20 train.optimizer.learning_rate=1e-4 log.wandb=null
     framer-ds train CONFIG model.lora.rank=32 data.source.path=/data/clips train.resume=latest
+  Setting one of a set of alternatives replaces the config's choice: data.source.path on a config with
+  a data.source.builtin, train.length.steps on one in epochs (of two here, the later wins).
   Every key, with its type, default and description:
     framer-ds config show TASK      (framer-ds tasks lists the tasks)
     docs/config.md                  (the same reference for every built-in task)
@@ -75,7 +77,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         EARLY_STOP.disarm()  # the run has ended: a late signal must not write a marker for it
     if int(os.environ.get("RANK", "0")) == 0:
         summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
-        print(f"done: {result.global_step} steps, {summary or 'no eval set'}; outputs in {result.output_dir}")
+        skipped = f" ({result.skipped_steps} more skipped on overflow)" if result.skipped_steps else ""
+        steps = f"{result.global_step} steps{skipped}"
+        print(f"done: {steps}, {summary or 'no eval set'}; outputs in {result.output_dir}")
     return 0
 
 

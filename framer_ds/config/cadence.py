@@ -6,18 +6,18 @@ for "not both", and `max_steps` silently won over `epochs`. Now each is one valu
 two units at once are an error, and one method turns any of them into optimizer steps.
 
 Each use states the units it takes in its description (`train.length`: steps or epochs, since a fraction
-of the run cannot define the run). An override of one unit replaces the whole cadence
-(`train.length.steps=4` on `length: {epochs: 3}`): see `cadence_paths`.
+of the run cannot define the run). The units are one one-of group: an override of one unit replaces the
+cadence's unit (`train.length.steps=4` on `length: {epochs: 3}`), by the rule every one-of group follows
+(framer_ds.config.one_of).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from framer_ds.config.loader import section_models
 from framer_ds.config.strict import StrictModel
 
 UNITS = ("steps", "epochs", "fraction")
@@ -25,6 +25,8 @@ UNITS = ("steps", "epochs", "fraction")
 
 class Cadence(StrictModel):
     """Exactly one of `steps`, `epochs` or `fraction`."""
+
+    one_of: ClassVar[tuple[tuple[str, ...], ...]] = (UNITS,)
 
     steps: int | None = Field(None, ge=1, description="Optimizer steps.")
     epochs: float | None = Field(
@@ -113,20 +115,3 @@ def units_check(value: Cadence | None, accepted: tuple[str, ...], why: str) -> C
     if value is not None and value.units_given()[0] not in accepted:
         raise ValueError(f"takes {' or '.join(accepted)}, not {value.units_given()[0]} ({why})")
     return value
-
-
-def cadence_paths(schema: type[BaseModel]) -> frozenset[str]:
-    """The dotted paths of every Cadence in a schema (`train.length`, `train.eval.every`, ...): the
-    sections an override of one unit replaces whole, found from the schema as renames are."""
-    paths: set[str] = set()
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, field in model.model_fields.items():
-            for section in section_models(field.annotation):
-                if issubclass(section, Cadence):
-                    paths.add(f"{prefix}{name}")
-                else:
-                    walk(section, f"{prefix}{name}.")
-
-    walk(schema, "")
-    return frozenset(paths)

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from framer_ds.config.errors import ConfigProblem
+from framer_ds.config.yaml_keys import RepeatedKeysError, UniqueKeyLoader
 
 Problems = list[ConfigProblem]
 Cfg = Mapping[str, Any]
@@ -32,7 +33,10 @@ def _load(path: Path, kind: str) -> tuple[dict[str, Any] | None, Problems]:
         return None, [problem_at(where, "", "file not found; check the path (relative to where you launch)")]
     try:
         text = path.read_text()
-        data = json.loads(text) if kind == "JSON" else (yaml.safe_load(text) or {})
+        # accelerate reads its YAML with yaml.safe_load, which keeps a repeated key's last value silently
+        data = json.loads(text) if kind == "JSON" else (yaml.load(text, Loader=UniqueKeyLoader) or {})
+    except RepeatedKeysError as exc:
+        return None, [problem_at(where, r.key, r.describe()) for r in exc.repeats]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
         hint = " (JSON allows no comments or trailing commas)" if kind == "JSON" else ""
         return None, [problem_at(where, "", f"cannot read {kind}: {exc}; fix the syntax{hint}")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import types
 import typing
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,16 @@ import yaml
 from pydantic import BaseModel, Tag, ValidationError
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
+from framer_ds.config.one_of import NO_GROUPS, OneOfGroups
+from framer_ds.config.strict import section_model, section_models
+from framer_ds.config.yaml_keys import RepeatedKeysError, UniqueKeyLoader
 
 
-class ConfigYamlLoader(yaml.SafeLoader):
+class ConfigYamlLoader(UniqueKeyLoader):
     """PyYAML reads YAML 1.1, whose floats need a dot: `1e-4` would be the STRING '1e-4' and only a lax
     schema would turn it into a number. Configs and overrides are read as YAML 1.2 reads that, so the
-    schemas can refuse every value of the wrong type."""
+    schemas can refuse every value of the wrong type. A key set twice in one mapping is refused
+    (`config/yaml_keys.py`): YAML would keep the second silently."""
 
 
 ConfigYamlLoader.add_implicit_resolver(
@@ -42,6 +46,8 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
         raise ConfigError([ConfigProblem(str(path), "file not found; check the path")], str(path))
     try:
         data = parse_yaml(path.read_text())
+    except RepeatedKeysError as exc:
+        raise ConfigError(exc.problems(str(path)), str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem(str(path), f"invalid YAML: {exc}")], str(path)) from None
     if data is None:
@@ -70,17 +76,24 @@ def output_dir_early(path: Path, overrides: Sequence[str]) -> Path | None:
 
 
 def apply_overrides(
-    raw: dict[str, Any], overrides: Sequence[str], whole_sections: Collection[str] = ()
+    raw: dict[str, Any], overrides: Sequence[str], one_of: OneOfGroups = NO_GROUPS
 ) -> list[ConfigProblem]:
     """Apply `a.b.c=value` overrides in place (values parsed as YAML: 20, 1e-4, null, [1, 2], true).
 
-    An override of one key of a section in `whole_sections` (dotted paths, e.g. the Cadences:
-    `train.length`) replaces that section: `train.length.steps=4` on `length: {epochs: 3}` means 4 steps,
-    not "steps and epochs both set"."""
+    An override that sets one member of a one-of group (`one_of`, found from the schema: a source's
+    `path` or `builtin`, a cadence's unit, `data.stride` or `stride_range`) replaces the file's choice:
+    `data.source.path=/my/videos` on `source: {builtin: synthetic_clips}` means that path, not "path and
+    builtin both set". Among the overrides the later one wins, whether it sets the same key again or
+    another member of the group (`COMMON... train.length.steps=4` after a `train.length.epochs=1`), as on
+    any command line where a later flag replaces an earlier one.
+
+    Not a one-of group: `overwrite_output_dir` and `train.resume`. `--overwrite` deletes the run that a
+    resume would continue, so the pair stays refused wherever it is written (`RunConfigBase`)."""
     problems = []
     for item in overrides:
         key, sep, text = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             problems.append(
                 ConfigProblem(item, "override must look like key.path=value, e.g. train.length.steps=20")
             )
@@ -90,20 +103,30 @@ def apply_overrides(
         except yaml.YAMLError as exc:
             problems.append(ConfigProblem(key, f"cannot parse override value {text!r}: {exc}"))
             continue
-        node = raw
-        parts = key.strip().split(".")
-        for depth, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if child is None or ".".join(parts[: depth + 1]) in whole_sections:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                where = ".".join(parts[: depth + 1])
-                problems.append(ConfigProblem(key, f"'{where}' is a value, not a section; cannot set {key}"))
-                break
-            node = child
-        else:
-            node[parts[-1]] = value
+        member = one_of.member_chosen_by(key, value)
+        problem = _set_dotted(raw, key, value)
+        if problem is not None:
+            problems.append(problem)
+        elif member is not None:
+            one_of.drop_rivals(raw, member)
     return problems
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> ConfigProblem | None:
+    """`raw` with `value` at the dotted `key`, making the missing sections (a null section becomes one);
+    a problem when a parent on the way holds a plain value."""
+    node = raw
+    parts = key.split(".")
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: depth + 1])
+            return ConfigProblem(key, f"'{where}' is a value, not a section; cannot set {key}")
+        node = child
+    node[parts[-1]] = value
+    return None
 
 
 def attribute_to_overrides(
@@ -127,26 +150,6 @@ def attribute_to_overrides(
         message = problem.message if item is None else f"{problem.message} (in override {item})"
         attributed.append(ConfigProblem(problem.where, message))
     return attributed
-
-
-def section_models(annotation: Any) -> list[type[BaseModel]]:
-    """Every pydantic model an annotation can hold: `WandbConfig | None` one, a union of sections (the
-    bases of `model.base`) each member. A `list[X]` is not a section: its items have no fixed path."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return section_models(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [model for arg in typing.get_args(annotation) for model in section_models(arg)]
-    return []
-
-
-def section_model(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation such as `WandbConfig | None`, if any (a union of
-    sections: its first member)."""
-    found = section_models(annotation)
-    return found[0] if found else None
 
 
 def _union_tags(annotation: Any) -> dict[str, type[BaseModel]]:

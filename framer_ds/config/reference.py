@@ -13,7 +13,7 @@ from typing import Any, Literal
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen, MultipleOf
 from pydantic import BaseModel
 
-from framer_ds.config.loader import section_models
+from framer_ds.config.strict import section_models
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Collection
 from typing import Any
 
 from pydantic import BaseModel
 
 from framer_ds.config.errors import ConfigProblem
-from framer_ds.config.loader import section_models
+from framer_ds.config.one_of import NO_GROUPS, OneOfGroups, chooses
+from framer_ds.config.strict import section_models
 
 
 def schema_renames(schema: type[BaseModel], prefix: str = "") -> dict[str, str]:
@@ -129,27 +129,27 @@ def _put(tree: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 
 
 def move_renamed_keys(
-    raw: dict[str, Any], renames: dict[str, str], whole_sections: Collection[str] = ()
+    raw: dict[str, Any], renames: dict[str, str], one_of: OneOfGroups = NO_GROUPS
 ) -> dict[str, Any]:
     """A copy of a config with every old key's value moved to its new key (an explicit new key wins):
     what an older framer_ds recorded reads as this version's config, and a user's old key is validated
     where it lives now (besides being reported by `renamed_key_problems`).
 
-    `whole_sections` (a user's config: the Cadences) are sections one value fills: an old key moves into
-    one only while it is absent, and a null old unit does not, so `max_steps: 5` beside `length: {epochs:
-    2}`, or an old `max_steps` + `epochs` pair, reads as the old code read it (the first one set wins)
-    instead of adding "set exactly one" to the "renamed to" lines."""
+    `one_of` (a user's config: the schema's one-of groups): an old key moves into a member of a group only
+    while the group holds no choice, and a null old value does not move, so `max_steps: 5` beside `length:
+    {epochs: 2}`, or an old `max_steps` + `epochs` pair, reads as the old code read it (the first one set
+    wins) instead of adding "set exactly one" to the "renamed to" lines."""
     moved = copy.deepcopy(raw)
     for old, new in renames.items():
         parent, key = _lookup(moved, old)
         if not _old_key_in(parent, key, old, new):
             continue
         value = parent.pop(key)
-        section = next((p for p in whole_sections if new.startswith(f"{p}.")), None)
-        if section is not None:
-            holder, name = _lookup(moved, section)
-            if value is None or (holder is not None and holder.get(name) is not None):
-                continue
+        if one_of.rivals(new) and not chooses(value):
+            continue  # a null old unit chooses nothing; moved, it would leave its group with no choice
+        member = one_of.member_chosen_by(new, value)
+        if member is not None and one_of.choice_in(moved, member) is not None:
+            continue  # the group holds a choice already: the first one set wins, as the old code read it
         _put(moved, new, value)
     _drop_retired_sections(moved, renames)
     return moved

@@ -29,6 +29,13 @@ class Source(StrictModel):
 
     path: Path | None = Field(None, description="A local directory or file.")
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A source's options are one one-of group, whatever options its use declares (`path`, `builtin`,
+        `config`): `data.source.path=DIR` on a config with a builtin replaces it (framer_ds.config.one_of)."""
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.one_of = (tuple(cls.model_fields),)
+
     @model_validator(mode="before")
     @classmethod
     def _empty_config_beside_another_option(cls, data: Any) -> Any:

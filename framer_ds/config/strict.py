@@ -1,4 +1,5 @@
-"""The base every config section derives from: strict types, unknown keys refused, paths expanded.
+"""The base every config section derives from: strict types, unknown keys refused, paths expanded; and
+which annotations hold a section (`section_models`), the walk every schema-wide table makes.
 
 It has its own module so that the sections of `train:` (framer_ds.config.train_config), the shared
 `Cadence` type and the task sections can all derive from it while `schema.py` assembles them.
@@ -53,6 +54,26 @@ def _from_config_text(annotation: Any, value: Any) -> Any:
     return value
 
 
+def section_models(annotation: Any) -> list[type[BaseModel]]:
+    """Every pydantic model an annotation can hold: `WandbConfig | None` one, a union of sections (the
+    bases of `model.base`) each member. A `list[X]` is not a section: its items have no fixed path."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return section_models(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [model for arg in typing.get_args(annotation) for model in section_models(arg)]
+    return []
+
+
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `WandbConfig | None`, if any (a union of
+    sections: its first member)."""
+    found = section_models(annotation)
+    return found[0] if found else None
+
+
 class StrictModel(BaseModel):
     """Base for every config section: unknown keys are errors, assignments are validated, and types are
     strict: `micro_batch_size: true` or `2.5` is an error, never silently 1 or 2. Paths are the one
@@ -72,6 +93,10 @@ class StrictModel(BaseModel):
     # Keys this section used to have, {old: new}, both relative to the section (the new one may be
     # dotted, into a subsection): an old config gets "renamed to ..." (framer_ds.config.renames).
     renamed_keys: ClassVar[dict[str, str]] = {}
+    # Groups of keys of which a config sets one (`path` or `builtin`; a cadence's unit), relative to this
+    # section (a member may be dotted, into a subsection). Declared here, they are what an override
+    # replaces: setting one member on the command line drops the file's choice (framer_ds.config.one_of).
+    one_of: ClassVar[tuple[tuple[str, ...], ...]] = ()
 
     @field_validator("*", mode="before")
     @classmethod

@@ -113,7 +113,12 @@ class CheckpointConfig(StrictModel):
         description="Write a resumable checkpoint every {steps: N}, {epochs: E} or {fraction: F} of the run; "
         "null = only on a stop signal.",
     )
-    keep_last: int = Field(2, ge=1, description="Older checkpoints are deleted.")
+    keep_last: int = Field(
+        2,
+        ge=1,
+        description="Older checkpoints are deleted, except the checkpoint of the best evaluation "
+        "(eval.best_metric), which is kept beside these and does not count.",
+    )
 
 
 class NonfiniteConfig(StrictModel):
@@ -124,7 +129,10 @@ class NonfiniteConfig(StrictModel):
         description="A NaN/inf loss: 'skip' drops that optimizer step (counted and logged), 'abort' stops.",
     )
     max_consecutive: int = Field(
-        5, ge=1, description="Abort after this many skipped optimizer steps in a row (divergence)."
+        5,
+        ge=1,
+        description="Abort after this many skipped optimizer steps in a row (divergence): steps skipped for "
+        "a NaN/inf loss, and, counted apart, steps whose update the fp16 loss scaler skipped on an overflow.",
     )
 
 
@@ -192,7 +200,10 @@ class TrainConfig(StrictModel):
         1800, ge=10, description="A rank that stops answering fails the job after this long, not never."
     )
     resume: str | None = Field(
-        None, description="null, 'latest' (newest complete checkpoint in output_dir) or a checkpoint path."
+        None,
+        description="null, 'latest' (newest complete checkpoint in output_dir), 'best' (the checkpoint of "
+        "the best evaluation by eval.best_metric: the newest one at or before its step; newer checkpoints "
+        "move to checkpoints/abandoned/) or a checkpoint path.",
     )
     resume_allow_changes: list[str] = Field(
         default_factory=list,
@@ -230,7 +241,7 @@ class TrainConfig(StrictModel):
     @field_validator("resume", mode="after")
     @classmethod
     def _expand_resume_path(cls, value: str | None) -> str | None:
-        return value if value in (None, "latest") else str(expand_path(value))
+        return value if value in (None, "latest", "best") else str(expand_path(value))
 
     def global_batch_size(self, data_parallel_size: int) -> int:
         """Samples per optimizer step across all ranks: micro-batch x accumulation x data-parallel ranks."""

@@ -1,4 +1,5 @@
-"""Resumable checkpoints: atomic writes with a manifest, keep-last-K, and the loop position they hold.
+"""Resumable checkpoints: atomic writes with a manifest, keep-last-K (and the best), and the loop position
+they hold.
 
 `accelerator.save_state` / `load_state` are collectives (DeepSpeed writes one shard per rank), so they
 run on every rank. A checkpoint is first written to `checkpoints/.tmp_step_N` and published as
@@ -14,13 +15,14 @@ import re
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accelerate import Accelerator
 
 from framer_ds.config.loader import dump_run_config
 from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.best import BestRecord, read_best_record
 from framer_ds.engine.manifest import write_manifest
 from framer_ds.storage.atomic import publish_dir, staging_dir
 from framer_ds.storage.disk_space import reporting_full_disk, tree_bytes
@@ -46,6 +48,11 @@ class TrainerState:
     best_mode: str | None = None  # makes the stored value meaningless, and it is forgotten
     best_value: float | None = None
     best_step: int | None = None
+    skipped_steps: int = 0  # optimizer steps the engine skipped on an overflow (train/overflow.py)
+    # What a stop signal put off at `global_step` (train/safe_point.py): the step actions (names) a run
+    # resumed from this checkpoint does first, and the evaluation of that step they may read.
+    deferred_actions: list[str] = field(default_factory=list)
+    deferred_eval: dict[str, float] | None = None
 
     def forget_best_unless(self, metric: str | None, mode: str | None) -> None:
         """Keep the stored best only if it was judged by `metric` and `mode` (the config that runs now)."""
@@ -84,14 +91,62 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+@dataclass(frozen=True)
+class BestCheckpoint:
+    """The checkpoint that holds the run's best evaluation (`record`, from best/best.json)."""
+
+    path: Path
+    record: BestRecord
+
+    def describe(self, with_step: bool = True) -> str:
+        """Its metric, and where the checkpoint stands relative to the evaluation when they differ."""
+        step = step_of(self.path)
+        if step == self.record.step:
+            return f"step {step}, {self.record.describe()}" if with_step else self.record.describe()
+        where = "the newest checkpoint before the best evaluation"
+        return (
+            f"step {step}, {where}, {self.record.describe()}"
+            if with_step
+            else f"{where}, {self.record.describe()}"
+        )
+
+
+def best_checkpoint(output_dir: Path) -> BestCheckpoint | None:
+    """The checkpoint of the best evaluation: the newest complete checkpoint at or before the step of
+    best/best.json; None without best/ or when every checkpoint is newer than it.
+
+    Why "at or before": evaluations and checkpoints have their own cadences. When they coincide (the
+    evaluation runs before the checkpoint in the same step, train/actions.py) it is the checkpoint of the
+    evaluated model itself; otherwise the last one before it, from which the same config retrains that
+    model exactly. It is also the right one when the checkpoint at the best step was not written (its
+    optimizer state was not finite): the previous one, finite, is the best that exists. Pruning never
+    deletes it, so the choice cannot drift to an older checkpoint later."""
+    record = read_best_record(output_dir)
+    if record is None:
+        return None
+    earlier = [path for path in complete_checkpoints(output_dir) if step_of(path) <= record.step]
+    return BestCheckpoint(earlier[-1], record) if earlier else None
+
+
+def checkpoints_to_prune(output_dir: Path, keep_last: int) -> list[Path]:
+    """Every complete checkpoint except the newest `keep_last` and the best one (`best_checkpoint`),
+    which does not count against keep_last (as the HF Trainer keeps `best_model_checkpoint` beside
+    `save_total_limit`): a run that diverges after its best evaluation still holds the checkpoint worth
+    resuming (`train.resume=best`), however many worse ones it wrote since."""
+    found = complete_checkpoints(output_dir)
+    best = best_checkpoint(output_dir)
+    kept = set(found[-keep_last:]) | ({best.path} if best is not None else set())
+    return [path for path in found if path not in kept]
+
+
 def save_checkpoint(
     accelerator: Accelerator,
     config: RunConfigBase,
     state: TrainerState,
     extra_artifacts: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write a checkpoint atomically on all ranks; prune to the newest `train.checkpoint.keep_last`.
-    Call on EVERY rank.
+    """Write a checkpoint atomically on all ranks; prune to the newest `train.checkpoint.keep_last` plus
+    the best one (`checkpoints_to_prune`). Call on EVERY rank.
 
     `extra_artifacts(tmp_dir)` runs on every rank before the rename (e.g. a task writes its LoRA adapter
     next to the resumable state), so it is published together with the checkpoint or not at all. The
@@ -118,7 +173,7 @@ def save_checkpoint(
             (staging / DEEPSPEED_CONFIG).write_text(ran + "\n")
         write_manifest(staging)
         publish_dir(staging, final)
-        for old in complete_checkpoints(output_dir)[:-keep_last]:
+        for old in checkpoints_to_prune(output_dir, keep_last):
             shutil.rmtree(old, ignore_errors=True)
         for stale in root.glob(".tmp_step_*"):  # left by saves killed before their rename
             shutil.rmtree(stale, ignore_errors=True)

@@ -1,6 +1,7 @@
 """metrics.jsonl (the run-directory contract) plus accelerate's trackers (W&B, TensorBoard).
 
-Only the main process writes; every line is flushed so a killed job keeps what it logged.
+Only the main process writes; every line is written through at once so a killed job keeps what it
+logged, and whole or not at all, so a full disk leaves no half line (one DiskFullError instead).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from accelerate import Accelerator
 from framer_ds.compat import require
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.tracker_media import TensorBoardMedia, wandb_media
+from framer_ds.storage.disk_space import reporting_full_disk
+from framer_ds.storage.records import append_record
 
 
 class MetricsLogger:
@@ -34,8 +37,8 @@ class MetricsLogger:
         self._file = None
         self._tensorboard_media: TensorBoardMedia | None = None  # built at the first media, main process
         if accelerator.is_main_process:
-            self._file = self.path.open("a", buffering=1)
-            self._file.write(json.dumps({"step": start_step, "run_summary": summary}) + "\n")
+            self._file = self.path.open("ab", buffering=0)
+            self._append({"step": start_step, "run_summary": summary})
         if accelerator.log_with:
             init_kwargs: dict[str, Any] = {}
             if config.log.wandb is not None:
@@ -59,7 +62,7 @@ class MetricsLogger:
                 "time": round(time.time(), 3),
                 **{k: _finite_or_str(v) for k, v in values.items()},
             }
-            self._file.write(json.dumps(line) + "\n")
+            self._append(line)
         if self.accelerator.log_with:
             self.accelerator.log(values, step=step)
 
@@ -71,7 +74,7 @@ class MetricsLogger:
             return
         if self._file is not None:
             relative = [str(Path(p).relative_to(self.path.parent)) for p in paths]
-            self._file.write(json.dumps({"step": step, f"media/{name}": relative}) + "\n")
+            self._append({"step": step, f"media/{name}": relative})
         trackers = {t.name for t in self.accelerator.trackers} if self.accelerator.log_with else set()
         if "wandb" in trackers:
             wandb = require("wandb", "logging media to W&B (log.wandb)")
@@ -83,12 +86,42 @@ class MetricsLogger:
                 self._tensorboard_media = TensorBoardMedia(writer)
             self._tensorboard_media.log(name, [Path(p) for p in paths], step)
 
+    def _append(self, line: dict[str, Any]) -> None:
+        data = (json.dumps(line) + "\n").encode()
+        with reporting_full_disk(
+            self.path.parent,
+            len(data),
+            None,
+            kept=f"{self.path.name} is whole up to the line before (step {line['step']} was not logged)",
+            fix="Free space there and resume with train.resume=latest",
+        ):
+            append_record(self._file, data)
+
     def close(self) -> None:
         """Close metrics.jsonl. Trackers are finished with the process group, once per run, by
         `engine.accelerator.end_accelerator`, which also runs when the logger was never built."""
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def last_logged(output_dir: Path, key: str, at_or_before: int) -> tuple[int, float] | None:
+    """(step, value) of the last metrics.jsonl line with `key` at or before step `at_or_before`, or None
+    (no file, no such line). For messages about a checkpoint ("loss 1.2e+07 at step 16"): the file holds
+    only the current timeline (a resume drops the lines past its checkpoint, engine/run_dir.py)."""
+    found = None
+    try:
+        lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            if key in entry and int(entry["step"]) <= at_or_before:
+                found = (int(entry["step"]), float(entry[key]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a kill mid-write
+    return found
 
 
 MemoryProbe = Callable[[], dict[str, float]]

@@ -17,6 +17,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from framer_ds.config.errors import ConfigError, ConfigProblem, RunSetupError
 from framer_ds.config.loader import dump_run_config
 from framer_ds.config.schema import RunConfigBase
+from framer_ds.engine.best import BEST_DIR, read_best_record
 from framer_ds.engine.checkpoint import checkpoints_root, complete_checkpoints, step_of
 from framer_ds.engine.rank_zero import decided_by_rank_zero
 from framer_ds.engine.run_lock import LOCK_NAME, RunLock
@@ -178,7 +179,7 @@ def set_aside_newer(out: Path, step: int) -> list[Path]:
     if (out / "final").is_dir() and newer:
         newer.append(out / "final")
     if _best_step(out) > step:  # best/ exported after the resume point belongs to the abandoned timeline
-        newer.append(out / "best")
+        newer.append(out / BEST_DIR)
     if not newer:
         return []
     destination = root / ABANDONED_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}_from_step_{step}"
@@ -192,10 +193,8 @@ def set_aside_newer(out: Path, step: int) -> list[Path]:
 
 def _best_step(out: Path) -> int:
     """The step `best/` was exported at (train.eval.best_metric), or -1 when there is none."""
-    try:
-        return int(json.loads((out / "best" / "best.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
+    record = read_best_record(out)
+    return record.step if record is not None else -1
 
 
 def drop_samples_after(samples_dir: Path, step: int) -> None:

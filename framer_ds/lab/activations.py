@@ -4,9 +4,10 @@ input.
 How: the task's model is built on the meta device (`engine.pretrained.empty_weights`), its parameters
 become fake tensors (`torch._subclasses.FakeTensorMode`: shapes, dtypes and devices, no storage), and one
 forward + backward of the task's own `training_loss` on its planning hook `example_batch(k)` runs under
-PyTorch's `MemTracker` (torch.distributed._tools.mem_tracker), which follows every tensor's storage
-through autograd. What is kept is the peak of activations plus backward temporaries (gradients of activations)
-over the whole step - not weights, gradients or optimizer states, which the memory model counts. Run at
+lab/activation_tracker.py, which follows every tensor's storage through autograd (the figures of
+PyTorch's `MemTracker`, without its per-module books). What is kept is the peak of activations plus
+backward temporaries (gradients of activations) over the whole step - not weights, gradients or
+optimizer states, which the memory model counts. Run at
 two micro-batch sizes, the two peaks give a line, fixed + per-sample x k: the planner reads it at any
 micro-batch. It is the real model's real graph (gradient checkpointing, LoRA, the loss's float upcasts
 included) at full size, in seconds, on a laptop.
@@ -28,8 +29,7 @@ VAE/encoder transient of a video run without a latent cache.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,10 @@ import torch
 from accelerate.utils import send_to_device
 
 from framer_ds.engine.precision import cast_batch, dtype_of
+from framer_ds.lab.activation_probe import ActivationProbe
+from framer_ds.lab.activation_tracker import ActivationTracker
 from framer_ds.lab.census import helper_modules, meta_model
+from framer_ds.lab.probe_passes import run_passes
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.planning import planning_hooks
 from framer_ds.tasks.registry import get_task_class
@@ -46,86 +49,6 @@ from framer_ds.tasks.run_config import load_run_config
 PROBE_MICRO_BATCHES = (1, 2)
 PROBE_DEPTHS = (2, 3)
 """The block counts a model with one stack of identical blocks is probed at (module docstring)."""
-
-
-@dataclass(frozen=True)
-class ActivationProbe:
-    """Activation bytes of one rank's micro-batch: fixed + per_sample x k, fitted from two measurements."""
-
-    micro_batches: tuple[int, ...]
-    measured_bytes: tuple[int, ...]
-    fixed: int
-    per_sample: int
-    gradient_checkpointing: bool
-    device: str
-    eval_transient: int = 0
-    """Peak of what evaluation computes beyond the training step (the planning hook `eval_transient`),
-    no_grad."""
-    depth: tuple[int, ...] = ()
-    """(probed block counts..., full block count) when the figures were extended from a shallower
-    model (module docstring); () when the model ran at its full depth."""
-
-    def at(self, micro_batch: int) -> int:
-        return max(0, self.fixed + self.per_sample * micro_batch)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "micro_batches": list(self.micro_batches),
-            "measured_bytes": list(self.measured_bytes),
-            "fixed_bytes": self.fixed,
-            "per_sample_bytes": self.per_sample,
-            "gradient_checkpointing": self.gradient_checkpointing,
-            "device": self.device,
-            "eval_transient_bytes": self.eval_transient,
-            "depth": list(self.depth),
-        }
-
-
-def _tracker():
-    """A MemTracker that also keeps the peak of activations + temporaries (its own peak is of the total,
-    at which point most activations are already freed)."""
-    try:
-        from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
-    except ImportError as exc:  # added in torch 2.5
-        raise RuntimeError(
-            f"the activation probe needs torch's MemTracker (torch >= 2.5; this is {torch.__version__})"
-        ) from exc
-
-    class ActivationTracker(MemTracker):
-        activation_peak = 0
-
-        def _track_module_params_and_buffers(
-            self, module: torch.nn.Module, install_grad_hooks: bool = True
-        ) -> tuple[int, int]:
-            """MemTracker hooks every parameter's gradient, which fails on a frozen one (a LoRA's base):
-            hook only the trained ones, so their gradients still count as gradients, not temporaries."""
-            memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
-            if install_grad_hooks:
-                for param in module.parameters():
-                    if param.requires_grad and param not in self._param_to_grad_hook_handles:
-                        self._param_to_grad_hook_handles[param] = (
-                            param.register_hook(self._count_gradient),
-                            param.register_post_accumulate_grad_hook(lambda p: self._count_gradient(p.grad)),
-                        )
-            return memory
-
-        def _count_gradient(self, grad: torch.Tensor) -> None:
-            self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
-
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            """Only the whole-step peak: MemTracker's per-module peaks walk every module after every op
-            (a tiny UNet took a minute), and the probe reads none of them."""
-            for device, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(device, 0) < snap[_TOTAL_KEY]:
-                    self._peak_mem[device] = snap[_TOTAL_KEY]
-
-        def _update_snap(self, *args: Any, **kwargs: Any) -> None:
-            super()._update_snap(*args, **kwargs)
-            for snap in self._curr_mem_snap.values():
-                now = snap.get(_MemRefType.ACT, 0) + snap.get(_MemRefType.TEMP, 0)
-                self.activation_peak = max(self.activation_peak, now)
-
-    return ActivationTracker()
 
 
 def _loss_of(result: torch.Tensor | TrainingLoss) -> torch.Tensor:
@@ -216,12 +139,29 @@ def probe_activations(
     if with_eval:
         helpers = helper_modules(task).in_evaluation if helpers is None else helpers
         _make_helpers(task, helpers, mode, device, dtype)
+    depths = PROBE_DEPTHS if stack is not None else (None,)
+
+    def step(depth: int | None, k: int) -> Callable[[], int]:
+        def run() -> int:
+            with _cut_to(stack, depth):
+                return _step_peak(task, model, k, mode, device, dtype)
+
+        return run
+
+    def evaluation(depth: int | None) -> Callable[[], int]:
+        def run() -> int:
+            with _cut_to(stack, depth):
+                return _eval_transient_peak(task, model, helpers, mode, device, dtype)
+
+        return run
+
+    passes: list[Callable[[], int]] = []  # independent: side by side on the usable cores (probe_passes.py)
+    for depth in depths:
+        passes += [step(depth, k) for k in micro_batches] + ([evaluation(depth)] if with_eval else [])
+    peaks, width = run_passes(passes), len(passes) // len(depths)
     runs = []  # (peak at each micro-batch, eval peak) at each probed depth
-    for depth in PROBE_DEPTHS if stack is not None else (None,):
-        with _cut_to(stack, depth):
-            measured = [_step_peak(task, model, k, mode, device, dtype) for k in micro_batches]
-            eval_peak = _eval_transient_peak(task, model, helpers, mode, device, dtype) if with_eval else 0
-        runs.append((measured, eval_peak))
+    for chunk in (peaks[i : i + width] for i in range(0, len(peaks), width)):
+        runs.append((chunk[: len(micro_batches)], chunk[len(micro_batches)] if with_eval else 0))
     if stack is None:
         (measured, eval_peak), depth = runs[0], ()
     else:
@@ -246,7 +186,7 @@ def _step_peak(task: Task, model: torch.nn.Module, k: int, mode: Any, device: st
     """Peak activations + temporaries of one training forward + backward at micro-batch `k`."""
     model.train()
     batch = cast_batch(planning_hooks(task).example_batch(k), dtype, task.full_precision_keys)
-    tracker = _tracker()
+    tracker = ActivationTracker()
     with mode, tracker:
         _loss_of(task.training_loss(model, send_to_device(batch, device))).backward()
     model.zero_grad(set_to_none=True)
@@ -278,7 +218,7 @@ def _eval_transient_peak(
     hooks = planning_hooks(task)
     batch = send_to_device(cast_batch(hooks.example_batch(2), dtype, task.full_precision_keys), device)
     model.eval()
-    tracker = _tracker()
+    tracker = ActivationTracker()
     try:
         with mode, tracker:
             hooks.eval_transient(model, helpers, batch)

@@ -1,54 +1,41 @@
-"""Build the allocation counter (alloc_counter.c) once and preload it into benchmark processes.
+"""Read the allocation counter when a benchmark preloaded it into this process; nothing is built here.
 
-On a GPU, `torch.cuda.max_memory_allocated` is the measure; on a CPU nothing in torch counts every
-allocation of every thread, so CPU memory benchmarks run their processes with this library in
-LD_PRELOAD. It keeps two peaks: every allocation of the process (`memory/max_allocated_gb` in the run's
-metrics) and tensor bytes alone (`memory/max_tensor_allocated_gb`: CPU tensor storage allocated by c10
-and mapped weight files, what a GPU's allocator would hold); framer_ds/lab/measure.py reads both after
-every optimizer step, and `log_counter_peaks` puts them in the run's metrics lines. The ctypes binding
-lives here, in the lab, and nowhere else: the engine only takes figures through
-`engine.metrics.add_memory_probe`.
+The counter (benchmarks/alloc_counter/: a C library and its builder, a benchmark tool outside the package,
+which framer_ds never imports or compiles) keeps two peaks of a CPU process: every allocation
+(`memory/max_allocated_gb` in the run's metrics) and tensor bytes alone (`memory/max_tensor_allocated_gb`:
+CPU tensor storage allocated by c10 and mapped weight files, what a GPU's allocator would hold). A measured
+launch preloads it into every rank when `FRAMER_DS_ALLOC_COUNTER` names the built library
+(lab/measure.py); its figures are read through the `framer_alloc_*` symbols it exports. The engine only
+takes figures through `engine.metrics.add_memory_probe`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from framer_ds.storage.atomic import build_once
-
-SOURCE = Path(__file__).with_name("alloc_counter.c")
-LIBRARY = "libframer_alloc_counter.so"
-MARKER = ".framer_alloc_counter_built"
+COUNTER_ENV = "FRAMER_DS_ALLOC_COUNTER"
+"""The path of the built counter library (benchmarks/alloc_counter/alloc_counter.py prints it)."""
 
 
-def build_alloc_counter(cache_dir: Path) -> Path:
-    """The compiled library under `cache_dir` (rebuilt when the source changes); needs a C compiler."""
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise RuntimeError(
-            "measuring CPU memory needs a C compiler to build the allocation counter; install gcc "
-            "(apt-get install gcc) or set CC"
+def counter_library(env: Mapping[str, str] | None = None) -> Path | None:
+    """The counter library FRAMER_DS_ALLOC_COUNTER names in `env` (default: this process's), or None; a
+    name that is not a file is an error naming the fix (a measurement would silently fall back to RSS)."""
+    named = (os.environ if env is None else env).get(COUNTER_ENV)
+    if not named:
+        return None
+    if not Path(named).is_file():
+        raise FileNotFoundError(
+            f"{COUNTER_ENV}={named} is not a file; build the counter with "
+            "`python benchmarks/alloc_counter/alloc_counter.py` and set it to the path that prints"
         )
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    target = cache_dir / f"alloc_counter_{digest}"
-
-    def build(staging: Path) -> None:
-        command = [compiler, "-O2", "-shared", "-fPIC", "-o", str(staging / LIBRARY), str(SOURCE)]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"building the allocation counter failed:\n{done.stderr}")
-
-    return build_once(target, MARKER, build, "allocation counter") / LIBRARY
+    return Path(named)
 
 
 def preload_env(library: Path, env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: this process's) with the counter preloaded in front of any LD_PRELOAD already set."""
+    """`env` (default: this process's) with `library` preloaded in front of any LD_PRELOAD already set."""
     out = dict(os.environ if env is None else env)
     out["LD_PRELOAD"] = " ".join(filter(None, [str(library), out.get("LD_PRELOAD", "")]))
     return out

@@ -21,7 +21,13 @@ from typing import Any
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.lab.bench_plots import plot_bench
 from framer_ds.lab.bench_rows import BenchRow
-from framer_ds.lab.measure import PROFILE_ENV, describe_machine, measure_launch, measurement_env
+from framer_ds.lab.measure import (
+    PROFILE_ENV,
+    describe_machine,
+    measure_launch,
+    measurement_env,
+    memory_instrument,
+)
 from framer_ds.lab.memory_model import STRATEGIES
 from framer_ds.lab.profile_summary import format_breakdown, hta_breakdown
 from framer_ds.lab.report import read_history
@@ -253,6 +259,8 @@ def write_bench_files(rows: list[BenchRow], out_dir: Path, header: dict[str, Any
         writer.writeheader()
         writer.writerows(records)
     command = f"Command: `{header['command']}`\n\nMachine: {header['machine']}\n\n"
+    if header.get("memory"):
+        command += f"Memory: {header['memory']}\n\n"
     plots = plot_bench(rows, efficiency, out_dir)
     images = "\n\n".join(f"![{p.stem}]({p.name})" for p in plots)
     (out_dir / "bench.md").write_text(
@@ -305,6 +313,8 @@ def run_bench(
     """Every strategy at every process count; with `compile_too` each also with train.compile=true (a
     `<strategy>+compile` row: eager vs compiled step time and the compile time)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    instrument = memory_instrument()
+    print(f"memory measured with {instrument}", flush=True)
     rows = []
     cells = [v for s in strategies for v in ([s, s + COMPILED] if compile_too else [s])]
     for strategy in cells:
@@ -335,6 +345,7 @@ def run_bench(
         "overrides": overrides,
         "command": command,
         "machine": describe_machine(),
+        "memory": instrument,
         "steps": steps,
     }
     files = write_bench_files(rows, out_dir, header)

@@ -4,7 +4,8 @@ Why one instrument: the planner's activation probe, `benchmarks/strategy_memory.
 must read memory the same way, or their figures cannot be compared. Each rank runs `run_training` as
 `framer-ds train` does; an optimizer-step hook reads the peak of every allocation so far - on a GPU
 `torch.cuda.max_memory_allocated`, on a CPU the allocation counter preloaded into the process
-(alloc_counter.c: every malloc-family allocation and every mapping, safetensors files included) - and
+(benchmarks/alloc_counter, a benchmark tool outside the package: every malloc-family allocation and
+every mapping, safetensors files included; without it, the peak RSS) - and
 the bytes allocated before training started (the imports) are subtracted. On a CPU the same counter also
 keeps a tensors-only peak (tensor storage and mapped weight files), the figure that means what a GPU's
 `max_memory_allocated` means and the one a prediction of device memory is compared with; the
@@ -17,6 +18,7 @@ PYTHONPATH at another checkout (the commit before a change) and keep this instru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -51,7 +53,8 @@ class _Readers:
 
 def _readers() -> _Readers:
     """On a GPU the CUDA allocator's figures (tensors only, so both pairs are the same); on a CPU the
-    preloaded allocation counter's two pairs (alloc_counter.c)."""
+    allocation counter's two pairs when a benchmark preloaded it (benchmarks/alloc_counter), else the
+    process's peak RSS (`_rss_readers`)."""
     import torch
 
     if torch.cuda.is_available():
@@ -78,16 +81,58 @@ def _readers() -> _Readers:
     try:
         functions = [counter_function(name) for name in (*names, "shared_bytes")]
     except AttributeError:
-        sys.exit("measure worker: the allocation counter is not preloaded (launch it with measurement_env)")
+        return _rss_readers()
     log_counter_peaks()  # the run's metrics lines carry the same peaks
     return _Readers(*functions)
+
+
+def _rss_readers() -> _Readers:
+    """A CPU process without the counter: its resident set, the peak from the kernel's high-water mark
+    (VmHWM), reset by writing 5 to /proc/self/clear_refs (Linux). Touched pages only: a buffer allocated
+    and filled lazily shows late or not at all, which is why the CPU benchmarks preload the counter. One
+    figure, so both pairs read it (as on a GPU)."""
+    import psutil
+
+    process = psutil.Process()
+
+    def peak() -> int:
+        try:
+            status = Path("/proc/self/status").read_text()
+        except OSError:
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+        return int(kib) * 1024
+
+    def reset() -> None:
+        with contextlib.suppress(OSError):  # no reset: the peak stays the run's, start-up included
+            Path("/proc/self/clear_refs").write_text("5")
+
+    def live() -> int:
+        return process.memory_info().rss
+
+    return _Readers(peak, live, reset, peak, live, lambda: None, lambda: 0)
+
+
+def memory_instrument() -> str:
+    """What a measured launch from this process reads memory with, in words (bench.md says it)."""
+    import torch
+
+    from framer_ds.lab.alloc_counter import COUNTER_ENV, counter_library
+
+    if torch.cuda.is_available():
+        return "torch.cuda.max_memory_allocated (tensor bytes)"
+    if counter_library() is not None:
+        return f"the allocation counter ({COUNTER_ENV}): tensor bytes, the whole process beside"
+    return (
+        f"peak RSS (touched pages only; set {COUNTER_ENV} to the allocation counter of "
+        "benchmarks/alloc_counter for allocated tensor bytes)"
+    )
 
 
 def run_worker(config_path: Path, out_dir: Path, overrides: list[str]) -> None:
     """Train as `framer-ds train` does and write this rank's per-step (time, peak bytes, shared bytes,
     tensor peak bytes) to out_dir, with the bytes allocated before training starts (torch, accelerate,
     transformers, deepspeed) in both counts."""
-    import contextlib
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -205,18 +250,19 @@ def describe_machine() -> str:
 
 
 def measurement_env(cache: Path, pythonpath: Path | None = None, env: dict[str, str] | None = None) -> dict:
-    """The environment of a measured launch: one OpenMP thread per rank, the counter preloaded on a CPU."""
+    """The environment of a measured launch: one OpenMP thread per rank; on a CPU the allocation counter
+    preloaded when `FRAMER_DS_ALLOC_COUNTER` (in `env`, else this process's) names it (nothing is built
+    here: benchmarks/alloc_counter builds it)."""
     import torch
+
+    from framer_ds.lab.alloc_counter import counter_library, preload_env
 
     out = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     out["FRAMER_DS_CACHE"] = str(cache)
     if pythonpath is not None:
         out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), out.get("PYTHONPATH", "")]))
-    if not torch.cuda.is_available():
-        from framer_ds.lab.alloc_counter import build_alloc_counter, preload_env
-
-        out = preload_env(build_alloc_counter(cache), out)
-    return out
+    library = None if torch.cuda.is_available() else counter_library(out)
+    return out if library is None else preload_env(library, out)
 
 
 def accelerate_launch_command(launch_args: list[str], port: int, script: Path, args: list[str]) -> list[str]:

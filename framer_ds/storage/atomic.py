@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from framer_ds.storage.file_modes import give_default_mode, give_default_modes
+
 # The host goes into private staging names so that a process cleaning up after killed builders only
 # judges processes of its own host (a directory on a shared file system may be staged from any node).
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
@@ -88,6 +90,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
     tmp = path.with_name(f".{path.stem}.{_unique_suffix()}.tmp{path.suffix}")
     try:
         yield tmp
+        give_default_mode(tmp)  # the umask's mode, whatever the writer gave it (storage/file_modes.py)
         fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -130,6 +133,7 @@ def publish_dir(staging: Path, target: Path, *, replace: bool = True) -> bool:
     `target` wins the race, `staging` is deleted and False is returned; the caller checks the winner.
     """
     staging, target = Path(staging), Path(target)
+    give_default_modes(staging)  # the umask's modes, whatever the writers gave (storage/file_modes.py)
     fsync_tree(staging)
     if replace:
         if target.exists():

@@ -15,7 +15,11 @@ be overridden on the command line with a dotted path: `framer-ds train CONFIG tr
 model.lora.rank=32`. Unknown keys are errors, with a "did you mean" suggestion.
 
 Where a model or a data set comes from is a `source` section holding exactly one of `path`, `builtin`
-(an asset generated in the cache: demos, tests) or, for a model built fresh, `config`. A key renamed
+(an asset generated in the cache: demos, tests) or, for a model built fresh, `config`. Such keys of
+which a config sets one (a source's options, a cadence's unit, video_lora's `data.stride` or
+`data.stride_range`) follow one rule: an override of one of them replaces the file's choice
+(`data.source.path=/my/videos` on a config with `source: {builtin: ...}`), and of two among the
+overrides the later wins. A key renamed
 since an earlier version (each task's "Renamed keys" below) is an error naming its new key; a config
 framer_ds recorded (a checkpoint's or an export's) is moved to the new keys silently.
 """

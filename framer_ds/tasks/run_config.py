@@ -17,7 +17,6 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from framer_ds import __version__
-from framer_ds.config.cadence import cadence_paths
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
 from framer_ds.config.loader import (
     apply_overrides,
@@ -25,6 +24,7 @@ from framer_ds.config.loader import (
     describe_validation_error,
     read_yaml_mapping,
 )
+from framer_ds.config.one_of import one_of_groups
 from framer_ds.config.renames import (
     migrate_recorded,
     move_renamed_keys,
@@ -86,7 +86,7 @@ def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: b
         # Validated at their new place: an old key is reported once, as renamed, and neither as unknown
         # nor as its new section missing (`model.source` when `pretrained_model_name_or_path` is set).
         # Only moved: the sections' migrations of recorded configs would hide a user's real conflict.
-        raw = move_renamed_keys(raw, renames, whole_sections=cadence_paths(schema))
+        raw = move_renamed_keys(raw, renames, one_of=one_of_groups(schema))
     candidate = (
         raw if schema is not RunConfigBase else {k: v for k, v in raw.items() if k not in ("model", "data")}
     )
@@ -100,14 +100,14 @@ def validate_run_config(raw: dict[str, Any], source: str = "config", recorded: b
 
 
 def load_run_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfigBase:
-    """Read, override, validate (all problems at once). An override of one unit of a Cadence replaces
-    it (`train.length.steps=4` on `length: {epochs: 3}`): the Cadences' paths come from the schema of
-    the task the overrides leave named."""
+    """Read, override, validate (all problems at once). An override of one member of a one-of group
+    replaces the file's choice (`data.source.path=DIR` on `source: {builtin: ...}`, `train.length.steps=4`
+    on `length: {epochs: 3}`): the groups come from the schema of the task the overrides leave named."""
     path = Path(path)
     raw = read_yaml_mapping(path)
     trial = copy.deepcopy(raw)
     apply_overrides(trial, overrides)  # only to learn the task, and so the schema, they leave named
-    problems = apply_overrides(raw, overrides, whole_sections=cadence_paths(_schema_of(trial)[0]))
+    problems = apply_overrides(raw, overrides, one_of=one_of_groups(_schema_of(trial)[0]))
     try:
         config = validate_run_config(raw, str(path))
     except ConfigError as exc:

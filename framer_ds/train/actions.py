@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from framer_ds.config.cadence import Cadence
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.engine.best import BEST_DIR, BEST_RECORD
 from framer_ds.engine.checkpoint import (
     TrainerState,
     newest_checkpoint,
@@ -36,7 +37,10 @@ from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.train.console import say
 from framer_ds.train.evaluate import evaluate
 from framer_ds.train.faults import Preempted
+from framer_ds.train.full_disk import reporting_full_disk_in_export, reporting_full_disk_in_samples
+from framer_ds.train.overflow import loss_scale_metrics
 from framer_ds.train.run import TrainingRun
+from framer_ds.train.safe_point import AgreedStop
 from framer_ds.train.step import StepOutcome
 from framer_ds.train.stop_window import slow_checkpoint_warning
 
@@ -87,7 +91,7 @@ class StepContext:
     logger: MetricsLogger
     progress: tqdm
     throughput: Throughput
-    signal_name: Callable[[], str | None]
+    stop: AgreedStop  # a stop signal, agreed by every rank at the safe points (train/safe_point.py)
     loss_total: torch.Tensor  # since the last log line, this rank
     loss_items: torch.Tensor
     part_totals: torch.Tensor | None = None  # the task's loss parts since the last log line, this rank
@@ -108,10 +112,15 @@ class StepAction(ABC):
     """Runs after an optimizer step when `due`; `run` happens on every rank.
 
     `cadence` (framer_ds.config.cadence: steps, epochs or a fraction of the run) makes it due on that
-    cadence and after the last step; None, never on a schedule (an action may decide `due` itself)."""
+    cadence and after the last step; None, never on a schedule (an action may decide `due` itself).
+
+    An action that `starts_new_work` (an evaluation, a `best/` export, samples) does not start once a
+    stop signal is agreed: it is put off to the resumed run (`due_on_resume`), and the stop checkpoint
+    comes first (train/safe_point.py)."""
 
     name: str
     counts_as_training_time = False  # most actions pause the throughput clock
+    starts_new_work = False
 
     def __init__(self, cadence: Cadence | None):
         self.cadence = cadence
@@ -123,6 +132,11 @@ class StepAction(ABC):
         return ctx.done or self.cadence.fires(
             ctx.state.global_step, ctx.epoch_before, ctx.epoch_now, plan.updates_per_epoch, plan.total_steps
         )
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        """Whether to run when a run resumes from a stop checkpoint that put off the actions `deferred`
+        (names) at its step: the ones put off, in their order, and nothing else."""
+        return self.name in deferred
 
     @abstractmethod
     def run(self, ctx: StepContext) -> None: ...
@@ -150,6 +164,7 @@ class LogMetrics(StepAction):
             "samples": float(state.samples_seen),
             **ctx.throughput.rates(run.task.loss_items_name if summing else None),
             **worst_rank_memory(accelerator),
+            **loss_scale_metrics(run, state),  # fp16: train/loss_scale, train/skipped_steps
             **run.task.log_labels(),  # text, e.g. the bucket trained (video_lora data.buckets)
         }
         for index, name in enumerate(run.task.loss_parts):
@@ -184,10 +199,14 @@ def worst_rank_memory(accelerator: Accelerator) -> dict[str, float]:
 
 class Evaluate(StepAction):
     name = "evaluate"
+    starts_new_work = True
 
     def due(self, ctx: StepContext) -> bool:
         # A run without an eval set never evaluates; with one it always does at the end.
         return ctx.run.eval_loader is not None and (ctx.done or super().due(ctx))
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        return ctx.run.eval_loader is not None and super().due_on_resume(ctx, deferred)
 
     def run(self, ctx: StepContext) -> None:
         run = ctx.run
@@ -199,17 +218,16 @@ class Evaluate(StepAction):
         say(run.accelerator, _format_metrics(ctx.state.global_step, ctx.eval_metrics))
 
 
-BEST_DIR = "best"
-BEST_RECORD = "best.json"
-
-
 class KeepBest(StepAction):
     """After an evaluation that beats every earlier one on `train.eval.best_metric` (strictly; the first
     always does), `best/` becomes the task's export of the model as it is now, plus `best.json` (step,
     metric, value, mode), published atomically like `final/`. The best value lives in TrainerState, so
-    it is in every checkpoint and a resumed run replaces `best/` only with a better model."""
+    it is in every checkpoint and a resumed run replaces `best/` only with a better model. best.json is
+    also what keeps the checkpoint of that evaluation from keep_last pruning and what `train.resume=best`
+    resumes (`engine.checkpoint.best_checkpoint`)."""
 
     name = "keep-best"
+    starts_new_work = True
 
     def __init__(self, metric: str, mode: str):
         super().__init__(None)
@@ -217,6 +235,9 @@ class KeepBest(StepAction):
 
     def due(self, ctx: StepContext) -> bool:
         return ctx.evaluated_at == ctx.state.global_step
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        return self.name in deferred or (Evaluate.name in deferred and self.due(ctx))  # after a put-off eval
 
     def run(self, ctx: StepContext) -> None:
         state, step = ctx.state, ctx.state.global_step
@@ -268,7 +289,8 @@ def write_export(run: TrainingRun, target: Path, record: tuple[str, dict] | None
     (name, content) inside it, published together with the weights. Call on EVERY rank.
 
     Nothing is written when the trainable weights are not finite on some rank (an export of NaN
-    weights replaced a good `best/` or `final/`); the caller learns it from the returned `Finiteness`."""
+    weights replaced a good `best/` or `final/`); the caller learns it from the returned `Finiteness`.
+    A full disk deletes the staging directory and raises DiskFullError (train/full_disk.py)."""
     accelerator = run.accelerator
     finite = agreed_finiteness(accelerator, run.model)
     if not finite.ok:
@@ -279,7 +301,8 @@ def write_export(run: TrainingRun, target: Path, record: tuple[str, dict] | None
         if record is not None and accelerator.is_main_process:
             atomic_write_json(staging / record[0], record[1])
 
-    publish_export(accelerator, target, write)
+    with reporting_full_disk_in_export(target):
+        publish_export(accelerator, target, write)
     return finite
 
 
@@ -287,18 +310,22 @@ class WriteSamples(StepAction):
     """The task's media (videos, audio, images) from the model being trained, under samples/step_N."""
 
     name = "samples"
+    starts_new_work = True
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        return self.cadence is not None and super().due_on_resume(ctx, deferred)  # unless turned off since
 
     def run(self, ctx: StepContext) -> None:
-        run = ctx.run
-        written = run.task.write_samples(
-            run.accelerator, run.model, ctx.state.global_step, ctx.output_dir / "samples"
-        )
+        run, samples = ctx.run, ctx.output_dir / "samples"
+        with reporting_full_disk_in_samples(samples, ctx.state.global_step):
+            written = run.task.write_samples(run.accelerator, run.model, ctx.state.global_step, samples)
         ctx.logger.log_media("samples", written, ctx.state.global_step)
 
 
 class SaveCheckpoint(StepAction):
     """A resumable checkpoint on schedule, or at once when a stop signal reached any rank; after the
-    signal's checkpoint the run stops with `Preempted` (exit 75, requeue).
+    signal's checkpoint the run stops with `Preempted` (exit 75, requeue). Asking whether it is due is
+    the safe point after every step: the ranks agree on the stop there, before the next step starts.
 
     Only from a finite state: weights that went NaN/inf in an update whose loss was still finite would
     otherwise be published, counted against keep_last (pruning the good checkpoints) and resumed by
@@ -308,7 +335,10 @@ class SaveCheckpoint(StepAction):
     warned_slow = False  # a checkpoint took longer than a stop signal leaves (train/stop_window.py)
 
     def due(self, ctx: StepContext) -> bool:
-        return super().due(ctx) or (ctx.outcome is not None and ctx.outcome.stop_requested)
+        return super().due(ctx) or ctx.stop.check()
+
+    def due_on_resume(self, ctx: StepContext, deferred: set[str]) -> bool:
+        return ctx.stop.check()  # a stop during the put-off work writes the step's checkpoint again
 
     def run(self, ctx: StepContext) -> None:
         run, accelerator, step = ctx.run, ctx.run.accelerator, ctx.state.global_step
@@ -332,8 +362,8 @@ class SaveCheckpoint(StepAction):
                 accelerator,
                 f"warning: step {step}: {finite.describe()}; checkpoint step_{step} NOT written, {newest}",
             )
-        if ctx.outcome is not None and ctx.outcome.stop_requested:
-            raise Preempted(step, ctx.signal_name() or "a stop signal on another rank", path)
+        if ctx.stop.check():  # asked before, or during the save: this checkpoint answers it
+            raise Preempted(step, ctx.stop.signal_name, path)
 
 
 def default_actions(run: TrainingRun) -> list[StepAction]:
@@ -353,15 +383,41 @@ def default_actions(run: TrainingRun) -> list[StepAction]:
     ]
 
 
-def run_due_actions(actions: list[StepAction], ctx: StepContext) -> None:
+def run_due_actions(
+    actions: list[StepAction], ctx: StepContext, due: Callable[[StepAction], bool] | None = None
+) -> None:
+    """Each action that is `due` (on every rank, in order), except that once the ranks agree on a stop,
+    one that starts new work is put off: named in the trainer state, which the stop checkpoint (the
+    last action) stores, for the resumed run to do first (`train/deferred.py`)."""
     for action in actions:
-        if not action.due(ctx):
+        if not (action.due(ctx) if due is None else due(action)):
+            continue
+        if action.starts_new_work and ctx.stop.check():
+            defer(action, ctx)
             continue
         if action.counts_as_training_time:
             action.run(ctx)
         else:
             with ctx.throughput.paused():
                 action.run(ctx)
+
+
+def answer_stop_after_a_skipped_window(actions: list[StepAction], ctx: StepContext) -> None:
+    """After a window whose step was skipped (a non-finite loss, an fp16 overflow): no action is due,
+    but it is still a safe point. A stop the ranks agree on is answered here by the checkpoint of the
+    last trained step (the data position and random state past the skipped window), not after yet
+    another window. Every rank alike (all skip the same windows)."""
+    if ctx.stop.check():
+        run_due_actions([a for a in actions if isinstance(a, SaveCheckpoint)], ctx, due=lambda _: True)
+
+
+def defer(action: StepAction, ctx: StepContext) -> None:
+    """Put `action` off to the resumed run, with this step's evaluation when there was one (a put-off
+    `keep-best` judges it)."""
+    state = ctx.state
+    state.deferred_actions = [*state.deferred_actions, action.name]
+    if ctx.evaluated_at == state.global_step:
+        state.deferred_eval = dict(ctx.eval_metrics)
 
 
 def _format_metrics(step: int, metrics: dict[str, float]) -> str:

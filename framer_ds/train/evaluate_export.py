@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.accelerator import build_accelerator, end_accelerator
 from framer_ds.storage.atomic import atomic_write_json
+from framer_ds.storage.disk_space import reporting_full_disk
 from framer_ds.tasks.assemble import assemble
 from framer_ds.tasks.run_config import load_exported_task
 from framer_ds.train.evaluate import evaluate_totals
@@ -26,6 +27,14 @@ from framer_ds.train.evaluate import evaluate_totals
 
 def eval_output_path(run_dir: Path, which: str) -> Path:
     return Path(run_dir) / ("eval.json" if which == "final" else f"eval_{which}.json")
+
+
+def _write_report(path: Path, report: dict[str, Any]) -> None:
+    """eval.json, atomically: on a full disk one line, and an earlier report stays as it was."""
+    kept = f"the earlier {path.name} is kept" if path.exists() else f"no {path.name} was written"
+    fix = "Free space there and run framer-ds eval again"
+    with reporting_full_disk(path.parent, 0, None, kept=kept, fix=fix):
+        atomic_write_json(path, report)
 
 
 def _check_held_out(export_dir: Path, eval_set: Dataset | None) -> None:
@@ -80,7 +89,7 @@ def evaluate_run(run_dir: Path, which: str = "final", max_batches: int | None = 
             **(task.eval_details(sums, num_samples) if sums else {}),
         }
         if accelerator.is_main_process:
-            atomic_write_json(eval_output_path(run_dir, which), report)
+            _write_report(eval_output_path(run_dir, which), report)
         accelerator.wait_for_everyone()
         failed = False
         return report

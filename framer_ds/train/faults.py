@@ -13,7 +13,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from framer_ds.engine.checkpoint import newest_checkpoint, step_of
+from framer_ds.engine.checkpoint import best_checkpoint, newest_checkpoint, step_of
+from framer_ds.engine.metrics import last_logged
 
 # EXIT_PREEMPTED and PREEMPTED_MARKER are imported from here too; they live with the start-up handling.
 from framer_ds.train.preemption import EXIT_PREEMPTED, PREEMPTED_MARKER, STOP_SIGNALS
@@ -169,9 +170,11 @@ class NonFiniteTracker:
 
 
 def divergence_advice(output_dir: Path, learning_rate: float) -> str:
-    """Where a diverged run continues from, truthfully. No checkpoint is written from non-finite weights
+    """Where a diverged run continues from, truthfully: the newest finite checkpoint (with its last logged
+    loss, which tells a sound one from one already blowing up) and, with train.eval.best_metric, the best
+    one (with its metric), which keep_last never prunes. No checkpoint is written from non-finite weights
     or optimizer state (SaveCheckpoint checks before saving), so the newest one on disk is the newest
-    finite one, and `train.resume=latest` picks it."""
+    finite one, and `train.resume=latest` picks it; `train.resume=best` picks the best."""
     newest = newest_checkpoint(output_dir)
     lower = f"train.optimizer.learning_rate={learning_rate / 10:g}"
     if newest is None:
@@ -179,7 +182,25 @@ def divergence_advice(output_dir: Path, learning_rate: float) -> str:
             f"There is no checkpoint in {output_dir / 'checkpoints'} to resume from; start again with a "
             f"lower learning rate, e.g. {lower} --overwrite."
         )
+    step = step_of(newest)
+    logged = last_logged(output_dir, "loss", step)
+    loss = "" if logged is None else f", loss {logged[1]:.4g}"
+    if logged is not None and logged[0] != step:
+        loss += f" at step {logged[0]}"
+    newest_text = (
+        f"The newest finite checkpoint is {newest} (step {step}{loss}; none was written from non-finite "
+        "weights)"
+    )
+    best = best_checkpoint(output_dir)
+    if best is None:
+        return f"{newest_text}: resume from it with a lower learning rate, e.g. train.resume=latest {lower}."
+    if best.path == newest:
+        return (
+            f"{newest_text}; it is also the best checkpoint ({best.describe(with_step=False)}): resume from "
+            f"it with a lower learning rate, e.g. train.resume=best {lower}."
+        )
     return (
-        f"The newest finite checkpoint is {newest} (step {step_of(newest)}; none was written from "
-        f"non-finite weights): resume from it with a lower learning rate, e.g. train.resume=latest {lower}."
+        f"{newest_text}. The best checkpoint is {best.path} ({best.describe()}): resume from it with a "
+        f"lower learning rate, e.g. train.resume=best {lower} (the newer checkpoints move to "
+        "checkpoints/abandoned/), or from the newest with train.resume=latest."
     )

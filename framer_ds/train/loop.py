@@ -31,8 +31,16 @@ from framer_ds.engine.run_dir import (
 )
 from framer_ds.tasks.base import Task
 from framer_ds.tasks.registry import get_task_class
-from framer_ds.train.actions import StepContext, Throughput, default_actions, run_due_actions, write_export
+from framer_ds.train.actions import (
+    StepContext,
+    Throughput,
+    answer_stop_after_a_skipped_window,
+    default_actions,
+    run_due_actions,
+    write_export,
+)
 from framer_ds.train.console import above_the_progress_bar, say
+from framer_ds.train.deferred import run_deferred_actions
 from framer_ds.train.faults import (
     NonFiniteTracker,
     NonFiniteWeightsError,
@@ -40,8 +48,10 @@ from framer_ds.train.faults import (
     StopRequest,
     divergence_advice,
 )
+from framer_ds.train.overflow import OverflowTracker
 from framer_ds.train.preemption import clear_preempted_marker, write_preempted_marker
 from framer_ds.train.run import TrainingRun, build_training_run
+from framer_ds.train.safe_point import AgreedStop
 from framer_ds.train.step import OptimizerStep, windows
 from framer_ds.train.summary import format_summary, run_summary
 
@@ -51,6 +61,7 @@ class TrainResult:
     output_dir: Path
     global_step: int
     eval_metrics: dict[str, float] = field(default_factory=dict)
+    skipped_steps: int = 0  # optimizer steps the engine skipped on an overflow (fp16), resumed runs' too
 
 
 def run_training(config: RunConfigBase) -> TrainResult:
@@ -126,7 +137,7 @@ def _run(accelerator: Accelerator, task: Task, config: RunConfigBase, stop: Stop
             )
     finally:
         logger.close()
-    return TrainResult(Path(config.output_dir), state.global_step, eval_metrics)
+    return TrainResult(Path(config.output_dir), state.global_step, eval_metrics, state.skipped_steps)
 
 
 def _train(
@@ -150,7 +161,7 @@ def _train(
         logger=logger,
         progress=progress,
         throughput=Throughput(),
-        signal_name=lambda: stop.signal_name,
+        stop=AgreedStop(accelerator, lambda: stop.requested, lambda: stop.signal_name),
         loss_total=torch.zeros((), device=device),
         loss_items=torch.zeros((), device=device),
         epoch_now=state.epoch + state.batches_in_epoch / plan.batches_per_epoch,
@@ -162,18 +173,26 @@ def _train(
         Path(run.config.output_dir),
         train_cfg.optimizer.learning_rate,
     )
+    overflow = OverflowTracker(
+        train_cfg.nonfinite.max_consecutive, Path(run.config.output_dir), train_cfg.optimizer.learning_rate
+    )
     step = OptimizerStep(run, lambda: stop.requested)
     run.model.train()
     with above_the_progress_bar():
         try:
+            run_deferred_actions(actions, ctx)  # what a stop put off at the step this run resumes from
             for window in windows(run, state):
                 if state.global_step >= plan.total_steps:
                     break
                 outcome = step(window, state.global_step)
+                ctx.stop.learn(outcome.stop_requested)
                 nonfinite.record_window(outcome.poisoned, state.global_step)
                 if outcome.poisoned:
                     say(accelerator, f"non-finite loss: optimizer step {state.global_step + 1} skipped")
                     logger.log({"nonfinite_skipped_steps": float(nonfinite.skipped_total)}, state.global_step)
+                # An overflow skip: the engine updated nothing, so no step, no loss, the LR schedule stays.
+                if outcome.poisoned or overflow.record(run, state, logger, outcome.skipped):
+                    answer_stop_after_a_skipped_window(actions, ctx)
                     continue
                 ctx.step_lr = run.scheduler.get_last_lr()[0]  # what this step ran at, before it moves on
                 run.scheduler.step()

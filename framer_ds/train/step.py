@@ -19,6 +19,7 @@ import torch
 from framer_ds.engine.accelerator import accumulation_step, uses_deepspeed
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.finite import exchange_flags
+from framer_ds.engine.loss_scale import scale_before_step, step_was_skipped
 from framer_ds.engine.precision import to_compute_dtype
 from framer_ds.tasks.base import TrainingLoss
 from framer_ds.train.faults import NonFiniteLossError
@@ -45,6 +46,9 @@ class StepOutcome:
     stop_requested: bool  # a stop signal reached some rank
     grad_norm: torch.Tensor | float | None  # read (a device sync) only when a log line needs it
     part_totals: torch.Tensor | None = None  # (summed loss, items) per task loss part, flattened
+    # The engine's loss scaler found an inf/NaN gradient and did not update the weights (fp16 overflow:
+    # engine/loss_scale.py); the loop then counts no step. Every rank gets the same answer.
+    skipped: bool = False
 
 
 def windows(run: TrainingRun, state: TrainerState) -> Iterator[Window]:
@@ -120,7 +124,7 @@ class OptimizerStep:
         device = accelerator.device
         loss_total, loss_items = torch.zeros((), device=device), torch.zeros((), device=device)
         part_totals = torch.zeros(2 * len(task.loss_parts), device=device) if task.loss_parts else None
-        poisoned = stop = False
+        poisoned = stop = skipped = False
         grad_norm = None
         micro_batches = 0
         for index, batch in enumerate(batches):
@@ -143,7 +147,9 @@ class OptimizerStep:
                     max_norm = run.config.train.optimizer.max_grad_norm
                     if max_norm > 0:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-                    run.optimizer.step()
+                    scale_before = scale_before_step(accelerator)
+                    run.optimizer.step()  # under DeepSpeed the engine stepped in the boundary backward
+                    skipped = step_was_skipped(accelerator, run.optimizer, scale_before)
                 run.optimizer.zero_grad(set_to_none=True)
             micro_batches += 1
         if micro_batches != window.size:
@@ -152,14 +158,26 @@ class OptimizerStep:
                 f"optimizer step {step + 1}; the dataset's length changed while training"
             )
         return StepOutcome(
-            loss_total, loss_items, micro_batches, items_all_ranks, poisoned, stop, grad_norm, part_totals
+            loss_total,
+            loss_items,
+            micro_batches,
+            items_all_ranks,
+            poisoned,
+            stop,
+            grad_norm,
+            part_totals,
+            skipped,
         )
 
     def _close_poisoned_deepspeed_window(self, step: int) -> None:
         """DeepSpeed steps inside the boundary `backward`, so a poisoned window cannot simply skip it.
 
         Close the window with a zero-gradient backward on the last finite batch while every param
-        group's LR is 0 (weights unchanged), then undo the scheduler tick the engine made.
+        group's LR is 0 (weights unchanged). The LR schedule is the loop's alone (accelerate hands
+        DeepSpeed only schedulers of DeepSpeed's own types, never our LambdaLR), so the engine's step
+        does not move it, and the loop does not step it for a skipped window: it stays where it is.
+        (It used to be moved back one step here, as if the engine had stepped it: every poisoned window
+        then set the schedule one step behind the step counter.)
         """
         run = self.run
         if self._last_finite_batch is None:
@@ -173,11 +191,8 @@ class OptimizerStep:
             group["lr"] = 0.0
         zero_loss = split_training_loss(run.task.training_loss(run.model, self._last_finite_batch))[0] * 0.0
         run.accelerator.backward(zero_loss)
-        inner = getattr(run.scheduler, "scheduler", run.scheduler)
-        inner.last_epoch -= 1
         for group, lr in zip(optimizer.param_groups, saved, strict=True):
             group["lr"] = lr
-        inner._last_lr = saved
 
 
 def loss_flags(accelerator, loss: torch.Tensor, stop_requested: Callable[[], bool]) -> tuple[bool, bool]:

@@ -113,6 +113,18 @@ def test_validate_good_config(capsys):
     assert out.startswith("OK: ") and "task vit_classification" in out
 
 
+def test_validate_a_shipped_recipe_on_the_users_own_videos(tmp_path, capsys):
+    """The most common override: a shipped recipe pointed at one's own folder. `data.source.path` replaces
+    the recipe's builtin (it was refused as "path and builtin both set"); the folder's clips are checked."""
+    from framer_ds.tasks.video_lora.data.synthetic_video import ensure_synthetic_clips
+
+    clips = ensure_synthetic_clips(tmp_path / "my_videos", count=2, frames=8)
+    tiny = str(REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml")
+    rc, out, err = cli(capsys, "validate", tiny, f"data.source.path={clips}")
+    assert rc == 0, err
+    assert out.startswith("OK: ") and "task video_lora" in out
+
+
 def test_validate_bad_config_as_a_real_process(tmp_path):
     """Every problem on stderr, exit 1, no traceback, nothing on stdout."""
     proc = run_module(

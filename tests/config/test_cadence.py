@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from framer_ds.config.cadence import Cadence, cadence_paths
+from framer_ds.config.cadence import Cadence
 from framer_ds.config.errors import ConfigError
+from framer_ds.config.one_of import one_of_groups
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.tasks.run_config import load_run_config
 
@@ -102,19 +103,22 @@ def test_an_override_of_one_unit_replaces_the_cadence():
     config = load_run_config(QUICKSTART, ["train.length.steps=4", "train.eval.every.steps=2"])
     assert config.train.length == Cadence(steps=4)
     assert config.train.eval.every == Cadence(steps=2)
-    later = load_run_config(QUICKSTART, ["train.length.steps=4", "train.length.epochs=2"])
-    assert later.train.length == Cadence(epochs=2)  # the later override wins, as for any key
     nulled = load_run_config(QUICKSTART, ["train.eval.every=null", "train.eval.every.steps=5"])
     assert nulled.train.eval.every == Cadence(steps=5)
 
 
-def test_only_cadences_are_replaced_whole_found_from_the_schema():
+def test_of_two_units_of_one_cadence_on_the_command_line_the_later_wins():
+    """Each replaces the unit before it, the file's or an earlier override's, as for any one-of group."""
+    config = load_run_config(QUICKSTART, ["train.length.steps=4", "train.length.epochs=2"])
+    assert config.train.length == Cadence(epochs=2)
+
+
+def test_every_cadence_is_a_one_of_group_found_from_the_schema():
     """A section that is not a cadence keeps its other keys when one is overridden."""
-    assert cadence_paths(RunConfigBase) == {
-        "train.length",
-        "train.lr_schedule.warmup",
-        "train.eval.every",
-        "train.checkpoint.every",
+    cadences = {group for group in one_of_groups(RunConfigBase).groups if group[0].endswith(".steps")}
+    assert cadences == {
+        tuple(f"{path}.{unit}" for unit in ("steps", "epochs", "fraction"))
+        for path in ("train.length", "train.lr_schedule.warmup", "train.eval.every", "train.checkpoint.every")
     }
     config = load_run_config(QUICKSTART, ["train.optimizer.learning_rate=0.01"])
     assert config.train.optimizer.learning_rate == 0.01

@@ -129,9 +129,13 @@ def test_invalid_yaml_and_missing_file(tmp_path):
     assert "top level must be a mapping" in problems_of(write(tmp_path, "- a\n- b\n"))[0]
 
 
-def test_resume_and_overwrite_conflict():
-    found = problems_of(QUICKSTART, ["train.resume=latest", "overwrite_output_dir=true"])
-    assert "contradictory" in found[0]
+def test_resume_and_overwrite_conflict(tmp_path):
+    """Wherever they are written they contradict each other, and neither replaces the other: `--overwrite`
+    deletes the run a resume would continue, so a requeued job's config that resumes is never wiped by it."""
+    resuming = QUICKSTART.read_text().replace("\ntrain:\n", "\ntrain:\n  resume: latest\n", 1)
+    assert "contradictory" in problems_of(write(tmp_path, resuming + "overwrite_output_dir: true\n"))[0]
+    assert "contradictory" in problems_of(write(tmp_path, resuming), ["overwrite_output_dir=true"])[0]
+    assert "contradictory" in problems_of(QUICKSTART, ["train.resume=latest", "overwrite_output_dir=true"])[0]
 
 
 def test_resolved_config_round_trips(tmp_path):
@@ -145,8 +149,10 @@ def test_resolved_config_round_trips(tmp_path):
 
 def test_mixed_precision_no_survives_yaml_reading_it_as_false(tmp_path):
     assert load_run_config(QUICKSTART, ["train.mixed_precision=no"]).train.mixed_precision == "no"
-    text = QUICKSTART.read_text() + "\n"
-    config = load_run_config(write(tmp_path, text.replace("train:\n", "train:\n  mixed_precision: no\n", 1)))
+    text = QUICKSTART.read_text()
+    assert '  mixed_precision: "no"\n' in text  # quoted there; unquoted YAML 1.1 reads `no` as false
+    unquoted = text.replace('  mixed_precision: "no"\n', "  mixed_precision: no\n")
+    config = load_run_config(write(tmp_path, unquoted))
     assert config.train.mixed_precision == "no"
     assert any("mixed_precision" in p for p in problems_of(QUICKSTART, ["train.mixed_precision=yes"]))
 

@@ -53,9 +53,13 @@ SOURCES = [
 )
 def test_every_source_takes_exactly_one_option_with_one_message(config, key, given, options):
     """Two options set, or none: one line at the source's key naming all its options (the seven
-    "exactly one of" validators this replaces each had their own)."""
+    "exactly one of" validators this replaces each had their own). Both in one mapping: an override of
+    one option replaces the file's (tests/config/test_one_of_overrides.py)."""
     path = CONFIGS / config
-    assert _problems(path, [f"{key}.path=/x"]) == [
+    section = yaml.safe_load(path.read_text())
+    for part in key.split("."):
+        section = section[part]
+    assert _problems(path, [f"{key}={json.dumps({**section, 'path': '/x'})}"]) == [
         f"{key}: set exactly one of {options}; got path and {given}."
     ]
     assert _problems(path, [f"{key}.{given}=null"]) == [f"{key}: set exactly one of {options}; got none."]

@@ -168,9 +168,9 @@ def test_shipped_jsons_leave_every_buffer_to_auto():
 
 @pytest.fixture(scope="module")
 def alloc_counter(tmp_path_factory) -> Path:
-    from framer_ds.lab.alloc_counter import build_alloc_counter
+    from counter_tool import build_counter
 
-    return build_alloc_counter(tmp_path_factory.mktemp("alloc_counter"))
+    return build_counter(tmp_path_factory.mktemp("alloc_counter"))
 
 
 def stdout_with_counter(alloc_counter: Path, script: str) -> str:

@@ -13,8 +13,12 @@ from __future__ import annotations
 from faults import (  # noqa: F401
     concurrency_cases,
     divergence_cases,
+    full_disk_cases,
+    input_cases,
+    overflow_cases,
     process_cases,
     startup_cases,
+    stop_cases,
     storage_cases,
     timeline_cases,
     value_cases,

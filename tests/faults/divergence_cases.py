@@ -12,7 +12,7 @@ import torch
 from faults.harness import case, cli, ddp_train_cmd, mlp
 from safetensors.torch import load_file
 
-from conftest import REPO, launch_env
+from conftest import REPO, launch_env, read_metrics
 
 # Micro-batch 8 x accumulation 2 (the test config): optimizer step k trains micro-batches 2k-1 and 2k, so
 # a NaN gradient from micro-batch 15 on poisons the weights in the update of step 8.
@@ -139,3 +139,59 @@ def an_overflowing_optimizer_state_is_not_checkpointed(tmp: Path) -> str:
     assert [nonfinite_tensors(run / "checkpoints" / name) for name in kept] == [0, 0]
     assert (run / "final" / "model.safetensors").is_file()
     return "step_8, step_10, step_12 not written (optimizer state); kept step_4, step_6; final/ exported"
+
+
+@case(
+    "the run diverges long after its best evaluation (eval/score best at step 4; the weights go NaN in "
+    "step 12's update), checkpoints and evaluations every 2 steps, keep_last=2; then train.resume=best",
+    "step_4 (the best) is kept beside step_8 and step_10; the abort names step_10 with its loss and "
+    "step_4 with eval/score, suggesting train.resume=best; the resume continues from step_4 with the "
+    "same losses, step_8 and step_10 moved to checkpoints/abandoned/",
+)
+def divergence_after_the_best_keeps_and_names_it(tmp: Path) -> str:
+    poisoned = 12  # micro-batch 8 x accumulation 2: a NaN gradient from micro-batch 23 on poisons step 12
+    config, run = diverging(
+        tmp,
+        task_data={"bad_grad_after_batches": 2 * poisoned - 1, "eval_script": [0.5, 0.2, 0.4, 0.6, 0.7, 0.8]},
+        train={
+            "length.steps": 16,
+            "eval.every.steps": 2,
+            "eval.best_metric": "eval/score",
+            "eval.best_mode": "min",
+        },
+    )
+    ran = cli("train", str(config), "task=test_scripted_eval")
+    assert ran.rc == 1, (ran.rc, ran.err[-2000:])
+    checkpoints = run / "checkpoints"
+    kept = sorted((p for p in checkpoints.glob("step_*")), key=lambda p: int(p.name.split("_")[1]))
+    assert [p.name for p in kept] == ["step_4", "step_8", "step_10"], kept  # was step_8, step_10
+    assert [nonfinite_tensors(p) for p in kept] == [0, 0, 0]
+    diverged = {line["step"]: line["loss"] for line in read_metrics(run)[0]}
+    message = " ".join(ran.err.split())  # the message as one line, whatever the console wrapped
+    assert (
+        f"The newest finite checkpoint is {checkpoints / 'step_10'} (step 10, loss {diverged[10]:.4g};"
+        in message
+    ), message[-2000:]
+    assert f"The best checkpoint is {checkpoints / 'step_4'} (step 4, eval/score=0.2 at step 4)" in message
+    assert "train.resume=best train.optimizer.learning_rate=0.0001" in message
+    resumed = cli(
+        "train",
+        str(config),
+        "task=test_scripted_eval",
+        "train.resume=best",
+        "data.bad_grad_after_batches=0",  # the "fix"; the learning rate stays, so the losses can be compared
+        "train.resume_allow_changes=[data.bad_grad_after_batches]",
+    )
+    assert resumed.rc == 0, resumed.err[-2000:]
+    assert f"resumed from {checkpoints / 'step_4'} at step 4" in resumed.out, resumed.out[-2000:]
+    (abandoned,) = (checkpoints / "abandoned").iterdir()
+    assert sorted(p.name for p in abandoned.iterdir()) == ["step_10", "step_8"]
+    again = {line["step"]: line["loss"] for line in read_metrics(run)[0]}
+    assert sorted(again) == list(range(1, 17))
+    # Exact: the same state at step 4, data position and RNG; steps 5..12 trained the same batches (the
+    # bad gradient of step 12 changed only what came after it).
+    assert [again[step] for step in range(5, 13)] == [diverged[step] for step in range(5, 13)]
+    # The best stays step 4 (the resumed evaluations score 0.5, then 0.2: not strictly better), so it is
+    # still kept beside the newest two.
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_14", "step_16", "step_4"]
+    return "kept step_4 (best), step_8, step_10; abort names both; resume=best continued from step_4 exactly"

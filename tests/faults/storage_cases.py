@@ -39,7 +39,7 @@ main(sys.argv[1:])
     "the second export succeeds into the same --out and removes the staging directory the kill left",
 )
 def a_killed_merged_export_leaves_nothing_behind(tmp: Path) -> str:
-    from test_export_formats import make_adapter
+    from video_adapters import make_adapter
 
     adapter, _ = make_adapter(tmp)
     out = tmp / "exports" / "merged"
@@ -55,6 +55,39 @@ def a_killed_merged_export_leaves_nothing_behind(tmp: Path) -> str:
     after = sorted(p.name for p in out.parent.iterdir())
     assert after == ["merged"] and (out / "model_index.json").is_file(), after
     return f"the kill left {left[0].rsplit('.', 2)[0]}.<host>.<pid>.<id>; the next export removed it: {after}"
+
+
+@case(
+    "`framer-ds export --format comfyui --out ComfyUI/models/loras`: the folder already holds another LoRA "
+    "and a note, then a file of the export's name is exported again, without and with --overwrite",
+    "the LoRA file is added beside the others and is 0644 under umask 022; the same name again is refused "
+    "in one line naming --overwrite; --overwrite replaces that file only; the others are never touched (the "
+    "Wan path deleted them, the SVD path refused the folder, and the file was 0600)",
+)
+def an_export_into_a_loras_folder_keeps_the_other_loras(tmp: Path) -> str:
+    from conftest import umask, wrong_modes
+    from framer_ds.tasks.video_lora.export_formats import COMFYUI_FILE
+    from video_adapters import make_adapter
+
+    adapter, _ = make_adapter(tmp)
+    loras = tmp / "ComfyUI" / "models" / "loras"
+    loras.mkdir(parents=True)
+    (loras / "other_lora.safetensors").write_bytes(b"someone else's weights")
+    (loras / "readme.txt").write_text("mine\n")
+    others = {p.name: p.read_bytes() for p in loras.iterdir()}
+    argv = ["export", str(adapter), "--format", "comfyui", "--out", str(loras)]
+    with umask(0o022):
+        first, again, overwritten = cli(*argv), cli(*argv), cli(*argv, "--overwrite")
+    assert first.rc == 0 and overwritten.rc == 0, (first.err[-2000:], overwritten.err[-2000:])
+    assert again.rc == 1 and "pass --overwrite" in again.err and "Traceback" not in again.err, again.err
+    assert {name: (loras / name).read_bytes() for name in others} == others
+    assert sorted(p.name for p in loras.iterdir()) == sorted([*others, COMFYUI_FILE])
+    assert wrong_modes(loras / COMFYUI_FILE, 0o022) == []
+    refusal = again.err[again.err.index("exists;") :].splitlines()[0]  # after the (temporary) path
+    return (
+        f"added {COMFYUI_FILE} (0644) beside {sorted(others)}; again: '... {refusal}'; --overwrite: "
+        "replaced it, the others unchanged"
+    )
 
 
 # --- full disks and paths that cannot be written -----------------------------------------------------

@@ -21,7 +21,11 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def test_bench_writes_every_file_and_a_failed_strategy_is_a_row(tmp_path, data_cache, monkeypatch, capsys):
+    from counter_tool import build_counter
+
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))  # the test MLP task, in every launched rank
+    # the CPU allocation counter (benchmarks/alloc_counter), preloaded into every rank by the bench
+    monkeypatch.setenv("FRAMER_DS_ALLOC_COUNTER", str(build_counter(tmp_path / "counter")))
     monkeypatch.chdir(REPO)
     wandb = {"wandb": {"offline": True, "project": "bench_test"}, "tensorboard": False}
     config = mlp_config(tmp_path / "c.yaml", tmp_path / "run", log=wandb)
@@ -30,6 +34,7 @@ def test_bench_writes_every_file_and_a_failed_strategy_is_a_row(tmp_path, data_c
     assert main([*argv, "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| strategy | processes |" in printed and "logged the table and plots to W&B" in printed
+    assert "memory measured with the allocation counter" in printed
 
     cells = {c["strategy"]: c for c in json.loads((out / "bench.json").read_text())["cells"]}
     ddp, zeropp = cells["ddp"], cells["zeropp"]

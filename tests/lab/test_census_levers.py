@@ -45,7 +45,7 @@ def test_int8_base_and_8bit_states_are_counted_at_their_stored_size():
 
 
 def test_the_plan_marks_strategies_the_levers_cannot_run_with():
-    from framer_ds.lab.planner import lever_refusal
+    from framer_ds.lab.plan_rows import lever_refusal
 
     model = lora_mlp()
     int8 = census_of(model, base_precision="int8")

@@ -11,16 +11,18 @@ from conftest import REPO, launch_env, mlp_config
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_measured_launch_reads_every_step_above_the_imports(tmp_path, data_cache):
+def test_measured_launch_reads_every_step_above_the_imports(tmp_path, data_cache, alloc_counter):
     """One process under `accelerate launch` with the allocation counter preloaded: one record per
     optimizer step, the peak above the imports holds at least the MLP's weights, gradients and Adam
     states (4 x 4 bytes per parameter), and a broken config fails with the launch command and its error."""
+    from framer_ds.lab.alloc_counter import COUNTER_ENV
     from framer_ds.lab.measure import measure_launch, measurement_env
 
     width, depth, dim = 256, 4, 32
     parameters = dim * width + width + (depth - 1) * (width * width + width) + width + 1
     config = mlp_config(tmp_path / "c.yaml", tmp_path / "run", train={"length.steps": 4})
-    env = measurement_env(data_cache, env=launch_env())  # launch_env: the test tasks on PYTHONPATH
+    # launch_env: the test tasks on PYTHONPATH; the counter named for measurement_env to preload
+    env = measurement_env(data_cache, env={**launch_env(), COUNTER_ENV: str(alloc_counter)})
     found = measure_launch(config, [], ["--num_processes", "1"], tmp_path / "m", env, REPO, 29731)
     assert (found.steps, found.processes) == (4, 1)
     assert 16 * parameters <= found.run_bytes < found.peak_bytes
@@ -36,9 +38,9 @@ def test_measured_launch_reads_every_step_above_the_imports(tmp_path, data_cache
 
 @pytest.fixture(scope="module")
 def alloc_counter(tmp_path_factory) -> Path:
-    from framer_ds.lab.alloc_counter import build_alloc_counter
+    from counter_tool import build_counter
 
-    return build_alloc_counter(tmp_path_factory.mktemp("alloc_counter"))
+    return build_counter(tmp_path_factory.mktemp("alloc_counter"))
 
 
 TENSOR_COUNT_SCRIPT = """

@@ -15,8 +15,10 @@ from conftest import REPO, TINY_VIT_OVERRIDES
 from framer_ds.cli.main import main
 from framer_ds.lab.activations import ActivationProbe, probe_activations
 from framer_ds.lab.hardware import GiB, Hardware
+from framer_ds.lab.launch_commands import launch_command
 from framer_ds.lab.memory_model import ParameterCensus, estimate
-from framer_ds.lab.planner import gib, launch_command, parse_bytes, strategy_row
+from framer_ds.lab.plan_rows import strategy_row
+from framer_ds.lab.plan_text import gib, parse_bytes
 from framer_ds.tasks.registry import get_task_class
 from framer_ds.tasks.run_config import load_run_config
 
@@ -120,7 +122,9 @@ def _launch_strategy(launch: str) -> str:
 # tests/lab/test_probe_depth.py). The default 600 s is not enough beside the other xdist worker on a
 # loaded machine, so it gets 4x its quiet time.
 @pytest.mark.timeout(2400)
-def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(monkeypatch, tmp_path, capsys):
+def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(
+    monkeypatch, tmp_path, capsys, data_cache
+):
     """Every shipped config as shipped, before any download: no weight, tokenizer or data file anywhere
     it points (run from an empty directory, so a relative base like lora_sft's runs/.../final is absent
     too) and the hub offline. A base the config maps under `architectures:` is built from the config.json
@@ -212,7 +216,8 @@ def test_the_activation_line_reads_from_micro_batch_one_not_a_negative_fixed_par
     """A tensor that is a view at micro-batch 1 and a copy at 2 makes the line through the two probes
     cross zero below 1 (wan_tiny's fitted fixed part was -0.2 MiB): the plan prints the figure at
     micro-batch 1 and the step per added sample, both measured, never the negative intercept."""
-    from framer_ds.lab.planner import Plan, format_plan
+    from framer_ds.lab.plan_text import format_plan
+    from framer_ds.lab.planner import Plan
 
     mib = 2**20
     probe = ActivationProbe((1, 2), (500 * mib, 1200 * mib), -200 * mib, 700 * mib, False, "cpu")

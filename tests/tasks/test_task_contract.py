@@ -10,7 +10,12 @@ and one small specification per model):
 4. the export loaded back (`framer-ds eval`'s `load_export` into the model training builds) scores the
    held-out set exactly as the trained model did at its last evaluation;
 5. `framer-ds sample` runs on the export and writes what it says;
-6. `framer-ds eval` runs on the export of the resumed run.
+6. `framer-ds eval` runs on the export of the resumed run;
+7. under umask 022 every file both runs wrote (checkpoints, final/, best/, samples/) is 0644 and every
+   directory 0755, as a plain `open()` / `mkdir()` makes them (issue 45: safetensors wrote 0600);
+8. every `framer-ds export --format` of the task leaves the files already in its --out folder alone: a
+   single-file format (comfyui) adds its file beside them, a directory format refuses the folder in one
+   line and writes a new one; every export is 0644 / 0755 under umask 022 (issue 45).
 
 One module-scoped fixture per case trains twice (4 steps straight; a copy cut back to step 2, resumed to
 4), in this process through `run_training` as `framer-ds train` calls it; every check reads those runs.
@@ -37,8 +42,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_metrics, train_in_process
-from contract_cases import CASES, ContractCase, run_overrides
+from conftest import read_metrics, train_in_process, umask, wrong_modes
+from contract_cases import AT_THE_END, CASES, ContractCase, run_overrides
 from framer_ds.cli.main import main
 from framer_ds.config.reference import schema_reference
 from framer_ds.engine.export import EXPORT_RECORD
@@ -51,6 +56,8 @@ from framer_ds.train.loop import TrainResult
 STEPS, CHECKPOINT_EVERY, RESUMED_WORKERS = 4, 2, 2
 # The fixture's two trainings and the first check that waits on them share one test's timeout.
 RUN_TIMEOUT_S = 900
+USER_UMASK = 0o022  # the usual one: files 0644, directories 0755
+SINGLE_FILE_FORMATS = ("comfyui",)  # added beside other files; the others write a directory
 
 
 @dataclass
@@ -73,6 +80,8 @@ def cut_back_to_first_checkpoint(run: Path, to: Path) -> Path:
     for later in range(CHECKPOINT_EVERY * 2, STEPS + 1, CHECKPOINT_EVERY):
         shutil.rmtree(to / "checkpoints" / f"step_{later}")
     shutil.rmtree(to / "final")
+    shutil.rmtree(to / "best")  # both exported at step 4, after the cut
+    shutil.rmtree(to / "samples", ignore_errors=True)
     return to
 
 
@@ -84,9 +93,10 @@ def case(request: pytest.FixtureRequest) -> ContractCase:
 @pytest.fixture(scope="module")
 def runs(case: ContractCase, tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> ContractRuns:
     root = tmp_path_factory.mktemp(case.name)
-    result = train(case, run_overrides(STEPS, CHECKPOINT_EVERY, root / "straight"))
-    resumed = cut_back_to_first_checkpoint(root / "straight", root / "resumed")
-    train(case, run_overrides(STEPS, CHECKPOINT_EVERY, resumed, resume=True, workers=RESUMED_WORKERS))
+    with umask(USER_UMASK):
+        result = train(case, run_overrides(STEPS, CHECKPOINT_EVERY, root / "straight"))
+        resumed = cut_back_to_first_checkpoint(root / "straight", root / "resumed")
+        train(case, run_overrides(STEPS, CHECKPOINT_EVERY, resumed, resume=True, workers=RESUMED_WORKERS))
     return ContractRuns(root / "straight", resumed, result)
 
 
@@ -153,3 +163,41 @@ def test_eval_runs_on_the_export_of_the_resumed_run(runs, capsys):
     assert main(["eval", str(runs.resumed), "--max-batches", "1"]) == 0, capsys.readouterr().err[-3000:]
     assert "eval.json" in capsys.readouterr().out
     assert (runs.resumed / "eval.json").is_file()
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_every_file_of_the_runs_gets_the_umask_mode(case, runs):
+    """Readable by the team and by a server running as another user: 0644 / 0755 under umask 022."""
+    for run in (runs.straight, runs.resumed):
+        kinds = {"checkpoints", "final", "best", *(["samples"] if AT_THE_END in case.overrides else [])}
+        assert kinds <= {p.name for p in run.iterdir()}, sorted(p.name for p in run.iterdir())
+        assert wrong_modes(run, USER_UMASK) == [], run
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_every_export_format_leaves_the_files_in_its_out_folder_alone(case, runs, tmp_path, capsys):
+    """`--out` holds another LoRA and a note: a single-file format adds its file beside them, a directory
+    format refuses the folder in one line (and writes into an empty one); nothing there is deleted or
+    replaced (before: the Wan comfyui export deleted them), and every export is 0644 / 0755."""
+    final = runs.straight / "final"
+    for fmt in case.exports:
+        with umask(USER_UMASK):
+            out = tmp_path / fmt
+            out.mkdir()
+            (out / "other_lora.safetensors").write_bytes(b"someone else's weights")
+            (out / "readme.txt").write_text("mine\n")
+            others = {p.name: p.read_bytes() for p in out.iterdir()}
+            rc = main(["export", str(final), "--format", fmt, "--out", str(out)])
+            err = capsys.readouterr().err
+            if fmt in SINGLE_FILE_FORMATS:
+                assert rc == 0, err[-3000:]
+                added = sorted({p.name for p in out.iterdir()} - set(others))
+                assert len(added) == 1 and added[0].endswith(".safetensors"), added
+            else:
+                assert rc == 1 and "is not empty" in err and "Traceback" not in err, err[-3000:]
+                assert sorted(p.name for p in out.iterdir()) == sorted(others)
+                fresh = tmp_path / f"{fmt}_new"
+                assert main(["export", str(final), "--format", fmt, "--out", str(fresh)]) == 0
+                assert list(fresh.rglob("*.safetensors")) and wrong_modes(fresh, USER_UMASK) == [], fmt
+        assert {name: (out / name).read_bytes() for name in others} == others, fmt
+        assert wrong_modes(out, USER_UMASK) == [], fmt

@@ -1,5 +1,7 @@
 """train.eval.best_metric: best/ holds the task's export at the best evaluation so far, best.json says which,
 and the best value travels in every checkpoint so a resumed run never replaces best/ with a worse model.
+The checkpoint of the best evaluation is kept beside keep_last's and `train.resume=best` resumes it (the
+same after a divergence: the fault case `divergence_after_the_best_keeps_and_names_it`).
 
 The test task's eval/score is scripted per evaluation (tests/framer_test_tasks.py, test_scripted_eval)."""
 
@@ -12,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from faults.harness import cli
 from safetensors.torch import load_file
 
 from conftest import read_metrics, set_keys, train_in_process
 from framer_ds.config.errors import ConfigError
-from framer_ds.engine.checkpoint import STATE_FILE, TrainerState, read_trainer_state
+from framer_ds.engine.checkpoint import STATE_FILE, TrainerState, checkpoints_to_prune, read_trainer_state
 from framer_ds.engine.resume.changes import resume_changes
 from framer_ds.tasks.run_config import load_exported_task, load_run_config
 from framer_ds.train.actions import KeepBest
@@ -254,3 +257,76 @@ def test_trainer_state_keeps_its_best_only_for_the_same_metric_and_mode():
         None,
         None,
     )
+
+
+def checkpoint_names(run_dir: Path) -> list[str]:
+    return sorted((p.name for p in (run_dir / "checkpoints").glob("step_*")), key=lambda n: int(n[5:]))
+
+
+@pytest.mark.parametrize(
+    ("best_step", "pruned"),
+    [(None, [2, 4, 6]), (4, [2, 6]), (5, [2, 6]), (8, [2, 4, 6]), (1, [2, 4, 6])],
+)
+def test_pruning_keeps_the_best_checkpoint_beside_the_newest(tmp_path, best_step, pruned):
+    """keep_last=2 of step_2..step_10: the newest two, plus the newest checkpoint at or before the best
+    evaluation (step 4 for an evaluation at step 4 or 5); none when best/ is missing or older than all."""
+    for step in (2, 4, 6, 8, 10):
+        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"step_{step}" / STATE_FILE).write_text("{}")
+    if best_step is not None:
+        (tmp_path / "best").mkdir()
+        record = {"step": best_step, "metric": "eval/loss", "value": 0.1, "mode": "min"}
+        (tmp_path / "best" / "best.json").write_text(json.dumps(record))
+    assert checkpoints_to_prune(tmp_path, 2) == [tmp_path / "checkpoints" / f"step_{s}" for s in pruned]
+
+
+def test_the_best_checkpoint_survives_keep_last_and_resume_best_rolls_back_to_it(tmp_path):
+    """Evaluations every 2 steps, checkpoints every 4, keep_last=1: the best evaluation is at step 6, so
+    the best checkpoint is step_4 (the newest before it; the same config retrains step 6 from it). Today
+    keep_last deleted it at step 8. train.resume=best continues from it: the losses after step 4 are the
+    first run's, and step_8, final/ and best/ (exported at step 6, after the resume point) move to the
+    abandoned timeline."""
+    config = scripted_config(
+        tmp_path,
+        "c.yaml",
+        [0.5, 0.3, 0.1, 0.4],
+        train={
+            "eval.best_metric": "eval/score",
+            "eval.best_mode": "min",
+            "checkpoint.every.steps": 4,
+            "checkpoint.keep_last": 1,
+        },
+    )
+    train_in_process(config)
+    run_dir = tmp_path / "run"
+    assert best_record(run_dir)["step"] == 6
+    assert checkpoint_names(run_dir) == ["step_4", "step_8"]
+    first = {x["step"]: x["loss"] for x in read_metrics(run_dir)[0]}
+
+    result = train_in_process(config, ["train.resume=best"])
+    assert result.global_step == 8
+    (abandoned,) = (run_dir / "checkpoints" / "abandoned").iterdir()
+    assert abandoned.name.endswith("_from_step_4")
+    assert sorted(p.name for p in abandoned.iterdir()) == ["best", "final", "step_8"]
+    again = {x["step"]: x["loss"] for x in read_metrics(run_dir)[0]}
+    assert again == first  # steps 1-4 kept from the first run, 5-8 retrained exactly (same config)
+
+
+def test_resume_best_without_a_best_checkpoint_is_one_line(tmp_path):
+    config = scripted_config(tmp_path, "c.yaml", [0.5], train={"length.steps": 4})
+    train_in_process(config)
+    run_dir = tmp_path / "run"
+    before = checkpoint_names(run_dir)
+    for overrides, why in (
+        ([], "has no best/ and train.eval.best_metric is not set"),
+        (
+            ["train.eval.best_metric=eval/score", "train.eval.best_mode=min"],
+            "no evaluation has been judged by eval/score in",
+        ),
+    ):
+        refused = cli("train", str(config), "train.resume=best", *overrides)
+        lines = refused.err.strip().splitlines()
+        assert refused.rc == 1 and len(lines) == 1, refused.err[-3000:]
+        assert lines[0].startswith("error: train.resume=best: there is no best checkpoint: ")
+        assert why in lines[0] and "train.resume=latest" in lines[0]
+        assert checkpoint_names(run_dir) == before and not (run_dir / "checkpoints" / "abandoned").exists()

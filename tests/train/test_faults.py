@@ -20,6 +20,7 @@ from conftest import (
     accelerate_launch_cmd,
     launch_env,
     mlp_config,
+    mlp_lr_schedule,
     rank_processes,
     read_metrics,
     start_process,
@@ -184,6 +185,9 @@ def test_nan_on_one_rank_is_skipped_by_all_ranks(tmp_path, strategy):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["nonfinite_skipped_steps"] for x in lines if "nonfinite_skipped_steps" in x] == [1]
     assert [x["step"] for x in lines if "loss" in x] == list(range(1, 17))
+    # The skipped window moves no LR: step k trains at the schedule's k-th value (under DeepSpeed it used
+    # to be set back one step, as if the engine had stepped it).
+    assert [x["lr"] for x in lines if "loss" in x] == mlp_lr_schedule(16)
     weights = load_file(run_dir / "final" / "model.safetensors")
     assert all(torch.isfinite(w).all() for w in weights.values())
 

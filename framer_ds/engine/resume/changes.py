@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.config.errors import ConfigError, ConfigProblem, RunSetupError
 from framer_ds.config.loader import parse_yaml
 from framer_ds.config.renames import migrate_recorded
 from framer_ds.config.schema import RunConfigBase
-from framer_ds.engine.checkpoint import CHECKPOINT_CONFIG, TrainerState
+from framer_ds.engine.checkpoint import CHECKPOINT_CONFIG, TrainerState, checkpoints_root
 
 # The model, the data and what decides the data order and its position: changing any of them on
 # resume is a different experiment wearing the old one's checkpoint.
@@ -43,12 +43,12 @@ def _under(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
     return any(key == p or key.startswith(f"{p}.") for p in prefixes)
 
 
-def _recorded_config(path: Path, schema: type[RunConfigBase]) -> dict[str, Any]:
+def _recorded_config(recorded: dict[str, Any], schema: type[RunConfigBase]) -> dict[str, Any]:
     """The checkpoint's config as this version reads it: renamed keys moved and migrated, then
     validated by the run's schema, so that a migration which is more than a move compares equal (an old
     `config: {}` beside a model path is no `source.config`); as moved where it no longer validates (its
     differences are listed)."""
-    moved = migrate_recorded(parse_yaml(path.read_text()) or {}, schema)
+    moved = migrate_recorded(recorded, schema)
     try:
         return schema.model_validate(moved).model_dump(mode="json")
     except ValidationError:
@@ -62,15 +62,17 @@ def resume_changes(
 
     Gradient accumulation may change only together with the number of processes and so that the
     global batch stays the same (the documented way to resume at another world size)."""
+    recorded_path = Path(checkpoint) / CHECKPOINT_CONFIG
+    recorded = (parse_yaml(recorded_path.read_text()) or {}) if recorded_path.is_file() else None
+    _refuse_another_task(checkpoint, recorded, config)
     past_the_end = _past_max_steps(checkpoint, config, state)
     if past_the_end:
         raise ConfigError(past_the_end, "resume")
-    recorded_path = Path(checkpoint) / CHECKPOINT_CONFIG
-    if not recorded_path.is_file():
+    if recorded is None:
         return [
             f"(no {CHECKPOINT_CONFIG} in {checkpoint}: written before framer_ds 0.2, changes not checked)"
         ]
-    old = _flatten(_recorded_config(recorded_path, type(config)))
+    old = _flatten(_recorded_config(recorded, type(config)))
     new = _flatten(config.model_dump(mode="json"))
     allowed = list(config.train.resume_allow_changes)
     changed = [
@@ -104,6 +106,27 @@ def resume_changes(
             "resume",
         )
     return applied
+
+
+def _refuse_another_task(checkpoint: Path, recorded: Any, config: RunConfigBase) -> None:
+    """A checkpoint of another task (a run directory reused for another config, a wrong
+    train.resume=PATH) is refused in one line naming both tasks. Its config differs from this run's in
+    every model and data key, so the list of differences said nothing useful, and no key of
+    train.resume_allow_changes can make another task's weights load: only another output_dir can."""
+    task = recorded.get("task") if isinstance(recorded, dict) else None
+    if task is None or task == config.task:
+        return
+    if Path(checkpoint).parent == checkpoints_root(Path(config.output_dir)):
+        fix = (
+            f"{config.output_dir} holds a {task!r} run: train {config.task!r} in another output_dir (or "
+            f"start over here with --overwrite, which deletes the {task!r} run)"
+        )
+    else:
+        fix = f"point train.resume at a checkpoint of a {config.task!r} run"
+    raise RunSetupError(
+        f"{checkpoint} was written by task {task!r} but this run is task {config.task!r}; a checkpoint "
+        f"resumes only the task that wrote it: {fix}"
+    )
 
 
 def _past_max_steps(checkpoint: Path, config: RunConfigBase, state: TrainerState) -> list[ConfigProblem]:

@@ -4,9 +4,11 @@ Why: the loop used to make nine calls into five modules to resume, their order k
 order is now the object's: deciding needs nothing built (and must run before prepare: it may enable
 DeepSpeed's `load_universal`); restoring needs the prepared optimizer and scheduler. Each rule has one
 home in this package:
-- `choice.py`: which checkpoint (manifests, `latest` falling back over damaged ones, rank 0 decides);
+- `choice.py`: which checkpoint (manifests, `latest` falling back over damaged ones, `best`, rank 0
+  decides);
 - `changes.py`: what the running config may change from the checkpoint's (refused vs applied);
 - `strategy.py` + `universal.py`: whether it loads under the running strategy, and from which directory;
+- `zero3_groups.py`: per-group step counts and settings that DeepSpeed's ZeRO-3 universal loader loses;
 - `running_config.py`: the restored optimizer and schedule follow the running config (e.g. a new LR);
 - `world_size.py`: the data position and RNG at another number of processes.
 """
@@ -26,7 +28,9 @@ from framer_ds.engine.resume.changes import resume_changes
 from framer_ds.engine.resume.choice import decide_checkpoint
 from framer_ds.engine.resume.running_config import apply_running_config, lr_scales
 from framer_ds.engine.resume.strategy import directory_to_load
+from framer_ds.engine.resume.universal import is_universal
 from framer_ds.engine.resume.world_size import adapt_to_world_size
+from framer_ds.engine.resume.zero3_groups import restore_zero3_group_state
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,10 @@ class ResumePlan:
         the run's meaning, check it loads under this launch (converting it for another world size). Every
         rank, before `accelerator.prepare`. Nothing is loaded. `on_chosen(step, checkpoint)` hears the
         choice at once (a stop during a long conversion still names the checkpoint)."""
-        checkpoint = decide_checkpoint(accelerator, Path(config.output_dir), config.train.resume)
+        train = config.train
+        checkpoint = decide_checkpoint(
+            accelerator, Path(config.output_dir), train.resume, train.eval.best_metric
+        )
         if checkpoint is None:
             return cls()
         stored = read_trainer_state(checkpoint)
@@ -86,6 +93,8 @@ class ResumePlan:
             return TrainerState()
         scales = lr_scales(optimizer)  # the running config's, before the checkpoint's replace them
         accelerator.load_state(str(self.load_from))
+        if is_universal(self.load_from):  # DeepSpeed's ZeRO-3 universal loader is exact per parameter only
+            restore_zero3_group_state(optimizer, self.load_from)
         state = read_trainer_state(self.load_from)
         apply_running_config(optimizer, scheduler, train, scales)
         state = adapt_to_world_size(accelerator, state, self.load_from, train, batches_per_epoch)

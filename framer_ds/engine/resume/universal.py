@@ -31,6 +31,7 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from framer_ds.storage.atomic import building_dir, publish_dir
+from framer_ds.storage.disk_space import reporting_full_disk
 
 DS_TAG = "pytorch_model"  # accelerate's MODEL_NAME: the tag save_state/load_state give the DeepSpeed engine
 UNIVERSAL_DIR = "universal"
@@ -68,7 +69,9 @@ def convert_to_universal(checkpoint: Path) -> Path:
     """
     checkpoint = Path(checkpoint)
     final = checkpoint / UNIVERSAL_DIR
-    with building_dir(final) as staging:
+    kept = f"{checkpoint.name} itself is untouched"
+    fix = "Free space there and run again (or resume at the world size that wrote the checkpoint)"
+    with reporting_full_disk(checkpoint, 0, None, kept=kept, fix=fix), building_dir(final) as staging:
         cmd = [
             sys.executable,
             "-m",

@@ -238,11 +238,13 @@ class TtsDataConfig(StrictModel):
     )
     audio_column: str = Field("audio", description="Column of the audio path (relative to the file).")
     speaker_column: str | None = Field(None, description="Column of a speaker name, for the prefix.")
-    speaker_prefix: bool = Field(
-        False,
+    speaker_prefix: bool | None = Field(
+        None,
         description="Prefix the text with '{speaker}: ' (Orpheus' multi-speaker prompt), from "
         "speaker_column (layout 'folder': the top subfolder's name); `framer-ds sample --speaker NAME` then "
-        "speaks as NAME.",
+        "speaks as NAME. null follows the data's layout: on where it names speakers (a speaker_column set, "
+        "or layout 'folder'), off where it does not (layout 'ljspeech'); config.yaml records the outcome. "
+        "true refuses data that names no speaker.",
     )
     remove_duplicate_frames: bool = Field(
         False, description="Drop frames repeating the previous coarse code (the recipe's trimming)."
@@ -277,6 +279,31 @@ class TtsDataConfig(StrictModel):
         "<cache>/tts_codes.",
     )
     encode_batch_size: int = Field(8, ge=1, description="format 'audio': files per codec call.")
+
+    @model_validator(mode="after")
+    def _speaker_prefix_follows_the_layout(self) -> TtsDataConfig:
+        """null becomes the layout's own choice, so that `data.layout=ljspeech` on a config whose speakers
+        come from a column (the tiny one) just trains one voice, instead of being refused until the user
+        also flips the prefix off. The value is set as resolved (config.yaml says what ran), while
+        `model_fields_set` keeps saying whether the user chose it: `speaker_prefix_chosen`."""
+        if self.speaker_prefix is None:
+            object.__setattr__(self, "speaker_prefix", self.layout_names_speakers)  # no re-validation
+            self.model_fields_set.discard("speaker_prefix")
+        return self
+
+    @property
+    def layout_names_speakers(self) -> bool:
+        """Whether each sample can say who speaks: an ljspeech folder is one voice, a folder layout's
+        subfolders are its speakers, any other rows name theirs in `speaker_column` when one is set."""
+        if self.format == "audio" and self.layout in ("ljspeech", "folder"):
+            return self.layout == "folder"
+        return self.speaker_column is not None
+
+    @property
+    def speaker_prefix_chosen(self) -> bool:
+        """Whether speaker_prefix is the user's own value rather than the layout's default: only a prefix
+        the user asked for is refused on data that names no speaker."""
+        return "speaker_prefix" in self.model_fields_set
 
     @model_validator(mode="after")
     def _speaker_and_mix(self) -> TtsDataConfig:

@@ -202,8 +202,9 @@ class TtsData:
     def speaker_problems(self) -> list[ConfigProblem]:
         """data.speaker_prefix whose training rows name no speaker would do nothing (and `sample
         --speaker` would then call the model one trained without it). Refused where `check` runs
-        (validate, train, data commands), not when an existing export is evaluated or sampled."""
-        if not self.data.speaker_prefix or self.data.source.builtin:
+        (validate, train, data commands), not when an existing export is evaluated or sampled. Only a
+        prefix the user set: the layout's default prefixes the speakers the data names, if any."""
+        if not (self.data.speaker_prefix and self.data.speaker_prefix_chosen) or self.data.source.builtin:
             return []
         path, audio = self.train_path(), self.data.format == "audio"
         if audio and self.data.layout == "ljspeech":

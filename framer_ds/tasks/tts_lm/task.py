@@ -19,6 +19,7 @@ from framer_ds.engine.accelerator import frozen_model_init, uses_zero3
 from framer_ds.engine.export import save_peft_adapter_gathered, save_pretrained_gathered
 from framer_ds.engine.export_load import ADAPTER_WEIGHTS, load_full_export, load_peft_adapter
 from framer_ds.engine.pretrained import load_pretrained
+from framer_ds.storage.disk_space import is_disk_full
 from framer_ds.tasks.base import Task, TrainingLoss
 from framer_ds.tasks.planning import PlanningHooks
 from framer_ds.tasks.registry import register_task
@@ -290,7 +291,7 @@ class TtsLmTask(PlanningHooks, Task):
         """Every prompt of model.samples spoken by the model being trained: samples/step_N/*.wav. Every
         rank generates (a ZeRO-3 forward is a collective); rank 0 decodes and writes. Samples are a view
         on training, not part of it: a failure (a codec that will not load, a decode error) is one line
-        in the log and training goes on."""
+        in the log and training goes on; a full disk is not, it stops the run with one line."""
         unwrapped = accelerator.unwrap_model(model)
         was_training = unwrapped.training
         unwrapped.eval()
@@ -305,6 +306,8 @@ class TtsLmTask(PlanningHooks, Task):
                 synced_gpus=uses_zero3(accelerator),
             )
         except Exception as exc:  # reported in one line: training must outlive its samples
+            if is_disk_full(exc, Path(out_dir), 0):
+                raise  # but not a full disk: the loop reports it and stops before the checkpoints fail too
             accelerator.print(f"sample: step {step} failed, training goes on: {type(exc).__name__}: {exc}")
             return []
         finally:

@@ -358,6 +358,7 @@ class VideoDataSource(Source):
 
 class VideoLoraDataConfig(StrictModel):
     renamed_keys: ClassVar[dict[str, str]] = {"root": "source.path", "builtin": "source.builtin"}
+    one_of: ClassVar[tuple[tuple[str, ...], ...]] = (("stride", "stride_range"),)
 
     source: VideoDataSource = Field(
         description="Where the clips come from: path (a directory of videos or image pairs) or builtin."
@@ -369,8 +370,15 @@ class VideoLoraDataConfig(StrictModel):
     )
     manifest: Path | None = Field(None, description="CSV/JSONL with path and optional start/end frame, fps.")
     num_frames: int = Field(14, ge=2, description="Frames per training clip (SVD: 14, SVD-XT: 25).")
-    stride: int | None = Field(1, ge=1, description="Frame step; null when stride_range is used.")
-    stride_range: tuple[int, int] | None = Field(None, description="Random stride per clip, inclusive.")
+    stride: int | None = Field(
+        1,
+        ge=1,
+        description="Frame step; null when stride_range is used (setting stride_range on the "
+        "command line sets it null).",
+    )
+    stride_range: tuple[int, int] | None = Field(
+        None, description="Random stride per clip, inclusive; exclusive with stride."
+    )
     height: int = Field(320, ge=64, description="Training height in pixels (a multiple of 64).")
     width: int = Field(512, ge=64, description="Training width in pixels (a multiple of 64).")
     buckets: Literal["auto"] | list[str] | None = Field(

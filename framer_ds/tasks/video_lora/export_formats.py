@@ -9,7 +9,9 @@
 - `framer`: Framer checkpoints (registered by their own module).
 
 Each format is a function `(adapter_dir, options) -> str` in `EXPORT_FORMATS`; a new one registers
-itself with `register_export_format` and adds its name to `FORMAT_NAMES`.
+itself with `register_export_format` and adds its name to `FORMAT_NAMES`. Every format writes through
+`engine.export_out` (a directory format: `export_directory`, a new or empty --out; a single-file format:
+`export_file`, beside the other files of --out), so none deletes or replaces a file it did not write.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.config.schema import StrictModel
-from framer_ds.storage.atomic import building_dir, publish_dir
+from framer_ds.engine.export_out import export_directory, export_file
 from framer_ds.tasks.video_lora.comfyui_keys import comfyui_lora_state_dict
 from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR, MASK_TOKEN_FILE
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, export_merged, read_adapter_metadata
@@ -44,7 +46,7 @@ PEFT_DIRS = (CONTROLNET_DIR,)  # a Framer run's trained ControlNet
 
 
 class VideoExportCommandOptions(StrictModel):
-    """`framer-ds export RUN/final --format peft|merged|comfyui|framer --out DIR`."""
+    """`framer-ds export RUN/final --format peft|merged|comfyui|framer --out DIR [--overwrite]`."""
 
     format: Literal["peft", "merged", "comfyui", "framer"] = Field(
         description="'peft': the adapter as is (PeftModel.from_pretrained); 'merged': the LoRA merged into "
@@ -52,7 +54,15 @@ class VideoExportCommandOptions(StrictModel):
         "interpolation); 'comfyui': an SVD image-to-video LoRA in ComfyUI's generic key format "
         "(diffusion_model.<original SVD key>); 'framer': a Framer checkpoint."
     )
-    out: Path = Field(description="A new directory for the export.")
+    out: Path = Field(
+        description="Where to write: 'comfyui' adds its one file to this folder (created if needed), beside "
+        "the files already there; 'peft', 'merged', 'framer' write a directory, which must be new or empty."
+    )
+    overwrite: bool = Field(
+        False,
+        description="'comfyui': replace a file of the same name in --out (only that file). Refused by the "
+        "directory formats, which never replace a directory.",
+    )
     base: Path | None = Field(
         None,
         description="The base model directory ('merged', 'comfyui': the SVD directory; 'framer' and a Framer "
@@ -88,36 +98,18 @@ def export_format(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
     return function(Path(adapter_dir), options)
 
 
-def new_out_dir(out: Path) -> None:
-    """An export never writes into a directory that holds anything."""
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(
-            [ConfigProblem("--out", f"{out} exists and is not empty; choose a new directory")], "export"
-        )
-
-
-def publish_export(staging: Path, out: Path) -> None:
-    """The staged export appears whole at `out`, or not at all."""
-    if not publish_dir(staging, out, replace=False):
-        raise ConfigError(
-            [ConfigProblem("--out", f"{out} appeared while writing; choose a new directory")], "export"
-        )
-
-
 def export_peft(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
     """The adapter exactly as training saved it, with its metadata (`PeftModel.from_pretrained(DIR)`),
     and a trained ControlNet beside it."""
     read_adapter_metadata(adapter_dir)  # a clear error when this is not a video_lora adapter
     out = Path(options.out)
-    new_out_dir(out)
-    with building_dir(out) as staging:
+    with export_directory(out, options.overwrite) as staging:
         for name in PEFT_FILES:
             if (adapter_dir / name).is_file():
                 shutil.copy2(adapter_dir / name, staging / name)
         for name in PEFT_DIRS:
             if (adapter_dir / name).is_dir():
                 shutil.copytree(adapter_dir / name, staging / name)
-    publish_export(staging, out)
     parts = []
     if (out / "adapter_model.safetensors").is_file():
         parts.append(f"the peft adapter (PeftModel.from_pretrained(unet, {str(out)!r}))")
@@ -133,7 +125,7 @@ def export_merged_format(adapter_dir: Path, options: VideoExportCommandOptions) 
     writer = MERGED_BY_BASE.get(read_adapter_metadata(adapter_dir).get("base", "svd"))
     if writer is not None:
         return writer(adapter_dir, options)
-    return export_merged(adapter_dir, options.out, options.dtype, options.base)
+    return export_merged(adapter_dir, options.out, options.dtype, options.base, options.overwrite)
 
 
 def export_comfyui(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
@@ -157,17 +149,20 @@ def export_comfyui(adapter_dir: Path, options: VideoExportCommandOptions) -> str
     converted = comfyui_lora_state_dict(tensors, adapter_config, unet_config)
     dtype = getattr(torch, options.dtype)
     converted = {k: v if k.endswith(".alpha") else v.to(dtype).contiguous() for k, v in converted.items()}
-    out = Path(options.out)
-    new_out_dir(out)
-    with building_dir(out) as staging:
-        save_file(converted, staging / COMFYUI_FILE, metadata={"format": "pt", "framer_ds": "video_lora"})
-        (staging / EXPORT_METADATA).write_text(json.dumps({**metadata, "format": "comfyui"}, indent=2))
-    publish_export(staging, out)
+    with export_file(options.out, COMFYUI_FILE, options.overwrite) as path:
+        save_file(converted, str(path), metadata=comfyui_file_metadata({**metadata, "format": "comfyui"}))
     modules = sum(k.endswith(".alpha") for k in converted)
     return (
-        f"wrote {out / COMFYUI_FILE}: {modules} LoRA modules in ComfyUI's format; copy it to "
-        "ComfyUI/models/loras and apply it with LoraLoaderModelOnly to an SVD image-to-video model"
+        f"wrote {Path(options.out) / COMFYUI_FILE}: {modules} LoRA modules in ComfyUI's format (put it in, "
+        "or export straight to, ComfyUI/models/loras) and apply it with LoraLoaderModelOnly to an SVD "
+        "image-to-video model"
     )
+
+
+def comfyui_file_metadata(record: dict) -> dict[str, str]:
+    """The safetensors header of a ComfyUI LoRA file: what made it (the adapter's metadata) travels
+    inside the one file, since a single-file export adds nothing else to a loader's folder."""
+    return {"format": "pt", "framer_ds": "video_lora", EXPORT_METADATA: json.dumps(record)}
 
 
 register_export_format("peft", export_peft)

@@ -17,12 +17,10 @@ from pathlib import Path
 import torch
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.storage.atomic import building_dir
+from framer_ds.engine.export_out import check_export_directory, export_directory
 from framer_ds.tasks.video_lora.export_formats import (
     MERGED_BY_BASE,
     VideoExportCommandOptions,
-    new_out_dir,
-    publish_export,
     register_export_format,
 )
 from framer_ds.tasks.video_lora.framer_setup import CONTROLNET_DIR, read_mask_token
@@ -44,7 +42,7 @@ def _framer_run(adapter_dir: Path, options: VideoExportCommandOptions, fmt: str)
             "--format merged.",
         )
     out = Path(options.out)
-    new_out_dir(out)
+    check_export_directory(out, options.overwrite)  # before loading and merging
     return metadata, Path(options.base or metadata["framer_path"]), out
 
 
@@ -80,11 +78,10 @@ def export_framer(adapter_dir: Path, options: VideoExportCommandOptions) -> str:
     controlnet = load_framer_controlnet(
         trained_controlnet if metadata.get("has_controlnet") else base / "controlnet"
     )
-    with building_dir(out) as staging:
+    with export_directory(out) as staging:
         for name, model in (("unet", unet), ("controlnet", _in_dtype(controlnet, dtype))):
             model.save_pretrained(staging / name, safe_serialization=True)
         shutil.copy2(Path(adapter_dir) / EXPORT_METADATA, staging / EXPORT_METADATA)
-    publish_export(staging, out)
     merged = "LoRA merged" if metadata.get("has_adapter") else "UNet unchanged"
     merged += ", trained mask_token" if metadata.get("has_mask_token") else ""
     source = "trained" if metadata.get("has_controlnet") else f"copied from {base}"
@@ -106,10 +103,9 @@ def export_framer_merged(adapter_dir: Path, options: VideoExportCommandOptions) 
             "(or train the mask_token too: model.train_mask_token).",
         )
     unet = merged_framer_unet(adapter_dir, metadata, base, getattr(torch, options.dtype))
-    with building_dir(out) as staging:
+    with export_directory(out) as staging:
         unet.save_pretrained(staging, safe_serialization=True)
         (staging / EXPORT_METADATA).write_text(json.dumps({**metadata, "merged": True}, indent=2))
-    publish_export(staging, out)
     controlnet = " (the trained ControlNet: --format framer)" if metadata.get("has_controlnet") else ""
     return (
         f"wrote {out}: Framer's UNet with the LoRA merged (9 input channels + mask_token){controlnet}; load "

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator
 
 from framer_ds.config.errors import ConfigError, ConfigProblem, InputDataError
 from framer_ds.engine.export import read_export_json
-from framer_ds.storage.atomic import building_dir, publish_dir
+from framer_ds.engine.export_out import check_export_directory, export_directory
 from framer_ds.tasks.base import SampleCommandOptions
 from framer_ds.tasks.video_lora.bases import StepRange
 from framer_ds.tasks.video_lora.config import GuidanceScheduleName
@@ -404,18 +404,17 @@ def sample_to_file(adapter_dir: Path, options: VideoSampleCommandOptions) -> str
     )
 
 
-def export_merged(adapter_dir: Path, out: Path, dtype_name: str, base: Path | None = None) -> str:
+def export_merged(
+    adapter_dir: Path, out: Path, dtype_name: str, base: Path | None = None, overwrite: bool = False
+) -> str:
     """`--format merged`: an image-to-video adapter -> a full StableVideoDiffusionPipeline directory; an
     interpolation one -> the merged UNet only (the stock pipeline cannot feed its first+last-frame
-    conditioning)."""
+    conditioning). A directory format: `out` must be new or empty (engine/export_out.py)."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(
-            [ConfigProblem("--out", f"{out} exists and is not empty; choose a new directory")], "export"
-        )
+    check_export_directory(out, overwrite)  # before minutes of loading and merging
     dtype = getattr(torch, dtype_name)
     pipe, metadata = load_pipeline_with_adapter(adapter_dir, "cpu", dtype, base)
-    with building_dir(out) as staging:
+    with export_directory(out) as staging:
         if metadata["mode"] == "interpolation":
             pipe.unet.save_pretrained(staging, safe_serialization=True)
             loader = "UNetSpatioTemporalConditionModel.from_pretrained"
@@ -426,8 +425,4 @@ def export_merged(adapter_dir: Path, out: Path, dtype_name: str, base: Path | No
             loader = "StableVideoDiffusionPipeline.from_pretrained"
             what = "a full Stable Video Diffusion pipeline with the LoRA merged"
         (staging / EXPORT_METADATA).write_text(json.dumps({**metadata, "merged": True}, indent=2))
-    if not publish_dir(staging, out, replace=False):
-        raise ConfigError(
-            [ConfigProblem("--out", f"{out} appeared while writing; choose a new directory")], "export"
-        )
     return f"wrote {out}: {what}; load it with {loader}({str(out)!r})"

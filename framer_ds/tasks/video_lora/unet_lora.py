@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
 
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.tasks.video_lora.config import LoraOptions, VideoLoraModelConfig
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 MASK_CHANNELS = 1
 
@@ -39,7 +43,11 @@ def widen_conv_in(unet: torch.nn.Module, extra_channels: int = MASK_CHANNELS) ->
 
 
 def apply_lora(unet: torch.nn.Module, options: LoraOptions, train_conv_in: bool) -> PeftModel:
-    """Freeze the UNet and add LoRA adapters (peft); only LoRA (and conv_in when widened) train."""
+    """Freeze the UNet and add LoRA adapters (peft); only LoRA (and conv_in when widened) train. peft is
+    imported here, not with the module: `framer-ds validate` and a cached `plan` import the task
+    without building a model (peft brings transformers, seconds of CPU)."""
+    from peft import LoraConfig, get_peft_model
+
     unet.requires_grad_(False)
     config = LoraConfig(
         r=options.rank,

@@ -4,12 +4,11 @@ ImageFolder (`train/CLASS/*.png`, `val/CLASS/*.png`, as ImageNet / Food-101 are 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from transformers import ViTConfig, ViTForImageClassification
 
 from framer_ds.compat import image_processor_class
 from framer_ds.config.errors import ConfigError, ConfigProblem, did_you_mean
@@ -30,6 +29,9 @@ from framer_ds.tasks.vit_classification.image_folder import (
     scan_image_folder,
 )
 from framer_ds.tasks.vit_classification.image_transform import ImageTransform
+
+if TYPE_CHECKING:
+    from transformers import ViTConfig
 
 
 class VitModelSource(Source):
@@ -116,7 +118,11 @@ class VitClassificationTask(PlanningHooks, Task):
         return Path(source.path)
 
     def vit_config(self) -> ViTConfig:
-        """The architecture, read from the pretrained dir's config.json (no weights) or built fresh."""
+        """The architecture, read from the pretrained dir's config.json (no weights) or built fresh.
+        transformers is imported where it is used: `framer-ds validate` and a cached `plan` import the
+        task without building a model (its ViT modelling code is seconds of CPU)."""
+        from transformers import ViTConfig
+
         source = self.config.model.source
         if source.path is not None:
             return ViTConfig.from_pretrained(source.path)
@@ -136,6 +142,8 @@ class VitClassificationTask(PlanningHooks, Task):
                 )
             )
             return problems
+        from transformers import ViTConfig
+
         known = set(ViTConfig().to_dict())
         for key in source.config or {}:
             if key not in known:
@@ -246,6 +254,8 @@ class VitClassificationTask(PlanningHooks, Task):
         ]
 
     def build_model(self) -> torch.nn.Module:
+        from transformers import ViTConfig, ViTForImageClassification
+
         pretrained = self.config.model.source.path
         labels = {}
         if not (pretrained is not None and building_empty() and self._data_absent()):

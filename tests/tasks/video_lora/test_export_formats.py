@@ -12,55 +12,18 @@ import re
 import pytest
 import torch
 from diffusers import UNetSpatioTemporalConditionModel
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
+from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import REPO
+from conftest import umask, wrong_modes
 from framer_ds.cli.main import main
-from framer_ds.engine.export import write_export_record
-from framer_ds.storage.locations import default_cache_dir
-from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.comfyui_keys import original_svd_module
 from framer_ds.tasks.video_lora.config import ATTENTION_TARGETS, FEED_FORWARD_TARGETS, PROJECTION_TARGETS
 from framer_ds.tasks.video_lora.export_formats import COMFYUI_FILE
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA
-from framer_ds.tasks.video_lora.models.tiny_svd import create_tiny_svd
 from framer_ds.tasks.video_lora.unet_lora import widen_conv_in
-
-TINY = REPO / "configs" / "tasks" / "video_lora" / "tiny.yaml"
-RANK, ALPHA = 4, 11.0
-
-
-def make_adapter(tmp_path, mode: str = "image_to_video"):
-    """An exported-looking adapter directory (adapter + metadata + export record) and the base path."""
-    svd = create_tiny_svd(default_cache_dir() / "tiny_svd")
-    config = load_run_config(TINY, [f"output_dir={tmp_path / 'run'}", f"model.base.mode={mode}"])
-    unet = UNetSpatioTemporalConditionModel.from_pretrained(svd, subfolder="unet")
-    if mode == "interpolation":
-        widen_conv_in(unet)
-    lora = LoraConfig(
-        r=RANK,
-        lora_alpha=ALPHA,
-        target_modules=ATTENTION_TARGETS + FEED_FORWARD_TARGETS + PROJECTION_TARGETS,
-        init_lora_weights=False,  # random lora_B: a non-zero delta to compare
-        modules_to_save=["conv_in"] if mode == "interpolation" else None,
-    )
-    torch.manual_seed(0)
-    adapter_dir = tmp_path / "final"
-    get_peft_model(unet, lora).save_pretrained(adapter_dir)
-    metadata = {
-        "base_model": str(svd),
-        "mode": mode,
-        "conv_in_extra_channels": 1 if mode == "interpolation" else 0,
-        "num_frames": 4,
-        "height": 64,
-        "width": 64,
-        "fps": 6.0,
-        "motion_bucket_id": 127,
-    }
-    (adapter_dir / EXPORT_METADATA).write_text(json.dumps(metadata))
-    write_export_record(adapter_dir, "video_lora", config.model_dump(mode="json"))
-    return adapter_dir, svd
+from video_adapters import ALPHA, RANK, make_adapter
 
 
 def diffusers_module_of(original: str, layers_per_block: int) -> str:
@@ -173,3 +136,74 @@ def test_damaged_adapter_metadata_is_named_with_the_fix(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{metadata}: not valid JSON" in err and "re-export the run" in err
     assert not (tmp_path / "peft").exists()
+
+
+# --- --out: an export never deletes or replaces a file it did not write (issue 45 §5) -------------------
+
+
+def folder_with_other_files(folder):
+    """A loader's folder as a user has it: another LoRA and a note, which every export must leave alone."""
+    folder.mkdir(parents=True)
+    (folder / "other_lora.safetensors").write_bytes(b"someone else's weights")
+    (folder / "readme.txt").write_text("mine\n")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def unchanged(folder, before) -> bool:
+    return {name: (folder / name).read_bytes() for name in before} == before
+
+
+def test_comfyui_adds_its_file_beside_the_others_and_replaces_it_only_with_overwrite(tmp_path, capsys):
+    """ComfyUI's models/loras holds every LoRA a user has: the export adds its one file there (before:
+    refused as 'not empty'; the Wan path deleted the others). A file of the same name is replaced only
+    with --overwrite, and then only that file; everything is readable under umask 022 (before: 0600)."""
+    adapter_dir, _ = make_adapter(tmp_path)
+    out = tmp_path / "ComfyUI" / "models" / "loras"
+    before = folder_with_other_files(out)
+    args = ["export", str(adapter_dir), "--format", "comfyui", "--out", str(out)]
+    with umask(0o022):
+        assert main(args) == 0, capsys.readouterr().err
+    assert unchanged(out, before)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*before, COMFYUI_FILE])  # no staging left
+    assert wrong_modes(out / COMFYUI_FILE, 0o022) == []
+    header = safe_open(str(out / COMFYUI_FILE), "pt").metadata()
+    assert json.loads(header[EXPORT_METADATA])["format"] == "comfyui"  # what made it, inside the file
+    exported = {k: v.clone() for k, v in load_file(out / COMFYUI_FILE).items()}  # not the mmap of a file
+    capsys.readouterr()
+
+    (out / COMFYUI_FILE).write_bytes(b"a file of the same name")
+    assert main(args) == 1  # refused without --overwrite, in one line naming the flag
+    err = capsys.readouterr().err
+    assert "exists; pass --overwrite" in err and "Traceback" not in err
+    assert (out / COMFYUI_FILE).read_bytes() == b"a file of the same name" and unchanged(out, before)
+    assert main([*args, "--overwrite"]) == 0
+    replaced = load_file(out / COMFYUI_FILE)  # the bytes differ: safetensors orders its header by hash
+    assert replaced.keys() == exported.keys() and all(torch.equal(replaced[k], exported[k]) for k in replaced)
+    assert unchanged(out, before)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*before, COMFYUI_FILE])
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mode"),
+    [("peft", "image_to_video"), ("merged", "image_to_video"), ("merged", "interpolation")],
+)
+def test_a_directory_format_refuses_a_folder_that_holds_files_and_writes_a_new_one(
+    tmp_path, capsys, fmt, mode
+):
+    """peft and merged write the directory a loader reads (from_pretrained(DIR)): a non-empty --out is
+    refused in one line and stays as it was, --overwrite is refused too (it would delete files the
+    export did not write); an empty --out is filled, readable by everyone under umask 022."""
+    adapter_dir, _ = make_adapter(tmp_path, mode)
+    taken = tmp_path / "taken"
+    before = folder_with_other_files(taken)
+    for extra in ([], ["--overwrite"]):
+        assert main(["export", str(adapter_dir), "--format", fmt, "--out", str(taken), *extra]) == 1
+        err = capsys.readouterr().err
+        assert ("--overwrite:" if extra else "is not empty") in err and "Traceback" not in err
+        assert sorted(p.name for p in taken.iterdir()) == sorted(before) and unchanged(taken, before)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with umask(0o022):
+        assert main(["export", str(adapter_dir), "--format", fmt, "--out", str(empty)]) == 0
+    assert list(empty.rglob("*.safetensors")) and wrong_modes(empty, 0o022) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO, read_metrics, train_in_process
+from conftest import REPO, read_metrics, train_in_process, umask, wrong_modes
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.train.loop import run_training
@@ -140,15 +140,42 @@ def test_sample_refuses_a_length_the_vae_cannot_decode_to(
 
 
 @pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
-def test_export_comfyui_writes_comfyuis_wan_keys(wan_run: Path, tmp_path: Path) -> None:
+def test_export_comfyui_writes_comfyuis_wan_keys_beside_the_loras_already_there(
+    wan_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`--out ComfyUI/models/loras`: the Wan LoRA file is added beside the user's other files (before:
+    the folder was replaced and they were deleted), a file of the same name is replaced only with
+    --overwrite, and the file is readable by everyone under umask 022 (before: 0600). `--format peft`
+    writes a directory and refuses the same folder in one line."""
     from safetensors.torch import load_file
 
     from framer_ds.cli.main import main
 
-    out = tmp_path / "comfy"
-    assert main(["export", str(wan_run / "run" / "final"), "--format", "comfyui", "--out", str(out)]) == 0
+    final = wan_run / "run" / "final"
+    out = tmp_path / "ComfyUI" / "models" / "loras"
+    out.mkdir(parents=True)
+    (out / "other_lora.safetensors").write_bytes(b"someone else's weights")
+    (out / "readme.txt").write_text("mine\n")
+    others = {p.name: p.read_bytes() for p in out.iterdir()}
+    args = ["export", str(final), "--format", "comfyui", "--out", str(out)]
+    with umask(0o022):
+        assert main(args) == 0, capsys.readouterr().err
     keys = load_file(str(out / "wan_lora_comfyui.safetensors"))
     assert "diffusion_model.blocks.0.self_attn.q.lora_down.weight" in keys
+    assert {name: (out / name).read_bytes() for name in others} == others
+    assert sorted(p.name for p in out.iterdir()) == sorted([*others, "wan_lora_comfyui.safetensors"])
+    assert wrong_modes(out / "wan_lora_comfyui.safetensors", 0o022) == []
+    capsys.readouterr()
+
+    assert main(args) == 1  # the same name again: refused, naming the flag
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0  # replaces that one file only
+    assert sorted(p.name for p in out.iterdir()) == sorted([*others, "wan_lora_comfyui.safetensors"])
+    assert {name: (out / name).read_bytes() for name in others} == others
+
+    assert main(["export", str(final), "--format", "peft", "--out", str(out)]) == 1
+    assert "is not empty" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == sorted([*others, "wan_lora_comfyui.safetensors"])
 
 
 @pytest.mark.slow  # two short trainings on top of the module's run

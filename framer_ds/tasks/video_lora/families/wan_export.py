@@ -27,7 +27,8 @@ from safetensors.torch import load_file, save_file
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
-from framer_ds.storage.atomic import atomic_write_json, building_dir, publish_dir
+from framer_ds.engine.export_out import export_file
+from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.tasks.video_lora.families.wan_preflight import frame_count_problem, vae_temporal_factor
 from framer_ds.tasks.video_lora.inference import EXPORT_METADATA, load_frame, read_adapter_metadata
 
@@ -105,9 +106,9 @@ class WanExports:
 
     def export_command(self, export_dir: Path, options: Any) -> str:
         """`--format comfyui` (ComfyUI's Wan LoRA keys) or `peft`; the others are the SVD family's."""
-        from framer_ds.tasks.video_lora.export_formats import export_peft
+        from framer_ds.tasks.video_lora.export_formats import comfyui_file_metadata, export_peft
 
-        read_adapter_metadata(export_dir)
+        metadata = read_adapter_metadata(export_dir)
         if options.format == "peft":
             return export_peft(export_dir, options)
         if options.format != "comfyui":
@@ -119,10 +120,13 @@ class WanExports:
 
         config = json.loads((Path(export_dir) / "adapter_config.json").read_text())
         tensors = load_file(str(Path(export_dir) / "adapter_model.safetensors"))
-        with building_dir(options.out) as staging:
-            save_file(to_comfyui_state_dict(tensors, config), str(staging / COMFYUI_WAN_FILE))
-        publish_dir(staging, options.out)
-        return f"wrote {options.out / COMFYUI_WAN_FILE} (ComfyUI Wan LoRA keys, diffusion_model.blocks.N...)"
+        header = comfyui_file_metadata({**metadata, "format": "comfyui"})
+        with export_file(options.out, COMFYUI_WAN_FILE, options.overwrite) as path:  # beside the others
+            save_file(to_comfyui_state_dict(tensors, config), str(path), metadata=header)
+        return (
+            f"wrote {Path(options.out) / COMFYUI_WAN_FILE} (ComfyUI Wan LoRA keys, "
+            "diffusion_model.blocks.N...)"
+        )
 
 
 def _refuse_frame_count(base: Path, num_frames: int) -> None:

@@ -4,9 +4,10 @@
  * while a GPU's allocator must provide all of it. torch's profiler misses frees made on other threads
  * (ZeRO-3's prefetch). This counts every malloc-family allocation (by its usable size) and every
  * mmap/munmap made through libc's public symbols (tensors memory-mapped from safetensors files, Python
- * arenas; not mere address-space reservations), in one atomic counter with its peak. Build and use:
- * framer_ds/lab/alloc_counter.py; framer_ds.engine.metrics reads the peak through the framer_alloc_*
- * symbols.
+ * arenas; not mere address-space reservations), in one atomic counter with its peak. A benchmark tool,
+ * not part of the framer_ds package: build and preload it with benchmarks/alloc_counter/alloc_counter.py
+ * (README.md beside it); framer_ds/lab/alloc_counter.py reads the framer_alloc_* symbols when a process
+ * has them.
  *
  * POSIX shared memory (files on /dev/shm) is counted apart, in framer_alloc_shared_bytes: it is transport
  * between processes, mapped by every process that uses it, so per-rank sums would count its pages once per
