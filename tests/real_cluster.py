@@ -16,13 +16,15 @@ so what they leave (logs/, runs/, .deepspeed_env) is a fresh clone's, not this c
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -43,18 +45,37 @@ class Cluster:
     checkout: Path  # the scratch copy every launch runs in
     env: dict[str, str]  # SLURM_CONF, the venv first on PATH, PYTHONPATH for the test tasks
 
+    started: list[subprocess.Popen] = field(default_factory=list)  # by `start`; stopped by `clean_up`
+
     def run(
         self, cmd: list[str], timeout: float = 300, drop: tuple[str, ...] = (), **env: str
     ) -> subprocess.CompletedProcess:
-        """CMD in the checkout with the cluster's environment, plus `env`, less the names in `drop`."""
+        """CMD in the checkout with the cluster's environment, plus `env`, less the names in `drop`. On
+        `timeout` its whole process group is killed: subprocess.run would kill only CMD and then wait
+        for the pdsh / ssh clients under it, which hold its output pipes open."""
         env = {k: v for k, v in {**self.env, **env}.items() if k not in drop}
-        return subprocess.run(
-            cmd, cwd=self.checkout, env=env, capture_output=True, text=True, timeout=timeout
-        )
+        with subprocess.Popen(
+            cmd,
+            cwd=self.checkout,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        ) as proc:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                out, err = proc.communicate()
+                raise AssertionError(
+                    f"{cmd[:4]} did not end in {timeout} s:\n{out[-3000:]}\n{err[-3000:]}"
+                ) from None
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
     def start(self, cmd: list[str], **env: str) -> subprocess.Popen:
         """A launch left running, in its own session (a terminal's process group), output merged."""
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             cmd,
             cwd=self.checkout,
             env={**self.env, **env},
@@ -63,6 +84,8 @@ class Cluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self.started.append(proc)
+        return proc
 
     def sbatch(self, *args: str, drop: tuple[str, ...] = (), **env: str) -> str:
         """The job id of `sbatch ARGS` (its --export=ALL,... passes this environment on)."""
@@ -95,27 +118,38 @@ class Cluster:
             f"job {job_id} not there in {timeout} s: {self.job(job_id)}\n{self.log(job_id)[-4000:]}"
         )
 
-    def cancel_all(self, timeout: float = 60) -> None:
-        """Cancel every job still there and wait until they are gone: a test that failed must not leave
-        one running into the next test (it would hold the nodes, or clean up in its checkout)."""
-        if not self.run(["squeue", "-h"], timeout=30).stdout.strip():
-            return
-        self.run(["scancel", f"--user={os.getuid()}"], timeout=30)
-        deadline = time.monotonic() + timeout
-        while self.run(["squeue", "-h"], timeout=30).stdout.strip() and time.monotonic() < deadline:
-            time.sleep(0.5)
+    def clean_up(self, timeout: float = 60) -> str:
+        """What a test leaves must not reach the next one: its jobs are cancelled and waited for (they
+        would hold the nodes), the launches it started here are killed with their process groups, and
+        what those left on the nodes (ranks started over ssh or pdsh) is stopped, by PID
+        (`cluster.sh clean-nodes`). Returns what was cleaned, empty after a test that left nothing."""
+        done = []
+        if self.run(["squeue", "-h"], timeout=30).stdout.strip():
+            done.append("cancelled the jobs left: " + self.run(["squeue", "-h"], timeout=30).stdout.strip())
+            self.run(["scancel", f"--user={os.getuid()}"], timeout=30)
+            deadline = time.monotonic() + timeout
+            while self.run(["squeue", "-h"], timeout=30).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.5)
+        for proc in self.started:
+            if proc.poll() is None:
+                done.append(f"killed the launch {proc.args[:3]} left running")
+                _kill_group(proc)
+            proc.communicate()
+        self.started.clear()
+        return "\n".join([*done, self.script("clean-nodes")]).strip()
 
     def hostfile(self, *hosts: str) -> Path:
         path = self.directory / ("hostfile_" + "_".join(hosts))
         path.write_text("".join(f"{host} slots=1\n" for host in hosts))
         return path
 
-    def script(self, *args: str) -> None:
-        """scripts/dev/cluster.sh ARGS (crash-node NODE, boot-node NODE)."""
+    def script(self, *args: str) -> str:
+        """scripts/dev/cluster.sh ARGS (crash-node NODE, boot-node NODE, clean-nodes): its output."""
         proc = subprocess.run(
             ["bash", str(SCRIPT), *args], env=self.script_env, capture_output=True, text=True, timeout=120
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        return (proc.stdout + proc.stderr).strip()
 
     @property
     def script_env(self) -> dict[str, str]:
@@ -126,6 +160,13 @@ class Cluster:
             f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:])
             for path in sorted((self.directory / "log").glob("*.log"))
         )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the process group `proc` leads (it was started in a session of its own)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _why_not() -> str | None:
@@ -169,6 +210,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             up = subprocess.run(
                 ["bash", str(SCRIPT), "up"], env=made.script_env, capture_output=True, text=True, timeout=180
             )
+            if up.returncode == 3:  # another cluster is up on this machine (its names are the machine's)
+                pytest.skip(f"no real cluster here: {up.stderr.strip()}")
             assert up.returncode == 0, f"cluster.sh up failed:\n{up.stdout}\n{up.stderr}"
             yield made
         finally:

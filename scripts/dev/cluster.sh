@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # A real two-node Slurm / ssh / pdsh cluster on this machine, to rehearse a multi-node launch before
 # queueing on a real one (and what the launch tests run on). As root, with Debian's packages:
-#   apt-get install slurmctld slurmd slurm-client munge pdsh openssh-server iproute2
+#   apt-get install slurmctld slurmd slurm-client munge pdsh openssh-server iproute2 procps
 #   sudo scripts/dev/cluster.sh up        # ~2 s; prints what to source
 #   sudo scripts/dev/cluster.sh down      # stops it all, by recorded PID; removes what `up` added
 #   scripts/dev/cluster.sh check          # exit 0 when this machine can build it, else one line why
 #   sudo scripts/dev/cluster.sh crash-node fds-node2   # kill everything on a node at once; boot-node: again
+#   sudo scripts/dev/cluster.sh clean-nodes  # stop what launches left running on the nodes (by PID)
 #
 # Each node (fds-node1, fds-node2) is a network + UTS + PID + mount namespace on a bridge (fdsbr0,
 # CLUSTER_SUBNET.254 = fds-head): its own address, hostname, process table and loopback, running a real
@@ -32,15 +33,15 @@ HOSTS_END="# <<< framer_ds cluster ($DIR) <<<"
 SSH_DROPIN=/etc/ssh/ssh_config.d/framer_ds_cluster.conf
 # The CLUSTER_DIR of the cluster that is up: the names (namespaces, bridge, ports) are this machine's.
 MARKER=/run/framer_ds_cluster.dir
-PACKAGES="slurmctld slurmd slurm-client munge pdsh openssh-server iproute2"
+PACKAGES="slurmctld slurmd slurm-client munge pdsh openssh-server iproute2 procps"
 
 say() { echo "[cluster] $*"; }
 
-# Why this machine cannot build the cluster, or nothing.
+# Why this machine cannot build the cluster, or nothing: one line.
 missing() {
     [ "$(id -u)" -eq 0 ] || { echo "needs root (network namespaces, a bridge, /etc/hosts)"; return; }
     local tool
-    for tool in ip nsenter unshare slurmctld slurmd sbatch munged pdsh sshd ssh ssh-keygen; do
+    for tool in ip nsenter unshare mount pgrep slurmctld slurmd sbatch munged pdsh sshd ssh ssh-keygen; do
         command -v "$tool" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin command -v "$tool" >/dev/null 2>&1 || {
             echo "$tool is not installed (apt-get install $PACKAGES)"
             return
@@ -48,8 +49,29 @@ missing() {
     done
     grep -qs '^Include /etc/ssh/ssh_config.d/' /etc/ssh/ssh_config \
         || { echo "/etc/ssh/ssh_config does not include /etc/ssh/ssh_config.d/*.conf"; return; }
-    ip netns add fds-probe 2>/dev/null && ip netns del fds-probe \
-        || echo "cannot create network namespaces here (ip netns add)"
+    probe_namespaces
+}
+
+# What `up` needs from the kernel and the container, tried in miniature in a throw-away namespace: a
+# network namespace, a bridge and a veth pair in it, and a node's UTS + PID + mount namespace entered
+# with `nsenter --net`, its /proc mounted anew and a file bind-mounted. A container without the
+# privileges (CAP_SYS_ADMIN, CAP_NET_ADMIN), a seccomp profile that refuses unshare, or a kernel without
+# the bridge or veth drivers is named here, and the tests skip, instead of failing half-way through `up`.
+probe_namespaces() {
+    local probe="fds-probe-$$" error
+    if ! error=$(ip netns add "$probe" 2>&1); then
+        echo "cannot create network namespaces here (ip netns add: ${error%%$'\n'*})"
+        return
+    fi
+    if ! error=$(ip -n "$probe" link add fdsprobebr type bridge 2>&1); then
+        echo "cannot create a bridge (ip link add type bridge: ${error%%$'\n'*})"
+    elif ! error=$(ip -n "$probe" link add fdsprobe1 type veth peer name fdsprobe2 2>&1); then
+        echo "cannot create a veth pair (ip link add type veth: ${error%%$'\n'*})"
+    elif ! error=$(nsenter --net="/run/netns/$probe" -- unshare --uts --pid --mount-proc --fork -- \
+        sh -c 'hostname fds-probe && mount --bind /etc/hosts /etc/hosts' 2>&1); then
+        echo "cannot give a node its own hostname, process table and mounts (unshare --uts --pid --mount-proc: ${error%%$'\n'*})"
+    fi
+    ip netns del "$probe" 2>/dev/null || true
 }
 
 # Replace the marked block of FILE with stdin (empty: remove it). In place (cat >), not by rename:
@@ -208,6 +230,45 @@ kill_node() {
     rm -f "$DIR/run/node.$1.pid"
 }
 
+# The processes on NODE that a launch left there (a test that failed mid-launch, a Ctrl-C'd ssh
+# session): every process of the node's PID namespace but its PID 1, its sshd and slurmd (their PIDs in
+# the node, from their pid files), slurmstepd (Slurm ends a job's processes itself) and sshd's sessions
+# (they end with what they run). "HOSTPID COMMAND" lines.
+node_strays() {
+    local node=$1 init namespace proc keep local_pid
+    init=$(pgrep -P "$(cat "$DIR/run/node.$node.pid" 2>/dev/null || echo 0)" 2>/dev/null | head -n 1)
+    [ -n "$init" ] || return 0
+    namespace=$(readlink "/proc/$init/ns/pid") || return 0
+    keep=" 1 $(cat "$DIR/run/sshd.$node.pid" "$DIR/run/slurmd.$node.pid" 2>/dev/null | tr '\n' ' ') "
+    for proc in /proc/[0-9]*; do
+        [ "$(readlink "$proc/ns/pid" 2>/dev/null)" = "$namespace" ] || continue
+        local_pid=$(awk '/^NSpid:/ {print $NF}' "$proc/status" 2>/dev/null) || continue
+        [ -n "$local_pid" ] && [[ $keep != *" $local_pid "* ]] || continue
+        [[ $(readlink "$proc/exe" 2>/dev/null) =~ /(slurmstepd|sshd)[^/]*$ ]] && continue
+        echo "${proc#/proc/} $(tr '\0' ' ' < "$proc/cmdline" 2>/dev/null | cut -c1-120)"
+    done
+}
+
+# Stop what launches left on the nodes (node_strays): TERM, so that ranks checkpoint and release
+# torch's extension-build lock, then KILL after 20 s. Prints what it stopped.
+cmd_clean_nodes() {
+    local node pids=() line deadline pid
+    for node in "${NODES[@]}"; do
+        while read -r line; do
+            [ -n "$line" ] || continue
+            say "stopping a leftover process on $node: $line"
+            pids+=("${line%% *}")
+        done < <(node_strays "$node")
+    done
+    [ ${#pids[@]} -gt 0 ] || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    deadline=$((SECONDS + 20))
+    for pid in "${pids[@]}"; do
+        while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+}
+
 wait_ready() {
     local deadline=$((SECONDS + 60)) node idle
     export SLURM_CONF="$DIR/etc/slurm.conf"
@@ -309,7 +370,8 @@ case "${1:-}" in
     check) why=$(missing); [ -z "$why" ] || { echo "$why"; exit 1; } ;;
     # A node that crashes (everything on it killed at once), and the same node booted again.
     crash-node) kill_node "${2:?crash-node NODE}" ;;
+    clean-nodes) cmd_clean_nodes ;;
     boot-node) kill_node "${2:?boot-node NODE}"; start_node "$2"; wait_ready ;;
     _node_init) node_init "$2" ;;
-    *) echo "usage: $0 up|down|check|crash-node NODE|boot-node NODE (see the header of $0)" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|check|crash-node NODE|boot-node NODE|clean-nodes (see the header of $0)" >&2; exit 2 ;;
 esac

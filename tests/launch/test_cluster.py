@@ -26,7 +26,7 @@ from conftest import accelerate_launch_cmd, free_port, mlp_config, read_metrics
 from real_cluster import ENDED, NODES, Cluster
 from real_cluster import cluster as cluster  # the session fixture
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.distributed, pytest.mark.cluster, pytest.mark.timeout(900)]
 PYTHON_BIN = Path(sys.executable).parent
 # The README's Slurm commands on CPU nodes (docs/cluster.md): no GPUs to ask for, one CPU per rank.
 CPU_NODES = ("--gres=none", "--cpus-per-task=1")
@@ -80,9 +80,12 @@ def reference(cluster: Cluster) -> list[float]:
 
 
 @pytest.fixture(autouse=True)
-def no_job_left_over(cluster: Cluster):
+def nothing_left_over(cluster: Cluster):
+    """After each test, jobs, launches and ranks it left are stopped (a failed test leaves some), so the
+    next test finds idle nodes; a test that passed must have left nothing."""
     yield
-    cluster.cancel_all()
+    left = cluster.clean_up()
+    assert not left, f"the test left this behind (now stopped):\n{left}"
 
 
 def job_alive(cluster: Cluster, job_id: str):
