@@ -45,7 +45,7 @@ class Cluster:
     checkout: Path  # the scratch copy every launch runs in
     env: dict[str, str]  # SLURM_CONF, the venv first on PATH, PYTHONPATH for the test tasks
 
-    started: list[subprocess.Popen] = field(default_factory=list)  # by `start`; stopped by `clean_up`
+    started: list[subprocess.Popen] = field(default_factory=list, repr=False)  # by `start`; see `clean_up`
 
     def run(
         self, cmd: list[str], timeout: float = 300, drop: tuple[str, ...] = (), **env: str
