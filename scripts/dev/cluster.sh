@@ -235,10 +235,14 @@ kill_node() {
 # the node, from their pid files), slurmstepd (Slurm ends a job's processes itself) and sshd's sessions
 # (they end with what they run). "HOSTPID COMMAND" lines.
 node_strays() {
-    local node=$1 init namespace proc keep local_pid
-    init=$(pgrep -P "$(cat "$DIR/run/node.$node.pid" 2>/dev/null || echo 0)" 2>/dev/null | head -n 1)
+    local node=$1 starter init namespace proc keep local_pid
+    # The node's PID 1 is the only child of its unshare. No node, nothing: never this machine's own
+    # namespace (`pgrep -P 0` would name the machine's PID 1).
+    starter=$(cat "$DIR/run/node.$node.pid" 2>/dev/null) && [ "$starter" -gt 1 ] 2>/dev/null || return 0
+    init=$(pgrep -P "$starter" | head -n 1)
     [ -n "$init" ] || return 0
     namespace=$(readlink "/proc/$init/ns/pid") || return 0
+    [ "$namespace" != "$(readlink /proc/self/ns/pid)" ] || return 0
     keep=" 1 $(cat "$DIR/run/sshd.$node.pid" "$DIR/run/slurmd.$node.pid" 2>/dev/null | tr '\n' ' ') "
     for proc in /proc/[0-9]*; do
         [ "$(readlink "$proc/ns/pid" 2>/dev/null)" = "$namespace" ] || continue
