@@ -10,6 +10,10 @@ blocks) when the session ends, a failed test included. Its tests live in ONE fil
 building the same namespaces would tear down the first one's. A lock file keeps two pytest sessions on
 one machine from doing that too.
 
+Cost (2026-11-28, the shared 2-core machine): the cluster up in ~2 s and down in ~4 s; the seven tests
+443 CPU-seconds (ranks, launchers and daemons, measured in a cpuacct cgroup) and 12 min of wall time,
+most of it waits on Slurm (a requeued job's 10 s hold, a 32 s checkpoint, SlurmdTimeout).
+
 The launches run in a scratch copy of the checkout (`conftest.scratch_copy`: what a fresh clone holds),
 so what they leave (logs/, runs/, .deepspeed_env) is a fresh clone's, not this checkout's.
 """
