@@ -7,7 +7,7 @@ from framer_ds.train.preemption import EARLY_STOP
 
 EARLY_STOP.arm()
 
-from framer_ds.cli.main import main  # noqa: E402  (after the signal handlers, on purpose)
+from framer_ds.cli.main import run  # noqa: E402  (after the signal handlers, on purpose)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -1,7 +1,12 @@
 """Run under `accelerate launch` (2 processes, ZeRO): poison a tensor that only ONE rank holds and write
 what `agreed_finiteness` returns on each rank to `<out_dir>/finite_rank<N>.json`
 (tests/engine/test_finite_state.py reads them). A file per rank, not a printed line: two ranks' lines
-on one shared stdout can interleave."""
+on one shared stdout can interleave.
+
+Before any check, every element of ZeRO-3's partition PADDING (the elements past a parameter's end, in
+the bf16/fp32 partition, the fp32 master and Adam's moments) is set to NaN: DeepSpeed leaves the padding
+uninitialised, so a real run finds whatever the allocator's memory held there, now and then a NaN, and a
+check that read it stopped healthy runs (a CI run reported rank state "not clean" after one clean step)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,30 @@ from framer_ds.engine.finite import agreed_finiteness, optimizer_tensors, traina
 from framer_ds.engine.zero_buffers import ParameterSizes, size_zero_buffers
 
 
+def poison_zero3_padding(model: torch.nn.Module, zero_optimizer: object, rank: int) -> int:
+    """Set every padding element this rank holds to NaN; returns how many. Computed here from DeepSpeed's
+    own attributes (not framer_ds's helpers): partition i of a parameter holds elements
+    [i * partition, (i + 1) * partition) of it, the rest of the partition is padding."""
+    poisoned = 0
+    for param in model.parameters():
+        partition = param.ds_tensor.ds_numel
+        held = max(0, min(partition, param.ds_numel - rank * partition))
+        param.ds_tensor.data.view(-1)[held:] = float("nan")
+        poisoned += partition - held
+    inner = zero_optimizer.optimizer
+    for params, master in zip(
+        zero_optimizer.fp16_groups, zero_optimizer.fp32_partitioned_groups_flat, strict=True
+    ):
+        offset = 0
+        for param in params:
+            partition = param.partition_numel()
+            held = max(0, min(partition, param.ds_numel - rank * partition))
+            for tensor in [master, *(v for v in inner.state[master].values() if v.numel() == master.numel())]:
+                tensor.data.view(-1)[offset + held : offset + partition] = float("nan")
+            offset += partition
+    return poisoned
+
+
 def main() -> None:
     accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
@@ -30,7 +59,8 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
     rank = accelerator.process_index
-    seen = {"rank": rank, "clean": agreed_finiteness(accelerator, model, optimizer).ok}
+    padding = poison_zero3_padding(model, optimizer.optimizer, rank)
+    seen = {"rank": rank, "padding": padding, "clean": agreed_finiteness(accelerator, model, optimizer).ok}
     for what, tensors in (("weights", trainable_tensors(model)), ("optimizer", optimizer_tensors(optimizer))):
         held = [t for t in tensors if t.numel() and t.is_floating_point()]
         seen[f"{what}_held"] = sum(t.numel() for t in held)

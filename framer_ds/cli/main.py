@@ -14,6 +14,7 @@ from framer_ds.cli.command import CliCommand
 from framer_ds.cli.console import tell, tell_error
 from framer_ds.cli.data_commands import DATA
 from framer_ds.cli.lab_commands import LAB_COMMANDS
+from framer_ds.cli.process_exit import leave
 from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, InputDataError, RunSetupError
 from framer_ds.launch.network import pin_gloo_interface
@@ -92,5 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """The `framer-ds` console script: `main`, then leave the process (cli/process_exit.py: a launched
+    rank skips the interpreter's teardown, where gloo's threads could abort a finished run)."""
+    leave(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

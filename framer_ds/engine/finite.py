@@ -19,6 +19,7 @@ import torch
 from accelerate import Accelerator
 
 from framer_ds.engine.fsdp2 import local_shard
+from framer_ds.engine.zero3_partitions import held_values, narrow_to, real_segments
 
 
 def exchange_flags(accelerator: Accelerator, *flags: bool) -> list[bool]:
@@ -67,8 +68,9 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
 
 
 def trainable_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The trainable parameters as this rank holds them: under ZeRO-3 its partition (`ds_tensor`)."""
-    return [getattr(p, "ds_tensor", p) for p in model.parameters() if p.requires_grad]
+    """The trainable parameters as this rank holds them: under ZeRO-3 the real elements of its partition
+    (`ds_tensor` without DeepSpeed's uninitialised padding, `engine.zero3_partitions`)."""
+    return [held_values(p) for p in model.parameters() if p.requires_grad]
 
 
 def optimizer_tensors(optimizer: object) -> list[torch.Tensor]:
@@ -77,14 +79,27 @@ def optimizer_tensors(optimizer: object) -> list[torch.Tensor]:
     accelerate wraps the optimizer (`.optimizer`), and DeepSpeed's ZeRO optimizer wraps the torch one
     that steps this rank's fp32 master partition, so following `.optimizer` to the end reaches what
     this rank holds: the model's own parameters without ZeRO, the fp32 partition under ZeRO (on the CPU
-    under optimizer offload)."""
-    inner, seen = optimizer, set()
+    under optimizer offload). Under ZeRO-3 only the real elements of the fp32 partition and its moments:
+    the padding past a parameter's end is uninitialised memory (`engine.zero3_partitions`)."""
+    inner, seen, segments = optimizer, set(), {}
     while hasattr(inner, "optimizer") and id(inner) not in seen:
         seen.add(id(inner))
+        segments.update(real_segments(inner))
         inner = inner.optimizer
-    found = [p for group in getattr(inner, "param_groups", ()) for p in group["params"]]
-    for state in getattr(inner, "state", {}).values():
-        found += [part for value in state.values() for part in _plain_parts(value)]
+    state = getattr(inner, "state", {})
+    params = {id(p): p for group in getattr(inner, "param_groups", ()) for p in group["params"]}
+    params.update({id(p): p for p in state})
+    params.update({key: master for key, (master, _) in segments.items()})
+    found: list[torch.Tensor] = []
+    for key, param in params.items():
+        parts = [param, *(part for value in state.get(param, {}).values() for part in _plain_parts(value))]
+        if key not in segments:
+            found += parts
+            continue
+        runs = segments[key][1]  # a ZeRO-3 master: its moments are shaped like it, a step count is a scalar
+        found += [
+            v for part in parts for v in (narrow_to(part, runs) if part.numel() == param.numel() else [part])
+        ]
     return found
 
 
