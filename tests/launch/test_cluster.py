@@ -204,9 +204,11 @@ def test_a_crashed_node_fails_the_job_naming_it_and_its_checkpoint_resumes(clust
     assert info["JobState"] == "NODE_FAIL" and took < 60, (
         f"{info['JobState']} after {took:.0f} s\n{log[-4000:]}"
     )
-    assert (
-        "Connection closed by peer [172.31.77.2]" in log and "srun: error: Node failure on fds-node2" in log
-    )
+    # srun names the node. How the rank on fds-node1 learns of it is a race (gloo's "Connection closed
+    # by peer", or srun stopping the step first once the node is declared down): `took < 60` above,
+    # within train.collective_timeout_s=60, is what shows it did not wait for the timeout. (A fresh-clone
+    # run had the node named and NODE_FAIL in time without gloo's line in the log.)
+    assert "srun: error: Node failure on fds-node2" in log, log[-4000:]
     again = cluster.sbatch(*args, "slurm/train_multinode.sh")
     log = cluster.log(again)
     assert cluster.wait_job(again)["JobState"] == "COMPLETED", log[-4000:]
