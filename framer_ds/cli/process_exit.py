@@ -23,19 +23,13 @@ import os
 import sys
 from typing import NoReturn
 
-
-def launched_rank() -> bool:
-    """True in a rank that a distributed launcher started (torchrun/accelerate/DeepSpeed set WORLD_SIZE)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1
-    except ValueError:
-        return False
+from framer_ds.launch.smoke import launched
 
 
 def leave(code: int | None) -> NoReturn:
     """End this process with `code` (None: 0), past the interpreter's teardown in a launched rank."""
     code = 0 if code is None else code
-    if not launched_rank():
+    if not launched():
         raise SystemExit(code)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
