@@ -13,8 +13,9 @@ svd_interp 373 s, flf2v 720p 287 s, svd_img2vid 261 s, lora_sft 195 s, framer_lo
 zero3_16gpu 20-47 s, vit_large 31-45 s, tts tiny 28-55 s), the Wan 2.1 480p recipe at 480x832 among them
 (its dataset refused that size before issue 47); the rest are `smoke_full`, run by `make test-smoke`.
 Their strategies run in the default suite on other recipes (DDP: vit_large, zero3_16gpu, granite,
-wan21 480p; ZeRO-2/3, offload and FSDP2 on the tiny models: tests/engine/test_strategy_equivalence.py, the Wan family's test in
-tests/tasks/video_lora/wan/test_wan_family.py); what they add is their full-size shapes' VAE passes.
+wan21 480p; ZeRO-2/3, offload and FSDP2 on the tiny models: tests/engine/test_strategy_equivalence.py,
+the Wan family's test in tests/tasks/video_lora/wan/test_wan_family.py); what they add is their
+full-size shapes' VAE passes.
 """
 
 from __future__ import annotations
