@@ -144,3 +144,21 @@ def test_a_failing_phase_is_one_line_the_rest_are_not_run_and_the_exit_is_1(
     assert "non-finite" in phases["train"].lower() or "nan" in phases["train"].lower(), phases
     assert all("not run: train failed" in phases[p] for p in ("resume", "export", "eval")), phases
     assert "Traceback" not in out.rsplit("\nsmoke ", 1)[-1]
+
+
+def test_an_fsdp2_header_runs_on_the_cpu_fsdp2_yaml(tmp_path: Path, monkeypatch) -> None:
+    """No shipped recipe launches FSDP2 yet; one that does smokes on configs/accelerate_fsdp2_cpu_2proc.yaml
+    (accelerate alone ignores an FSDP YAML without a GPU; framer_ds selects FSDP2 itself there)."""
+    monkeypatch.chdir(REPO)  # a config outside the repository: its header's paths are read from here
+    config = tmp_path / "fsdp2.yaml"
+    header = "# accelerate launch --config_file configs/accelerate_fsdp2_4gpu.yaml -m framer_ds train X\n"
+    config.write_text(header + (REPO / "configs/tasks/video_lora/wan_tiny.yaml").read_text())
+    launch = recipe_launch(config)
+    assert launch.strategy == "fsdp2" and launch.distributed
+    args = launch.cpu_launch_args(REPO)
+    assert args == [
+        "--config_file",
+        str(REPO / "configs/accelerate_fsdp2_cpu_2proc.yaml"),
+        "--num_processes",
+        "2",
+    ]
