@@ -43,7 +43,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/shellcheck -x slurm/*.sh scripts/train/*.sh scripts/lib/*.sh benchmarks/gpu/*.sh .ci/run
+	$(VENV)/bin/shellcheck -x slurm/*.sh scripts/train/*.sh scripts/lib/*.sh scripts/dev/*.sh benchmarks/gpu/*.sh .ci/run
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

@@ -5,6 +5,10 @@
 # Preemption-safe: 5 minutes before the time limit Slurm sends USR1 to this shell, which forwards it to
 # the training ranks; they finish the step, checkpoint, write OUTPUT_DIR/preempted.json and exit; this
 # script then requeues the job, which resumes from the newest complete checkpoint (train.resume=latest).
+# TERM (scancel, scontrol requeue, preemption) checkpoints too; a plain `scancel JOB` cancels.
+# CPU node: sbatch --gres=none --cpus-per-task=2 --export=ALL,CONFIG=...,OUTPUT_DIR=...,\
+#   ACCELERATE_CONFIG=configs/accelerate_cpu_2proc.yaml,OMP_NUM_THREADS=1 slurm/train_4gpu.sh
+# The output goes to logs/ (it ships with the repo: Slurm cannot create it, and fails the job without it).
 #SBATCH --job-name=framer_ds
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
@@ -21,7 +25,9 @@ CONFIG=${CONFIG:?set CONFIG=path/to/train.yaml (sbatch --export=ALL,CONFIG=...)}
 OUTPUT_DIR=${OUTPUT_DIR:?set OUTPUT_DIR: the run directory (also where the preemption marker is written)}
 ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-configs/accelerate_4gpu.yaml}
 DEEPSPEED_CONFIG=${DEEPSPEED_CONFIG:-}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# The task's CPUs shared by the GPUs Slurm allocated (32 / 4 = 8 with the lines above).
+threads=$((${SLURM_CPUS_PER_TASK:-8} / ${SLURM_GPUS_ON_NODE:-1}))
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))}
 
 launch=(accelerate launch --config_file "$ACCELERATE_CONFIG")
 [ -n "$DEEPSPEED_CONFIG" ] && launch+=(--deepspeed_config_file "$DEEPSPEED_CONFIG")

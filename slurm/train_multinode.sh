@@ -8,11 +8,16 @@
 # Before training, ENV_CHECK=1 (default) runs `framer-ds env` under the same launch: every rank must
 # reach every other within 120 s, or the job ends with the backend's error and a hint (interface, IB,
 # firewall, port) instead of hanging at rendezvous until the time limit.
-# Preemption-safe like slurm/train_4gpu.sh: USR1 5 minutes before the limit (or TERM) is forwarded to
-# every node's ranks; they checkpoint, write OUTPUT_DIR/preempted.json (OUTPUT_DIR on a shared
-# filesystem), and the job is requeued to resume from it (train.resume=latest).
-# Overrides: CONFIG, OUTPUT_DIR, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, GPUS_PER_NODE, MASTER_PORT,
-# ENV_CHECK; NCCL_SOCKET_IFNAME / NCCL_IB_DISABLE / GLOO_SOCKET_IFNAME / NCCL_DEBUG reach every rank.
+# Preemption-safe like slurm/train_4gpu.sh: USR1 5 minutes before the limit is forwarded to every
+# node's ranks; they checkpoint, write OUTPUT_DIR/preempted.json (OUTPUT_DIR on a shared filesystem),
+# and the job is requeued to resume from it (train.resume=latest). TERM (scancel, scontrol requeue,
+# preemption) checkpoints too, and a plain `scancel JOB` cancels (scripts/lib/stop_signals.sh).
+# Overrides: CONFIG, OUTPUT_DIR, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, GPUS_PER_NODE (default: the GPUs
+# Slurm gave each node, else 1 process per node), MASTER_PORT, ENV_CHECK, OMP_NUM_THREADS (default:
+# the task's CPUs / GPUS_PER_NODE); NCCL_SOCKET_IFNAME / NCCL_IB_DISABLE / GLOO_SOCKET_IFNAME /
+# NCCL_DEBUG reach every rank.
+# CPU nodes: sbatch --nodes=2 --gres=none --cpus-per-task=N --export=ALL,CONFIG=...,OUTPUT_DIR=... slurm/train_multinode.sh
+# The output goes to logs/ (it ships with the repo: Slurm cannot create it, and fails the job without it).
 #SBATCH --job-name=framer_ds
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
@@ -29,11 +34,15 @@ CONFIG=${CONFIG:?set CONFIG=path/to/train.yaml (sbatch --export=ALL,CONFIG=...)}
 OUTPUT_DIR=${OUTPUT_DIR:?set OUTPUT_DIR: the run directory, on a filesystem every node shares}
 ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-configs/accelerate_multinode.yaml}
 DEEPSPEED_CONFIG=${DEEPSPEED_CONFIG:-}
-GPUS_PER_NODE=${GPUS_PER_NODE:-4}
 ENV_CHECK=${ENV_CHECK:-1}
 JOB_ID=${SLURM_JOB_ID:?run under Slurm: sbatch --nodes=N slurm/train_multinode.sh}
 MASTER_PORT=${MASTER_PORT:-$((20000 + JOB_ID % 20000))}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# The same script on GPU nodes (#SBATCH --gres=gpu:4) and CPU nodes (sbatch --gres=none): one rank per
+# GPU Slurm allocated (SLURM_GPUS_ON_NODE), else per GPU this node has, else one rank per node.
+GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)}}
+[ "$GPUS_PER_NODE" -ge 1 ] 2>/dev/null || GPUS_PER_NODE=1
+threads=$((${SLURM_CPUS_PER_TASK:-$GPUS_PER_NODE} / GPUS_PER_NODE))
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))}
 # srun passes the whole environment to every task; name the knobs so the log shows what reached them.
 for knob in NCCL_SOCKET_IFNAME NCCL_IB_DISABLE NCCL_DEBUG GLOO_SOCKET_IFNAME; do
     [ -n "${!knob:-}" ] && export "${knob?}" && echo "[framer_ds] $knob=${!knob}"
@@ -57,7 +66,7 @@ validate_args=(--accelerate-config "$ACCELERATE_CONFIG" --num-machines "$NODES" 
 [ -n "$DEEPSPEED_CONFIG" ] && validate_args+=(--deepspeed-config "$DEEPSPEED_CONFIG")
 node_task=(srun --nodes="$NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 bash scripts/lib/node_launch.sh "$OUTPUT_DIR")
 
-echo "[framer_ds] job $JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $NODES node(s) x $GPUS_PER_NODE, head $HEAD:$MASTER_PORT"
+echo "[framer_ds] job $JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $NODES node(s) x $GPUS_PER_NODE, head $HEAD:$MASTER_PORT, OMP_NUM_THREADS=$OMP_NUM_THREADS"
 # Fail here, in seconds, not after every node has loaded the model: the three configs and the counts agree.
 python -m framer_ds validate "$CONFIG" "output_dir=$OUTPUT_DIR" "$@" "${validate_args[@]}" || exit 2
 if [ "$ENV_CHECK" = 1 ]; then

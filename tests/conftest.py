@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -180,6 +181,32 @@ TINY_VIT_OVERRIDES = [
 def quickstart_overrides(tmp_path: Path) -> list[str]:
     """The shipped quickstart config shrunk to a few seconds, writing into tmp_path/run."""
     return [f"output_dir={tmp_path / 'run'}", *TINY_VIT_OVERRIDES]
+
+
+def scratch_copy(dest: Path) -> Path:
+    """The files a fresh clone of this working tree would hold (tracked and untracked-but-not-ignored,
+    with their mtimes), plus a `.venv` link to the venv running the tests. The README test runs its
+    commands there, the real-cluster tests their launches (logs/, runs/, .deepspeed_env land there)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    venv = Path(sys.executable).parent.parent
+    (dest / ".venv").symlink_to(venv)
+    installed = venv / ".installed"
+    if installed.exists():
+        # make's set-up target is done when .venv/.installed is newer than pyproject.toml: as after a
+        # newcomer's first `make`. (Left older, make would `pip install -e` the scratch copy into the venv.)
+        stamp = installed.stat().st_mtime - 1
+        os.utime(dest / "pyproject.toml", (stamp, stamp))
+    return dest
 
 
 def free_port() -> int:

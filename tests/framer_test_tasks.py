@@ -38,6 +38,12 @@ class MlpDataConfig(StrictModel):
     record_dir: Path | None = Field(None, description="Each rank appends the sample ids it trained on.")
     sleep_per_batch_s: float = 0.0
     startup_sleep_s: float = Field(0.0, description="Sleep while building the datasets (a slow start-up).")
+    slow_checkpoint_flag: Path | None = Field(
+        None,
+        description="While this file exists, rank 0's next checkpoint takes `slow_checkpoint_s` longer (and "
+        "deletes it): the write of a large state, for a test to time a stop checkpoint against a kill.",
+    )
+    slow_checkpoint_s: float = 0.0
     bad_grad_after_batches: int = Field(
         0,
         description="From this process's N-th training micro-batch on (0 = never) the loss stays finite "
@@ -141,6 +147,12 @@ class MlpRegressionTask(Task):
     def eval_step(self, model, batch) -> dict[str, torch.Tensor]:
         pred = model(batch["x"]).float()
         return {"loss": ((pred - batch["y"].float()) ** 2).mean(dim=1)}
+
+    def checkpoint_artifacts(self, accelerator, model, checkpoint_dir: Path) -> None:
+        flag = self.config.data.slow_checkpoint_flag
+        if flag is not None and accelerator.is_main_process and flag.exists():
+            time.sleep(self.config.data.slow_checkpoint_s)
+            flag.unlink(missing_ok=True)
 
     def export(self, accelerator, model, out_dir: Path) -> None:
         if self.config.model.lora_rank:

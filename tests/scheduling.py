@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import pytest
 
-# Seconds a test of each kind takes on 2 cores, roughly: only the ranking matters.
-WEIGHT_PLAIN, WEIGHT_SLOW, WEIGHT_DISTRIBUTED = 0.2, 40.0, 40.0
+# Seconds a test of each kind takes on 2 cores, roughly: only the ranking matters. A test on the real
+# two-node cluster (`cluster`: several launches, Slurm's requeues) takes 1-5 minutes: without its own
+# weight that file ranked 7th and started after files a fifth as long, and ran on alone at the end.
+WEIGHT_PLAIN, WEIGHT_SLOW, WEIGHT_DISTRIBUTED, WEIGHT_CLUSTER = 0.2, 40.0, 40.0, 150.0
 
 
 def item_weight(item: pytest.Item) -> float:
@@ -27,6 +29,8 @@ def item_weight(item: pytest.Item) -> float:
         weight += WEIGHT_SLOW
     if item.get_closest_marker("distributed"):
         weight += WEIGHT_DISTRIBUTED
+    if item.get_closest_marker("cluster"):
+        weight += WEIGHT_CLUSTER
     return weight
 
 

@@ -22,14 +22,13 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, read_metrics
+from conftest import REPO, read_metrics, scratch_copy
 
 BLOCK = re.compile(r"<!-- readme-test: (quick|slow) -->\n```bash\n(.*?)```", re.S)
 VENV = Path(sys.executable).parent.parent
@@ -46,28 +45,6 @@ def commands(block: str) -> list[str]:
     text = re.sub(r"\\\n\s*", " ", block)
     lines = (line.split(" #")[0].strip() for line in text.splitlines())
     return [line for line in lines if line and not line.startswith("#")]
-
-
-def scratch_copy(dest: Path) -> Path:
-    """The files a fresh clone of this working tree would hold, with their mtimes, plus the venv."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        source = REPO / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    installed = VENV / ".installed"
-    (dest / ".venv").symlink_to(VENV)
-    # make's set-up target is done when .venv/.installed is newer than pyproject.toml: as after a
-    # newcomer's first `make`. (Left older, make would `pip install -e` the scratch copy into the venv.)
-    stamp = installed.stat().st_mtime - 1
-    os.utime(dest / "pyproject.toml", (stamp, stamp))
-    return dest
 
 
 def shell_env() -> dict[str, str]:

@@ -6,16 +6,18 @@ model_commands, operation_commands, lab_commands) and maps the errors to exit co
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from framer_ds.cli import model_commands, operation_commands, run_commands
 from framer_ds.cli.command import CliCommand
-from framer_ds.cli.console import tell_error
+from framer_ds.cli.console import tell, tell_error
 from framer_ds.cli.data_commands import DATA
 from framer_ds.cli.lab_commands import LAB_COMMANDS
 from framer_ds.cli.process_exit import leave
 from framer_ds.compat import MissingDependencyError, check_torchvision
 from framer_ds.config.errors import ConfigError, InputDataError, RunSetupError
+from framer_ds.launch.network import pin_gloo_interface
 from framer_ds.storage.disk_space import DiskFullError, full_disk_line
 from framer_ds.third_party_noise import quiet_third_party_noise
 from framer_ds.train.preemption import EARLY_STOP
@@ -67,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     quiet_third_party_noise()
+    # Before any process group exists: a node whose name resolves to loopback gets gloo's interface set.
+    network_note = pin_gloo_interface()
+    if network_note and os.environ.get("LOCAL_RANK", "0") == "0":
+        tell(network_note)
     if args.command != "train":
         EARLY_STOP.resend_pending()  # only a training run stops with exit 75 (train/preemption.py)
     handlers = {command.name: command.run for command in COMMANDS}

@@ -61,10 +61,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     quiet_loading_bars()
     config = load_run_config(args.config, overrides)
     EARLY_STOP.knows(config.output_dir)  # a stop signal from here on writes preempted.json there
-    if args.deepspeed_config is not None:
-        from framer_ds.launch.environment import use_deepspeed_json
+    from framer_ds.launch.environment import remove_accelerate_deepspeed_env, use_deepspeed_json
 
+    if args.deepspeed_config is not None:
         use_deepspeed_json(args.deepspeed_config)
+    if os.environ.get("RANK", "0") == "0" and (note := remove_accelerate_deepspeed_env()):
+        tell(note)
     try:
         result = run_training(config)
     except Preempted as stop:

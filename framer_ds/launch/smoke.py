@@ -30,6 +30,13 @@ HINTS = (
         "MASTER_PORT is taken on the head node (another job, or a run that has not exited): choose another; "
         "slurm/train_multinode.sh derives one from the job id, MASTER_PORT=... overrides it",
     ),
+    (
+        "remote=[127.",
+        "a rank on another node told its peers to connect to a loopback address: its hostname resolves "
+        "to 127.x there (e.g. the `127.0.1.1 HOST` line of /etc/hosts). Set GLOO_SOCKET_IFNAME to the "
+        "interface that reaches the other nodes (GLOO_SOCKET_IFNAME=eth0); framer-ds sets it itself when it "
+        "can tell which one",
+    ),
     ("name or service not known", _UNRESOLVED),
     ("nodename nor servname", _UNRESOLVED),
     (

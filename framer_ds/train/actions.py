@@ -12,6 +12,7 @@ are collectives under ZeRO-3; only the writing inside them is rank 0's.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from framer_ds.train.full_disk import reporting_full_disk_in_export, reporting_f
 from framer_ds.train.overflow import loss_scale_metrics
 from framer_ds.train.run import TrainingRun
 from framer_ds.train.step_context import StepAction, StepContext, Throughput  # noqa: F401  (re-exported)
+from framer_ds.train.stop_window import slow_checkpoint_warning
 
 
 class LogMetrics(StepAction):
@@ -229,6 +231,7 @@ class SaveCheckpoint(StepAction):
     `train.resume=latest`. Such a save is skipped, on every rank alike, with a warning naming the step."""
 
     name = "checkpoint"
+    warned_slow = False  # a checkpoint took longer than a stop signal leaves (train/stop_window.py)
 
     def due(self, ctx: StepContext) -> bool:
         return super().due(ctx) or ctx.stop.check()
@@ -244,8 +247,13 @@ class SaveCheckpoint(StepAction):
 
         finite = agreed_finiteness(accelerator, run.model, run.optimizer)
         if finite.ok:
+            started = time.monotonic()
             with reporting_full_disk_during_save(run.config.output_dir, ctx.state.global_step):
                 path = save_checkpoint(accelerator, run.config, ctx.state, extra_artifacts=task_artifacts)
+            warning = slow_checkpoint_warning(time.monotonic() - started, step)
+            if warning and not self.warned_slow:  # once a run: every checkpoint is about as slow
+                self.warned_slow = True
+                say(accelerator, warning)
         else:
             path = newest_checkpoint(ctx.output_dir)
             newest = f"the newest finite checkpoint stays {path}" if path else "no finite checkpoint exists"

@@ -102,11 +102,25 @@ for host in "${hosts[@]}"; do
 done
 
 # What each host runs, in this directory, with the environment that shapes the run (ssh passes none).
+# Tokens (WANDB_API_KEY, HF_TOKEN, ...) do not go on the command line, where `ps` on every host shows
+# them: into a file only this user can read, in this (shared) directory, sourced by each host's command
+# and deleted when the launch ends.
 launch_id="framer_ds_launch_$$_$RANDOM"
-exports=""
+exports="" secrets_file=""
 while IFS= read -r name; do
-    exports+="export $name=$(printf '%q' "${!name}"); "
-done < <(compgen -e | grep -E '^(NCCL_|GLOO_|OMP_NUM_THREADS$|PYTHONPATH$|WANDB_|HF_|TRANSFORMERS_|FRAMER_DS_|TORCH_|UCX_|FI_)' || true)
+    line="export $name=$(printf '%q' "${!name}")"
+    if [[ ${name^^} =~ (API_KEY|TOKEN|SECRET|PASSWORD) ]]; then
+        if [ -z "$secrets_file" ]; then
+            secrets_file="$PWD/.framer_ds_env.$launch_id"
+            (umask 077 && : > "$secrets_file")
+            trap 'rm -f "$secrets_file"' EXIT
+            exports+=". $(printf '%q' "$secrets_file"); "
+        fi
+        echo "$line" >> "$secrets_file"
+    else
+        exports+="$line; "
+    fi
+done < <(compgen -e | grep -E '^(NCCL_|GLOO_|OMP_NUM_THREADS$|PYTHONPATH$|WANDB_|HF_|HUGGING_FACE_|TRANSFORMERS_|FRAMER_DS_|TORCH_|UCX_|FI_)' || true)
 # shellcheck disable=SC2016  # $PATH is the remote host's, expanded there
 exports+="export PATH=$(printf '%q' "$(dirname "$PYTHON")"):\"\$PATH\"; "
 node_command() {  # $1 = machine rank (a number, or pdsh's %n), $2 = the host's slots
@@ -121,10 +135,15 @@ node_command() {  # $1 = machine rank (a number, or pdsh's %n), $2 = the host's 
 # the launch id (exec -a): not pkill's own shell, nor the ssh / pdsh clients on the head node.
 stop_nodes() {
     echo "[framer_ds] stopping: asking the ranks on ${hosts[*]} to checkpoint and stop" >&2
+    # Every host at once: one after the other, the first hosts' ranks could stop, agree with the rest to
+    # checkpoint and exit before the last host's signal arrived (it then hit a rank on its way out).
+    local host stoppers=()
     for host in "${hosts[@]}"; do
         ssh -o BatchMode=yes -o ConnectTimeout="$SSH_TIMEOUT" "$host" \
-            "pkill -TERM -f '^$launch_id '" </dev/null || true
+            "pkill -TERM -f '^$launch_id '" </dev/null &
+        stoppers+=($!)
     done
+    wait "${stoppers[@]}" || true
 }
 trap stop_nodes INT TERM
 
@@ -142,7 +161,8 @@ if [ "${REMOTE_LAUNCHER:-$(command -v pdsh >/dev/null && echo pdsh || echo ssh)}
     for s in "${slots[@]}"; do [ "$s" = "${slots[0]}" ] || uniform=0; done
     if [ "$uniform" = 1 ]; then
         # pdsh replaces %n with the host's position in -w, i.e. its machine rank; -S returns the worst status.
-        pdsh -S -f 1024 -w "$(IFS=,; echo "${hosts[*]}")" "$(node_command %n "${slots[0]}")" &
+        # -R ssh: Debian's pdsh defaults to rsh ("connect: Connection refused" on a machine with ssh only).
+        pdsh -R ssh -S -f 1024 -w "$(IFS=,; echo "${hosts[*]}")" "$(node_command %n "${slots[0]}")" &
         pdsh_pid=$!
         status=0
         while kill -0 "$pdsh_pid" 2>/dev/null; do status=0; wait "$pdsh_pid" || status=$?; done
@@ -153,9 +173,12 @@ fi
 
 pids=()
 for rank in "${!hosts[@]}"; do
-    ssh -o BatchMode=yes -o ConnectTimeout="$SSH_TIMEOUT" "${hosts[$rank]}" \
-        "$(node_command "$rank" "${slots[$rank]}")" </dev/null \
-        > >(sed -u "s/^/[${hosts[$rank]}] /") 2>&1 &
+    # Each host's ssh client and its line prefixing in a session of their own: a terminal's Ctrl-C reaches
+    # this script, which asks the nodes to stop, but not the clients, which carry the nodes' output
+    # (their checkpoint lines) until the nodes have stopped. Killed by it, they lost that output.
+    # shellcheck disable=SC2016  # expanded by that bash, from its arguments
+    setsid bash -c 'set -o pipefail; ssh -o BatchMode=yes -o ConnectTimeout="$1" "$2" "$3" </dev/null 2>&1 \
+        | sed -u "s/^/[$2] /"' _ "$SSH_TIMEOUT" "${hosts[$rank]}" "$(node_command "$rank" "${slots[$rank]}")" &
     pids+=($!)
 done
 # Wait for every host; the first that fails stops the others (they would wait for it forever).
@@ -175,6 +198,6 @@ while [ "$running" -gt 0 ]; do
             stop_nodes
         fi
     done
-    sleep 1
+    sleep 1 || true  # a Ctrl-C kills the sleep (set -e would end the script with it)
 done
 finish "$status"

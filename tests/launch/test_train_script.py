@@ -1,5 +1,9 @@
 """scripts/train/train_lora_multigpu.sh: every environment override reaches the launch, and a config
-that fails validation never launches."""
+that fails validation never launches.
+
+A stub `accelerate` records the command line: the script is a one-machine wrapper whose job is to
+build that line (and to refuse a bad config before it); the `accelerate launch` it builds is the one
+every distributed test runs for real."""
 
 from __future__ import annotations
 
