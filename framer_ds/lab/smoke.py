@@ -81,7 +81,9 @@ def plan_smoke(config_path: Path, overrides: list[str], out: Path) -> SmokePlan:
     launch = recipe_launch(config_path)
     everything = [*overrides, *stand_ins.overrides]
     root = repo_root(config_path)
-    return SmokePlan(Path(config_path), everything, launch, root, out, stand_ins, hooks.smoke_samples)
+    # absolute: a launched phase runs in this working directory too, but reads them from its arguments
+    config, out = Path(config_path).resolve(), Path(out).resolve()
+    return SmokePlan(config, everything, launch, root, out, stand_ins, hooks.smoke_samples)
 
 
 def run_smoke(
@@ -113,7 +115,7 @@ def _training(plan: SmokePlan, name: str, argv: list[str], check: Callable[[], s
     log = plan.out / "logs" / f"{name}.log"
     if plan.launch.distributed:
         launch = plan.launch.cpu_launch_args(plan.repo)
-        return run_launched(name, launch, argv, log, plan.repo, check)
+        return run_launched(name, launch, argv, log, Path.cwd(), check)  # relative paths as in process
     return run_in_process(name, plan.command, argv, log, check)
 
 
