@@ -146,8 +146,18 @@ class VideoDataConfig(StrictModel):
     stride_range: tuple[int, int] | None = Field(
         None, description="Random stride per clip, inclusive; exclusive with stride."
     )
-    height: int = Field(320, ge=64, description="Training height in pixels (a multiple of 64).")
-    width: int = Field(512, ge=64, description="Training width in pixels (a multiple of 64).")
+    height: int = Field(
+        320,
+        ge=64,
+        description="Training height in pixels, a multiple of the base family's size rule (64 for SVD and "
+        "Framer, 16 for Wan: VAE x patch); validate names the nearest that fits.",
+    )
+    width: int = Field(
+        512,
+        ge=64,
+        description="Training width in pixels, a multiple of the base family's size rule (64 for SVD and "
+        "Framer, 16 for Wan: VAE x patch); validate names the nearest that fits.",
+    )
     buckets: Literal["auto"] | list[str] | None = Field(
         None,
         description="Aspect/resolution/length buckets: null = one shape (height x width x num_frames, "

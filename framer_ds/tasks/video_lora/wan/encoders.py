@@ -19,7 +19,7 @@ from framer_ds.engine.accelerator import frozen_model_init
 from framer_ds.engine.precision import compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.tasks.video_lora.shared.protocol import CachedBatch, FrozenHelpers
-from framer_ds.tasks.video_lora.wan.preflight import has_image_encoder
+from framer_ds.tasks.video_lora.wan.preflight import has_image_encoder, image_encoder_class_name
 
 CAPTION_SUFFIX = ".txt"
 
@@ -65,13 +65,14 @@ class FrozenWanEncoders(FrozenHelpers):
 
     def _load_vae_and_image(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         """A fresh VAE, and CLIP on a base that has one (None on Wan 2.2 I2V A14B)."""
+        import transformers
         from diffusers import AutoencoderKLWan
-        from transformers import CLIPVisionModel
 
         vae = load_pretrained(AutoencoderKLWan, self.base_dir, subfolder="vae")
         if not self.with_image_encoder:
             return vae, None
-        return vae, load_pretrained(CLIPVisionModel, self.base_dir, subfolder="image_encoder")
+        clip_class = getattr(transformers, image_encoder_class_name(self.base_dir))
+        return vae, load_pretrained(clip_class, self.base_dir, subfolder="image_encoder")
 
     def load(self, text: bool = True) -> tuple[torch.nn.Module, ...]:
         """Fresh (vae, image encoder, text encoder), each only where it applies: no image encoder on a

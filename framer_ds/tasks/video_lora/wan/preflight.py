@@ -27,6 +27,18 @@ def _listed(index: dict[str, Any], component: str) -> bool:
     return bool(entry and entry[0] is not None)
 
 
+CLIP_VISION_CLASSES = ("CLIPVisionModel", "CLIPVisionModelWithProjection")
+
+
+def image_encoder_class_name(folder: Path) -> str:
+    """The transformers class of the folder's CLIP tower, as its model_index.json names it. Wan-AI's own
+    folders ship `CLIPVisionModelWithProjection` (diffusers' pipeline loads that class); reading it as
+    `CLIPVisionModel` works but makes transformers print a LOAD REPORT table of the unused projection on
+    every rank. Both give the same `hidden_states[-2]` Wan conditions on. Anything else: CLIPVisionModel."""
+    entry = model_index(folder).get("image_encoder") or [None, None]
+    return entry[1] if entry[1] in CLIP_VISION_CLASSES else "CLIPVisionModel"
+
+
 def two_experts(folder: Path) -> bool:
     """Whether `folder` is a Wan 2.2 base: a high-noise `transformer` and a low-noise `transformer_2`
     switched at `boundary_ratio` (the pipeline's `t >= boundary_ratio * num_train_timesteps`)."""
