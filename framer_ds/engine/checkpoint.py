@@ -23,6 +23,7 @@ from accelerate import Accelerator
 from framer_ds.config.loader import dump_run_config
 from framer_ds.config.schema import RunConfigBase
 from framer_ds.engine.best import BestRecord, read_best_record
+from framer_ds.engine.checkpoint_weights import trained_state_only
 from framer_ds.engine.manifest import write_manifest
 from framer_ds.storage.atomic import publish_dir, staging_dir
 from framer_ds.storage.disk_space import reporting_full_disk, tree_bytes
@@ -159,7 +160,8 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
+    with trained_state_only(accelerator) as kwargs:  # no frozen base weights (checkpoint_weights.py)
+        accelerator.save_state(str(staging), **kwargs)
     if extra_artifacts is not None:
         extra_artifacts(staging)
     accelerator.wait_for_everyone()

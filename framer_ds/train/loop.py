@@ -18,8 +18,9 @@ from tqdm.auto import tqdm
 from framer_ds.config.errors import ConfigError
 from framer_ds.config.launch_check import check_runtime_environment
 from framer_ds.config.schema import RunConfigBase
-from framer_ds.engine.accelerator import build_accelerator, end_accelerator
+from framer_ds.engine.accelerator import build_accelerator, end_accelerator, uses_deepspeed
 from framer_ds.engine.checkpoint import TrainerState
+from framer_ds.engine.fsdp2 import uses_fsdp2
 from framer_ds.engine.metrics import MetricsLogger
 from framer_ds.engine.resume import ResumePlan
 from framer_ds.engine.run_dir import RunDirectory
@@ -47,6 +48,7 @@ from framer_ds.train.preemption import clear_preempted_marker, write_preempted_m
 from framer_ds.train.run import TrainingRun, build_training_run
 from framer_ds.train.safe_point import AgreedStop
 from framer_ds.train.step import OptimizerStep, windows
+from framer_ds.train.stop_window import checkpoint_bytes_per_node, stop_checkpoint_forecast
 from framer_ds.train.summary import format_summary, run_summary
 
 
@@ -115,6 +117,8 @@ def _run(accelerator: Accelerator, task: Task, run_dir: RunDirectory, stop: Stop
     say(accelerator, format_summary(summary))
     for warning in run.zero_buffers.warnings if run.zero_buffers is not None else ():
         say(accelerator, f"warning: {warning}")
+    if accelerator.is_main_process and (forecast := _stop_checkpoint_forecast(run, plan.checkpoint)):
+        say(accelerator, forecast)
     logger = MetricsLogger(accelerator, config, summary, state.global_step)
     try:
         eval_metrics = _train(run, state, logger, stop)
@@ -128,6 +132,15 @@ def _run(accelerator: Accelerator, task: Task, run_dir: RunDirectory, stop: Stop
     finally:
         logger.close()
     return TrainResult(Path(config.output_dir), state.global_step, eval_metrics, state.skipped_steps)
+
+
+def _stop_checkpoint_forecast(run: TrainingRun, resumed_from: Path | None) -> str | None:
+    """Whether a stop checkpoint fits the stop window, sized before the first one (train/stop_window.py)."""
+    accelerator = run.accelerator
+    deepspeed = uses_deepspeed(accelerator)
+    sharded = deepspeed or uses_fsdp2(accelerator)
+    size = checkpoint_bytes_per_node(run.model, accelerator.num_processes, sharded, deepspeed, resumed_from)
+    return stop_checkpoint_forecast(size)
 
 
 def _train(

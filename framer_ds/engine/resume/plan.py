@@ -24,6 +24,7 @@ from accelerate import Accelerator
 
 from framer_ds.config.schema import RunConfigBase, TrainConfig
 from framer_ds.engine.checkpoint import TrainerState, read_trainer_state
+from framer_ds.engine.checkpoint_weights import trained_state_only
 from framer_ds.engine.resume.changes import resume_changes
 from framer_ds.engine.resume.choice import decide_checkpoint
 from framer_ds.engine.resume.running_config import apply_running_config, lr_scales
@@ -92,7 +93,8 @@ class ResumePlan:
         if self.load_from is None:
             return TrainerState()
         scales = lr_scales(optimizer)  # the running config's, before the checkpoint's replace them
-        accelerator.load_state(str(self.load_from))
+        with trained_state_only(accelerator, loading=True) as kwargs:  # frozen weights: from the base
+            accelerator.load_state(str(self.load_from), **kwargs)
         if is_universal(self.load_from):  # DeepSpeed's ZeRO-3 universal loader is exact per parameter only
             restore_zero3_group_state(optimizer, self.load_from)
         state = read_trainer_state(self.load_from)

@@ -56,6 +56,16 @@ def test_wan_tiny_loss_falls_and_final_holds_the_diffusers_layout(wan_run: Path)
 
 
 @pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
+def test_a_checkpoint_holds_the_lora_and_not_the_frozen_base(wan_run: Path) -> None:
+    """A checkpoint wrote the whole transformer (a 14B base: ~28 GB a checkpoint, within a stop
+    signal's seconds); it holds what trains, and the contract suite's resume from it is exact."""
+    from safetensors.torch import load_file
+
+    keys = set(load_file(str(wan_run / "run" / "checkpoints" / "step_30" / "model.safetensors")))
+    assert keys and all(".lora_A." in key or ".lora_B." in key for key in keys), sorted(keys)[:6]
+
+
+@pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
 def test_framer_ds_sample_equals_the_diffusers_pipeline_with_load_lora_weights(
     wan_run: Path, tmp_path: Path
 ) -> None:
