@@ -29,9 +29,10 @@ from framer_ds.config.errors import ConfigProblem
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.shared.cache_key import cache_basics, files_fingerprint
+from framer_ds.tasks.video_lora.shared.captions import clip_prompts
 from framer_ds.tasks.video_lora.shared.protocol import VideoBaseFamily, per_clip_noise
 from framer_ds.tasks.video_lora.wan import flow_matching as fm
-from framer_ds.tasks.video_lora.wan.encoders import FrozenWanEncoders, WanEncodedClip, clip_prompts
+from framer_ds.tasks.video_lora.wan.encoders import FrozenWanEncoders, WanEncodedClip
 from framer_ds.tasks.video_lora.wan.export import WanExports
 from framer_ds.tasks.video_lora.wan.preflight import (
     EXPERT_SUBFOLDERS,
