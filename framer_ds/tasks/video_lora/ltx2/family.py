@@ -260,6 +260,21 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
 
         return Ltx2ClipSampler(model, self, self.accelerator.device)
 
+    # --- `framer-ds smoke` ---------------------------------------------------------------------------
+
+    def smoke_bases(self) -> list[tuple[str, Any, Callable[[Path, Path], Path], str]]:
+        from framer_ds.tasks.video_lora.ltx2.smoke_base import create_smoke_ltx2
+
+        path = self.config.model.base.source.path
+        return [] if path is None else [("model.base.source.path", path, create_smoke_ltx2, "LTX-2")]
+
+    @property
+    def reads_captions(self) -> bool:
+        return self.config.model.base.prompt is None
+
+    def smoke_sample_flags(self, samples: Any, caption: str) -> list[str]:
+        return ["--prompt", self.config.model.base.prompt or caption]
+
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The VAE in float32, Gemma and the connectors in the compute dtype."""
         return [torch.float32] + [compute] * (len(helpers) - 1) if helpers else []

@@ -1,8 +1,8 @@
 """LTX-2's rectified-flow objective on the transformer's tokens, with diffusers' own conventions.
 
 Noise levels: u ~ U(0, 1) shifted by the folder's scheduler exactly as sampling shifts its sigmas
-(`FlowMatchEulerDiscreteScheduler.time_shift` at mu = `calculate_shift(video tokens, ...)` from the
-scheduler config: LTX-2's resolution-dependent shift), so training spends its steps where the sampler
+(`FlowMatchEulerDiscreteScheduler.time_shift`'s functions at mu = `calculate_shift(video tokens, ...)`
+from the scheduler config: LTX-2's resolution-dependent shift), so training spends its steps where the sampler
 does. A token of a given frame (mask 1: the first latent frame, the last keyframe) stays clean and is
 told so by its own timestep 0 (`timestep * (1 - conditioning_mask)`, as the pipelines), and carries no
 loss; the others are x_t = (1 - sigma) x0 + sigma noise with target velocity noise - x0 (the pipelines'
@@ -19,13 +19,6 @@ from typing import Any
 from torch import Tensor
 
 NUM_TRAIN_TIMESTEPS = 1000
-
-
-def scheduler_for(scheduler_config: dict[str, Any]) -> Any:
-    """diffusers' FlowMatchEulerDiscreteScheduler from the folder's scheduler config."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    return FlowMatchEulerDiscreteScheduler.from_config(scheduler_config)
 
 
 def shift_mu(scheduler_config: dict[str, Any], video_tokens: int) -> float:
@@ -46,9 +39,15 @@ def shift_mu(scheduler_config: dict[str, Any], video_tokens: int) -> float:
 def shifted_sigmas(scheduler_config: dict[str, Any], video_tokens: int, u: Tensor) -> Tensor:
     """u in (0, 1) -> the sigmas the scheduler's shift makes of them at this sequence length (no shift
     when the config does not use dynamic shifting: its static `shift` instead)."""
-    scheduler = scheduler_for(scheduler_config)
+    from diffusers import FlowMatchEulerDiscreteScheduler as Scheduler
+
     if scheduler_config.get("use_dynamic_shifting"):
-        return scheduler.time_shift(shift_mu(scheduler_config, video_tokens), 1.0, u)
+        mu = shift_mu(scheduler_config, video_tokens)
+        # the scheduler's own shift functions (they read nothing of the instance; building one would
+        # make tensors, which `framer-ds plan`'s fake-tensor probe cannot)
+        if scheduler_config.get("time_shift_type", "exponential") == "linear":
+            return Scheduler._time_shift_linear(None, mu, 1.0, u)
+        return Scheduler._time_shift_exponential(None, mu, 1.0, u)
     shift = float(scheduler_config.get("shift", 1.0))
     return shift * u / (1 + (shift - 1) * u)
 

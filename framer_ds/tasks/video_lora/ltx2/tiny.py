@@ -73,7 +73,7 @@ def build_tiny_gemma_tokenizer():
     )
 
 
-def _text_encoder(vocab_size: int):
+def tiny_gemma3(vocab_size: int):
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     text = {
@@ -114,7 +114,7 @@ def build_tiny_ltx2_components(seed: int = 0) -> dict[str, object]:
 
     tokenizer = build_tiny_gemma_tokenizer()
     torch.manual_seed(seed)
-    text_encoder = _text_encoder(len(tokenizer))
+    text_encoder = tiny_gemma3(len(tokenizer))
     transformer = LTX2VideoTransformer3DModel(**TINY_LTX2_TRANSFORMER)
     connectors = LTX2TextConnectors(
         caption_channels=TEXT_DIM,

@@ -10,6 +10,7 @@ from typing import Any
 from framer_ds.config.errors import ConfigProblem
 
 CAPTION_SUFFIX = ".txt"
+SMOKE_CAPTION = "a red ball rolls"  # the caption of `framer-ds smoke`'s synthetic clips
 
 
 def caption_file(video: Path) -> Path:

@@ -292,6 +292,25 @@ class WanFamily(WanExports, VideoBaseFamily):
             model, self.frozen, sampling, self.prompts, negative, MAX_SEQUENCE_LENGTH, with_text
         )
 
+    # --- `framer-ds smoke` ---------------------------------------------------------------------------
+
+    def smoke_bases(self) -> list[tuple[str, Any, Callable[[Path, Path], Path], str]]:
+        from framer_ds.tasks.video_lora.wan.smoke_base import create_smoke_wan
+
+        path = self.config.model.base.source.path
+        return [] if path is None else [("model.base.source.path", path, create_smoke_wan, "Wan")]
+
+    @property
+    def reads_captions(self) -> bool:
+        return self.config.model.base.prompt is None
+
+    def smoke_export_format(self) -> str:
+        """ComfyUI's Wan keys."""
+        return "comfyui"
+
+    def smoke_sample_flags(self, samples: Any, caption: str) -> list[str]:
+        return ["--prompt", self.config.model.base.prompt or caption]
+
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The VAE in float32, CLIP and UMT5 in the compute dtype (`FrozenWanEncoders.on_device`)."""
         return [torch.float32] + [compute] * (len(helpers) - 1) if helpers else []
