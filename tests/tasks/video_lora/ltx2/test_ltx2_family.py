@@ -168,3 +168,8 @@ def test_ltx2_states_its_own_size_and_frame_rules(tmp_path: Path) -> None:
     problems = [str(p) for p in get_task_class("video_lora")(bad).check()]
     assert "data.num_frames: LTX-2's VAE needs 1 + a multiple of 2 frames, got 8: use 9" in problems
     assert [p for p in problems if p.startswith("data.height") and "8" in p], problems
+    # interp_eval needs the last frame, and clip_distance a CLIP image encoder LTX-2 does not have
+    i2v = ["model.base.mode=image_to_video", "model.interp_eval.enabled=true", f"output_dir={tmp_path / 'c'}"]
+    problems = [str(p) for p in get_task_class("video_lora")(load_run_config(CONFIG, i2v)).check()]
+    assert [p for p in problems if p.startswith("model.interp_eval.enabled:") and "no last frame" in p]
+    assert [p for p in problems if p.startswith("model.interp_eval.clip_distance:") and "set false" in p]
