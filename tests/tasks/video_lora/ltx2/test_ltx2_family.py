@@ -173,3 +173,19 @@ def test_ltx2_states_its_own_size_and_frame_rules(tmp_path: Path) -> None:
     problems = [str(p) for p in get_task_class("video_lora")(load_run_config(CONFIG, i2v)).check()]
     assert [p for p in problems if p.startswith("model.interp_eval.enabled:") and "no last frame" in p]
     assert [p for p in problems if p.startswith("model.interp_eval.clip_distance:") and "set false" in p]
+
+
+def test_an_ltx2_export_takes_the_text_flags_and_refuses_wans_own(tmp_path: Path) -> None:
+    """`--prompt` (declared by Wan's flags and LTX-2's) is an LTX-2 export's own, not "a Wan flag" (the
+    refusal skipped no flag a family shares before issue 50); `--other-expert` (Wan 2.2's) is refused in
+    one line naming the export's base."""
+    from framer_ds.config.errors import ConfigError
+    from framer_ds.tasks.video_lora.config import VideoSampleCommandOptions
+    from framer_ds.tasks.video_lora.ltx2.options import Ltx2SampleFlags
+    from framer_ds.tasks.video_lora.shared.exports import refuse_foreign_flags
+
+    common = {"image": tmp_path / "a.png", "out": tmp_path / "x.mp4", "prompt": PROMPT, "guidance_scale": 3.0}
+    refuse_foreign_flags(VideoSampleCommandOptions(**common), "ltx2", (Ltx2SampleFlags,))
+    wan_only = VideoSampleCommandOptions(**common, other_expert=tmp_path)
+    with pytest.raises(ConfigError, match="--other-expert: a Wan flag; this export's base is 'ltx2'"):
+        refuse_foreign_flags(wan_only, "ltx2", (Ltx2SampleFlags,))
