@@ -41,6 +41,7 @@ DEFAULT = {  # recipe: the strategy its header launches
     "configs/tasks/video_lora/framer_tiny.yaml": "plain",  # Framer
     "configs/tasks/video_lora/wan_tiny.yaml": "plain",  # Wan 2.1
     "configs/tasks/video_lora/wan22_tiny.yaml": "plain",  # Wan 2.2's two experts
+    "configs/tasks/video_lora/ltx2_tiny.yaml": "plain",  # LTX-2 (ltx2_interp_512x768_97f: 223 s, smoke_full)
     "configs/tasks/video_lora/wan21_i2v_14b_480p.yaml": "ddp",  # Wan at 480x832
 }
 VIDEO_PHASES = ["train", "resume", "export", "eval", "sample"]

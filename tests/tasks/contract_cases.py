@@ -88,6 +88,15 @@ def wan22_sample(scratch: Path) -> SampleCall:
     return SampleCall([*args, "--device", "cpu"], [out, frames])
 
 
+def ltx2_sample(scratch: Path) -> SampleCall:
+    """An LTX-2 keyframe-interpolation export: first and last frame, a prompt, 2 steps, frames saved."""
+    first, last = _image(scratch / "first.png", 64, 1), _image(scratch / "last.png", 64, 2)
+    out, frames = scratch / "video.mp4", scratch / "frames.npy"
+    args = ["--image", str(first), "--last-image", str(last), "--prompt", "a red ball rolls"]
+    args += ["--steps", "2", "--out", str(out), "--save-frames", str(frames)]
+    return SampleCall([*args, "--device", "cpu"], [out, frames])
+
+
 def tts_sample(scratch: Path) -> SampleCall:
     out = scratch / "speech.wav"
     args = ["--text", "hello world", "--out", str(out), "--max-new-tokens", "70", "--device", "cpu"]
@@ -142,6 +151,7 @@ CASES = [
     ContractCase("video_lora_wan", VIDEO / "wan_tiny.yaml", wan_sample, ONE_VIDEO, ("peft", "comfyui")),
     # a Wan 2.2 run trains one expert and cannot sample while training (refused): no samples/
     ContractCase("video_lora_wan22", VIDEO / "wan22_tiny.yaml", wan22_sample, (), ("peft", "comfyui")),
+    ContractCase("video_lora_ltx2", VIDEO / "ltx2_tiny.yaml", ltx2_sample, ONE_VIDEO, ("peft",)),
     ContractCase(
         "tts_lm",
         CONFIGS / "tasks" / "tts_lm" / "tiny.yaml",

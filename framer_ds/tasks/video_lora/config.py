@@ -1,6 +1,6 @@
 """The `model:` and `data:` sections of a video_lora run and its `framer-ds sample` options, assembled
 from what every base shares (shared/options.py) and each base family's own options (svd/, framer/,
-wan/ `options.py`): one union member and one set of sample flags per family."""
+wan/, ltx2/ `options.py`): one union member and one set of sample flags per family."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from framer_ds.config.schema import StrictModel
 from framer_ds.tasks.video_lora.framer.options import FramerBase, FramerSampleFlags, TrackOptions
+from framer_ds.tasks.video_lora.ltx2.options import Ltx2Base, Ltx2SampleFlags
 from framer_ds.tasks.video_lora.shared.options import (
     InterpEvalOptions,
     SampleOptions,
@@ -36,25 +37,30 @@ def _base_name(value: Any) -> str:
 
 # One member per base model, told apart by `name`.
 VideoBase = Annotated[
-    Annotated[SvdBase, Tag("svd")] | Annotated[FramerBase, Tag("framer")] | Annotated[WanBase, Tag("wan")],
+    Annotated[SvdBase, Tag("svd")]
+    | Annotated[FramerBase, Tag("framer")]
+    | Annotated[WanBase, Tag("wan")]
+    | Annotated[Ltx2Base, Tag("ltx2")],
     Discriminator(
         _base_name,
         custom_error_type="unknown_base",
-        custom_error_message="base.name is one of 'svd', 'framer', 'wan' (each base with its own keys)",
+        custom_error_message="base.name is one of 'svd', 'framer', 'wan', 'ltx2' (each base with its own "
+        "keys)",
     ),
 ]
 
 
-# SVD/Framer keys that a Wan base cannot honour, each with the reason a config setting it is refused.
-WAN_REFUSED_KEYS = {
-    "source": "the SVD directory; a Wan base reads model.base.source",
-    "edm": "EDM noise settings; Wan trains under flow matching (model.base.shift, timestep_sampling)",
-    "fps": "Wan has no fps conditioning",
-    "motion_bucket": "Wan has no motion-bucket conditioning",
-    "temporal_context_order": "a UNet temporal-attention setting; Wan is a DiT",
-    "dropout_image": "SVD's image-embedding dropout; the Wan family trains without condition dropout",
-    "dropout_latents": "SVD's conditioning-latent dropout; the Wan family trains without condition dropout",
-    "vae_tile_size": "SVD's VAE tiling; Wan's VAE encodes whole frames here",
+# SVD/Framer keys that a DiT base (Wan, LTX-2) cannot honour, each with the reason a config setting it is
+# refused.
+DIT_REFUSED_KEYS = {
+    "source": "the SVD directory; this base reads model.base.source",
+    "edm": "EDM noise settings; this base trains under flow matching (its model.base keys)",
+    "fps": "this base has no fps conditioning",
+    "motion_bucket": "this base has no motion-bucket conditioning",
+    "temporal_context_order": "a UNet temporal-attention setting; this base is a DiT",
+    "dropout_image": "SVD's image-embedding dropout; this base trains without condition dropout",
+    "dropout_latents": "SVD's conditioning-latent dropout; this base trains without condition dropout",
+    "vae_tile_size": "SVD's VAE tiling; this base's VAE encodes whole frames here",
 }
 
 
@@ -75,7 +81,7 @@ class VideoLoraModelConfig(StrictModel):
     source: SvdSource | None = Field(
         None,
         description="Where the SVD components come from: path (a local diffusers SVD directory) or builtin. "
-        "Required by the svd and framer bases; a wan base names its folder in base.source instead.",
+        "Required by the svd and framer bases; a wan or ltx2 base names its folder in base.source instead.",
     )
     base: VideoBase = Field(
         default_factory=SvdBase,
@@ -148,8 +154,9 @@ class VideoLoraModelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _source_for_the_base(self) -> VideoLoraModelConfig:
-        """SVD and Framer read the SVD directory; Wan has its own folder and none of SVD's knobs."""
-        if self.base.name != "wan":
+        """SVD and Framer read the SVD directory; a DiT base (Wan, LTX-2) has its own folder and none of
+        SVD's knobs."""
+        if isinstance(self.base, SvdBase | FramerBase):
             if self.source is None:
                 raise ValueError(
                     "model.source: missing; the svd and framer bases need the SVD directory: set "
@@ -157,8 +164,8 @@ class VideoLoraModelConfig(StrictModel):
                 )
             return self
         problems = [
-            f"model.{key}: {why}; drop it for model.base.name wan"
-            for key, why in WAN_REFUSED_KEYS.items()
+            f"model.{key}: {why}; drop it for model.base.name {self.base.name}"
+            for key, why in DIT_REFUSED_KEYS.items()
             # a value other than the default (a resolved config dumps every key, defaults included)
             if getattr(self, key) != type(self).model_fields[key].get_default(call_default_factory=True)
         ]
@@ -202,7 +209,9 @@ class VideoLoraDataConfig(VideoDataConfig):
     )
 
 
-class VideoSampleCommandOptions(SvdSampleFlags, FramerSampleFlags, WanSampleFlags, SharedSampleFlags):
+class VideoSampleCommandOptions(
+    SvdSampleFlags, FramerSampleFlags, WanSampleFlags, Ltx2SampleFlags, SharedSampleFlags
+):
     """`framer-ds sample RUN/final --image first.png [--last-image last.png] --out video.mp4`; every
     conditioning value defaults to what training used (the adapter's metadata). Each base family's
     flags are its own (`SvdSampleFlags`, `FramerSampleFlags`, `WanSampleFlags`): an export refuses the

@@ -1,7 +1,7 @@
 """The registry of video_lora's base families: `model.base.name` -> the family serving it (shared/
 protocol.py says what a family supplies). SVD (svd/, EDM on a UNet), Framer (framer/, SVD's family
-extended) and Wan (wan/, rectified flow on a DiT). A new base is its folder, one case here and one
-member of config.py's `VideoBase` union (with its sample flags).
+extended), Wan (wan/) and LTX-2 (ltx2/), rectified flow on a DiT. A new base is its folder, one case
+here and one member of config.py's `VideoBase` union (with its sample flags).
 
 Each family is imported on use, here, downward (the layers contract in pyproject.toml sees it): each pulls
 in its own models, and reading a config (`framer-ds validate`) imports none of them."""
@@ -18,6 +18,8 @@ def family_for(config: Any) -> VideoBaseFamily:
     match config.model.base.name:
         case "wan":
             from framer_ds.tasks.video_lora.wan.family import WanFamily as family
+        case "ltx2":
+            from framer_ds.tasks.video_lora.ltx2.family import Ltx2Family as family
         case "framer":
             from framer_ds.tasks.video_lora.framer.family import FramerFamily as family
         case _:

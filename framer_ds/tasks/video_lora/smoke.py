@@ -23,6 +23,7 @@ from framer_ds.tasks.smoke import (
     stand_in_dir,
     tiny_note,
 )
+from framer_ds.tasks.video_lora.shared.captions import SMOKE_CAPTION
 from framer_ds.tasks.video_lora.shared.data.synthetic_video import MovingShape, write_moving_shape_clip
 
 SMOKE_PIXELS = 1_000_000
@@ -32,7 +33,6 @@ decodes several times slower on one core of this class of machine, and a recipe 
 micro-batch unless its latent cache is on."""
 SMOKE_CLIPS = 3  # two training clips (one per rank of a 2-process launch) and one held out
 CLIP_FPS = 12
-CAPTION = "a red ball rolls"
 
 
 def _architecture_key(folder: Path) -> dict[str, str]:
@@ -50,7 +50,7 @@ class VideoLoraSmoke(SmokeHooks):
 
     def smoke_stand_ins(self, root: Path) -> SmokeStandIns:
         found = SmokeStandIns()
-        for key, value, builder, what in self._smoke_bases():
+        for key, value, builder, what in self.family.smoke_bases():
             source = architecture_source(self.config, value)
             if source is None:
                 problem = (
@@ -64,23 +64,6 @@ class VideoLoraSmoke(SmokeHooks):
             found.swapped.append(tiny_note(key, value, name, out, what))
         frames = self._smoke_frames(found)
         self._smoke_data(root, frames, found)
-        return found
-
-    def _smoke_bases(self) -> list[tuple[str, Any, Any, str]]:
-        """(key, value, builder, what) of each base folder the recipe names by path."""
-        from framer_ds.tasks.video_lora.framer.smoke_base import create_smoke_framer
-        from framer_ds.tasks.video_lora.svd.smoke_base import create_smoke_svd
-        from framer_ds.tasks.video_lora.wan.smoke_base import create_smoke_wan
-
-        model = self.config.model
-        name = model.base.name
-        found = []
-        if name in ("svd", "framer") and model.source.path is not None:
-            found.append(("model.source.path", model.source.path, create_smoke_svd, "SVD"))
-        if name == "framer" and model.base.source.path is not None:
-            found.append(("model.base.source.path", model.base.source.path, create_smoke_framer, "Framer"))
-        if name == "wan" and model.base.source.path is not None:
-            found.append(("model.base.source.path", model.base.source.path, create_smoke_wan, "Wan"))
         return found
 
     def _smoke_frames(self, found: SmokeStandIns) -> int:
@@ -126,7 +109,7 @@ class VideoLoraSmoke(SmokeHooks):
             problem = f"{data.source.path} is not on disk; the smoke generates only the videos layout"
             raise ConfigError([ConfigProblem("data.source.path", problem)], "smoke")
         length = (frames - 1) * (data.max_stride or 1) + 1
-        captions = self.config.model.base.name == "wan" and self.config.model.base.prompt is None
+        captions = self.family.reads_captions
         shape = {"frames": length, "height": data.height, "width": data.width, "captions": captions}
         folder = stand_in_dir(root, "videos", {**shape, "clips": SMOKE_CLIPS})
         _write_clips(folder, shape)
@@ -144,20 +127,12 @@ class VideoLoraSmoke(SmokeHooks):
             )
 
     def smoke_export_args(self, export_dir: Path, work: Path) -> list[str]:
-        """The format users of the family export to: ComfyUI's keys (Wan, SVD image-to-video), Framer's
-        release layout (Framer), the merged UNet (SVD interpolation, which ComfyUI's format does not
-        carry)."""
-        model = self.config.model
-        if model.base.name == "framer":
-            kind = "framer"
-        elif model.base.name == "svd" and model.base.mode == "interpolation":
-            kind = "merged"
-        else:
-            kind = "comfyui"
-        return ["--format", kind, "--out", str(work)]
+        """The format users of the family export to (`family.smoke_export_format`)."""
+        return ["--format", self.family.smoke_export_format(), "--out", str(work)]
 
     def smoke_sample_args(self, export_dir: Path, work: Path) -> list[str]:
-        """`framer-ds sample` at the recipe's samples settings, from a synthetic first (and last) frame."""
+        """`framer-ds sample` at the recipe's samples settings, from a synthetic first (and last) frame,
+        with the family's own flags (`family.smoke_sample_flags`)."""
         from PIL import Image
 
         data, model = self.config.data, self.config.model
@@ -171,16 +146,7 @@ class VideoLoraSmoke(SmokeHooks):
             args += ["--last-image", str(last)]
         samples = model.samples
         args += ["--steps", str(samples.num_inference_steps), "--seed", str(samples.seed)]
-        if model.base.name == "wan":
-            return [*args, "--prompt", model.base.prompt or CAPTION]
-        return [
-            *args,
-            "--min-guidance", str(samples.min_guidance_scale),
-            "--max-guidance", str(samples.max_guidance_scale),
-            "--guidance-schedule", samples.guidance_schedule,
-            "--noise-aug", str(samples.noise_aug_strength),
-            "--decode-chunk-size", str(samples.decode_chunk_size),
-        ]  # fmt: skip
+        return [*args, *self.family.smoke_sample_flags(samples, SMOKE_CAPTION)]
 
 
 def _write_clips(folder: Path, shape: dict[str, Any]) -> None:
@@ -192,6 +158,6 @@ def _write_clips(folder: Path, shape: dict[str, Any]) -> None:
             video = staging / f"clip_{i:03d}.mp4"
             write_moving_shape_clip(video, shape["frames"], shape["width"], shape["height"], CLIP_FPS, seed=i)
             if shape["captions"]:
-                video.with_suffix(".txt").write_text(CAPTION + "\n")
+                video.with_suffix(".txt").write_text(SMOKE_CAPTION + "\n")
 
     build_once(folder, ".framer_smoke_clips_complete", build, "synthetic smoke clips")

@@ -292,3 +292,15 @@ class FramerFamily(SvdFamily):
         """peft (with the trained ControlNet and mask_token), merged (Framer's UNet), framer; comfyui is
         SVD's, which refuses an interpolation model."""
         return {**super().export_formats(), **FRAMER_EXPORT_FORMATS}
+
+    def smoke_bases(self) -> list[tuple[str, Any, Any, str]]:
+        """SVD-XT's directory and Framer's (`unet/` + `controlnet/`), each when the config names it."""
+        from framer_ds.tasks.video_lora.framer.smoke_base import create_smoke_framer
+
+        path = self.config.model.base.source.path
+        framer = [] if path is None else [("model.base.source.path", path, create_smoke_framer, "Framer")]
+        return super().smoke_bases() + framer
+
+    def smoke_export_format(self) -> str:
+        """Framer's release layout."""
+        return "framer"

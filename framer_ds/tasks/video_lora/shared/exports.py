@@ -123,7 +123,9 @@ def flag_name(field: str) -> str:
 def refuse_foreign_flags(options: Any, base: str, own: tuple[type[FamilySampleFlags], ...]) -> None:
     """ConfigError naming the first flag given (set on the command line) that belongs to another base
     family's flags than `own`, with that family's `refusal`: one check for every family's export, so a
-    flag an export cannot honour is never silently ignored."""
+    flag an export cannot honour is never silently ignored. A flag `own` declares too (Wan's and LTX-2's
+    `--prompt`) is this export's own, whichever family declared it first."""
+    mine = {name for group in own for name in vars(group).get("__annotations__", {})}
     for group in type(options).__mro__:
         if not (isinstance(group, type) and issubclass(group, FamilySampleFlags)):
             continue
@@ -131,7 +133,11 @@ def refuse_foreign_flags(options: Any, base: str, own: tuple[type[FamilySampleFl
             continue
         declared = [name for name in vars(group).get("__annotations__", {}) if name in group.model_fields]
         # set on the command line (a None is what an unset flag reads: `prompt=None` gives nothing)
-        given = [n for n in declared if n in options.model_fields_set and getattr(options, n) is not None]
+        given = [
+            n
+            for n in declared
+            if n not in mine and n in options.model_fields_set and getattr(options, n) is not None
+        ]
         if given:
             flag = flag_name(given[0])
             problem = ConfigProblem(flag, group.refusal.format(base=repr(base), flag=flag))

@@ -263,6 +263,27 @@ class VideoBaseFamily(ABC):
         """`framer-ds plan`'s probe of a sampling round's decode: `vae` decoding zeros shaped as the
         sampler decodes (`chunk`: the most frames one SVD decode call takes)."""
 
+    # --- `framer-ds smoke` (smoke.py asks; a family answers for its own folders and flags) -------------
+
+    def smoke_bases(self) -> list[tuple[str, Any, Callable[[Path, Path], Path], str]]:
+        """(key, folder, builder(out, architecture) -> out, what) of each base folder the config names by
+        path: the smoke swaps each for a tiny random one of the same architecture."""
+        return []
+
+    @property
+    def reads_captions(self) -> bool:
+        """Whether each clip's prompt comes from a caption file beside it (the smoke writes one)."""
+        return False
+
+    def smoke_export_format(self) -> str:
+        """The `framer-ds export --format` users of this base export to (the smoke runs it)."""
+        return "peft"
+
+    def smoke_sample_flags(self, samples: Any, caption: str) -> list[str]:
+        """This base's own `framer-ds sample` flags at the recipe's samples settings (`caption`: the
+        prompt of the smoke's synthetic clips)."""
+        return []
+
     # --- export and sampling -------------------------------------------------------------------------
 
     @abstractmethod

@@ -364,3 +364,27 @@ class SvdFamily(VideoBaseFamily):
 
     def export_command(self, export_dir: Path, options: Any) -> str:
         return export_format(export_dir, options, self.export_formats())
+
+    # --- `framer-ds smoke` ---------------------------------------------------------------------------
+
+    def smoke_bases(self) -> list[tuple[str, Any, Any, str]]:
+        """The SVD directory (model.source.path), when the config names one."""
+        from framer_ds.tasks.video_lora.svd.smoke_base import create_smoke_svd
+
+        path = self.config.model.source.path
+        return [] if path is None else [("model.source.path", path, create_smoke_svd, "SVD")]
+
+    def smoke_export_format(self) -> str:
+        """ComfyUI's keys for image-to-video; the merged UNet for interpolation (ComfyUI's format does
+        not carry it)."""
+        return "merged" if self.config.model.base.mode == "interpolation" else "comfyui"
+
+    def smoke_sample_flags(self, samples: Any, caption: str) -> list[str]:
+        """SVD's sampler settings of the recipe's samples."""
+        return [
+            "--min-guidance", str(samples.min_guidance_scale),
+            "--max-guidance", str(samples.max_guidance_scale),
+            "--guidance-schedule", samples.guidance_schedule,
+            "--noise-aug", str(samples.noise_aug_strength),
+            "--decode-chunk-size", str(samples.decode_chunk_size),
+        ]  # fmt: skip

@@ -9,19 +9,15 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from framer_ds.config.errors import ConfigProblem
 from framer_ds.engine.accelerator import frozen_model_init
 from framer_ds.engine.precision import compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.tasks.video_lora.shared.protocol import CachedBatch, FrozenHelpers
 from framer_ds.tasks.video_lora.wan.preflight import has_image_encoder, image_encoder_class_name
-
-CAPTION_SUFFIX = ".txt"
 
 
 @dataclass
@@ -144,30 +140,3 @@ class FrozenWanEncoders(FrozenHelpers):
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def caption_file(video: Path) -> Path:
-    """The caption rule: `<video stem>.txt` beside the video."""
-    return Path(video).with_suffix(CAPTION_SUFFIX)
-
-
-def clip_prompts(records: list[Any], fixed: str | None) -> tuple[dict[str, str], list[ConfigProblem]]:
-    """{video_id: prompt} for every record, and one problem per video without a caption: the fixed
-    prompt, else a manifest row's caption, else the caption file."""
-    prompts, problems = {}, []
-    for record in records:
-        if fixed is not None:
-            prompts[record.video_id] = fixed
-        elif getattr(record, "caption", None):
-            prompts[record.video_id] = record.caption.strip()
-        elif caption_file(record.path).is_file():
-            prompts[record.video_id] = caption_file(record.path).read_text(encoding="utf-8").strip()
-        else:
-            problems.append(
-                ConfigProblem(
-                    "model.base.prompt",
-                    f"{caption_file(record.path)} is missing: write the clip's caption there, or set "
-                    "model.base.prompt to one prompt for every clip",
-                )
-            )
-    return prompts, problems

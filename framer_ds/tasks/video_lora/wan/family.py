@@ -29,9 +29,10 @@ from framer_ds.config.errors import ConfigProblem
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.shared.cache_key import cache_basics, files_fingerprint
+from framer_ds.tasks.video_lora.shared.captions import clip_prompts
 from framer_ds.tasks.video_lora.shared.protocol import VideoBaseFamily, per_clip_noise
 from framer_ds.tasks.video_lora.wan import flow_matching as fm
-from framer_ds.tasks.video_lora.wan.encoders import FrozenWanEncoders, WanEncodedClip, clip_prompts
+from framer_ds.tasks.video_lora.wan.encoders import FrozenWanEncoders, WanEncodedClip
 from framer_ds.tasks.video_lora.wan.export import WanExports
 from framer_ds.tasks.video_lora.wan.preflight import (
     EXPERT_SUBFOLDERS,
@@ -290,6 +291,25 @@ class WanFamily(WanExports, VideoBaseFamily):
         return WanClipSampler(
             model, self.frozen, sampling, self.prompts, negative, MAX_SEQUENCE_LENGTH, with_text
         )
+
+    # --- `framer-ds smoke` ---------------------------------------------------------------------------
+
+    def smoke_bases(self) -> list[tuple[str, Any, Callable[[Path, Path], Path], str]]:
+        from framer_ds.tasks.video_lora.wan.smoke_base import create_smoke_wan
+
+        path = self.config.model.base.source.path
+        return [] if path is None else [("model.base.source.path", path, create_smoke_wan, "Wan")]
+
+    @property
+    def reads_captions(self) -> bool:
+        return self.config.model.base.prompt is None
+
+    def smoke_export_format(self) -> str:
+        """ComfyUI's Wan keys."""
+        return "comfyui"
+
+    def smoke_sample_flags(self, samples: Any, caption: str) -> list[str]:
+        return ["--prompt", self.config.model.base.prompt or caption]
 
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The VAE in float32, CLIP and UMT5 in the compute dtype (`FrozenWanEncoders.on_device`)."""

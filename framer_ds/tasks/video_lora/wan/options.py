@@ -95,12 +95,15 @@ class WanSampleFlags(FamilySampleFlags):
 
     refusal: ClassVar[str] = "a Wan flag; this export's base is {base}: drop {flag}"
 
-    prompt: str | None = Field(None, description="Wan exports: the text prompt (required there).")
+    # prompt, negative_prompt, guidance_scale, save_frames: LTX-2 exports take them too (ltx2/options.py)
+    prompt: str | None = Field(None, description="Wan and LTX-2 exports: the text prompt (required there).")
     negative_prompt: str | None = Field(
-        None, description="Wan exports: the negative prompt; default: the diffusers pipeline's."
+        None, description="Wan and LTX-2 exports: the negative prompt; default: the diffusers pipeline's."
     )
     guidance_scale: float | None = Field(
-        None, ge=0, description="Wan exports: classifier-free guidance; default: the diffusers pipeline's."
+        None,
+        ge=0,
+        description="Wan and LTX-2 exports: classifier-free guidance; default: the diffusers pipeline's.",
     )
     guidance_scale_2: float | None = Field(
         None,
@@ -115,6 +118,6 @@ class WanSampleFlags(FamilySampleFlags):
     )
     save_frames: Path | None = Field(
         None,
-        description="Wan exports: also save the float frames in [0, 1] the mp4 encodes, as a .npy of "
-        "[frames, height, width, 3].",
+        description="Wan and LTX-2 exports: also save the float frames in [0, 1] the mp4 encodes, as a .npy "
+        "of [frames, height, width, 3].",
     )
