@@ -51,6 +51,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     opt_in = {
         "readme_full": "runs every README training for real: `make test-readme`",
         "smoke_full": "smokes a recipe the default suite's representatives cover: `make test-smoke`",
+        "gpu_suite_full": "the GPU suite's real CPU smoke; its stubbed twin runs here: `make test-gpu-suite`",
     }
     for marker, reason in opt_in.items():
         if marker not in (config.getoption("markexpr") or ""):
