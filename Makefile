@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= $(shell python3 -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(4, n) if n > 1 else 0)")
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: setup quickstart test test-fast test-readme test-smoke lint format bench bench-memory clean
+.PHONY: setup quickstart test test-fast test-readme test-smoke test-gpu-suite lint format bench bench-memory clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,6 +34,11 @@ test-readme: setup
 # `framer-ds smoke` of every shipped recipe, the slow ones included (tests/lab/test_smoke.py; ~1 h on 2 cores).
 test-smoke: setup
 	$(PY) -m pytest tests/lab/test_smoke.py -m "smoke_full or not smoke_full" $(PYTEST_ARGS)
+
+# The GPU suite's real `run.sh --smoke` on this CPU, every step training at tiny sizes (~5 min on 2 cores);
+# `make test` runs the same checks with the launches stubbed (tests/lab/test_gpu_suite.py).
+test-gpu-suite: setup
+	$(PY) -m pytest tests/lab/test_gpu_suite.py -m "gpu_suite_full or not gpu_suite_full" $(PYTEST_ARGS)
 
 # The inner loop: everything but the multi-process launches (about a third of the suite's time).
 test-fast: setup

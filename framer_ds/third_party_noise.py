@@ -38,16 +38,22 @@ Progress bars of the libraries' own loading and saving (transformers' "Loading w
 shards", one per component: a Wan sample printed two before its own bar; diffusers' "Loading checkpoint
 shards" and pipeline bars) are switched off by `quiet_loading_bars`, which the commands that load models
 call (`train`, `sample`, `export`, `eval`, `smoke`): framer_ds shows its own progress (training steps,
-sampling steps). It imports transformers and diffusers (seconds), so commands that load no model skip it.
+sampling steps). A library not imported yet is switched off as it is imported, not imported for it:
+importing diffusers (it pulls torch._dynamo) and transformers cost every rank of every `framer-ds train`
+~2.5 s of CPU, for tasks that use neither (the ViT uses transformers only; the test suite's MLP, neither).
 Download bars (huggingface_hub's) stay: a multi-GB download says how far it is.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import logging
 import os
 import re
+import sys
 import warnings
+from collections.abc import Callable, Sequence
+from types import ModuleType
 
 _LOG_FILTERS = {
     "transformers.utils.import_utils": re.compile(r"requires torchvision \(not installed\); falling back"),
@@ -94,14 +100,51 @@ def _cuda_available() -> bool:
 
 
 def quiet_loading_bars() -> None:
-    """Switch off transformers' and diffusers' own progress bars (module docstring), not the hub's."""
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
+    """Switch off transformers' and diffusers' own progress bars (module docstring), not the hub's: at once
+    where the library is imported, else right after its logging module is first executed."""
+    for name, switch_off in _BAR_SWITCHES.items():
+        if name in sys.modules:
+            switch_off(sys.modules[name])
+        elif not any(isinstance(f, _SwitchOffOnImport) and f.name == name for f in sys.meta_path):
+            sys.meta_path.insert(0, _SwitchOffOnImport(name, switch_off))
 
-    transformers_logging.set_tqdm_hook(_disabled_bar)
-    diffusers_logging.disable_progress_bar()
+
+class _SwitchOffOnImport(importlib.abc.MetaPathFinder):
+    """Finds module `name` as the other finders do, and has its loader call `switch_off(module)` once the
+    module has executed (its functions defined), before anything can make a bar with it."""
+
+    def __init__(self, name: str, switch_off: Callable[[ModuleType], None]):
+        self.name, self.switch_off = name, switch_off
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader.exec_module = _then(
+                    spec.loader.exec_module, self.switch_off
+                )  # this spec's loader
+                return spec
+        return None
+
+
+def _then(execute: Callable[[ModuleType], None], switch_off: Callable[[ModuleType], None]):
+    def exec_module(module: ModuleType) -> None:
+        execute(module)
+        switch_off(module)
+
+    return exec_module
 
 
 def _disabled_bar(factory, args, kwargs):
     """transformers' tqdm hook: the bar it would make, disabled (iterating it still yields every item)."""
     return factory(*args, **{**kwargs, "disable": True})
+
+
+_BAR_SWITCHES: dict[str, Callable[[ModuleType], None]] = {
+    "transformers.utils.logging": lambda logging_module: logging_module.set_tqdm_hook(_disabled_bar),
+    "diffusers.utils.logging": lambda logging_module: logging_module.disable_progress_bar(),
+}

@@ -35,6 +35,13 @@ def pytest_configure(config: pytest.Config) -> None:
     venv_bin = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != venv_bin:
         os.environ["PATH"] = os.pathsep.join(filter(None, [venv_bin, os.environ.get("PATH")]))
+    # DeepSpeed's JIT ops (cpu_adam for offload, the shm collectives) build into torch's extension cache,
+    # by default one per user (~/.cache/torch_extensions). The build command names the venv's include
+    # paths, so two venvs (a fresh clone beside a checkout, git worktrees) sharing it rebuild each other's
+    # ops in turn (~1-5 min each on 2 cores, a lock held meanwhile): a 2-process offload run waited 600 s
+    # on one. One cache per venv builds each op once.
+    if sys.prefix != sys.base_prefix:  # in a venv
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -51,6 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     opt_in = {
         "readme_full": "runs every README training for real: `make test-readme`",
         "smoke_full": "smokes a recipe the default suite's representatives cover: `make test-smoke`",
+        "gpu_suite_full": "the GPU suite's real CPU smoke; its stubbed twin runs here: `make test-gpu-suite`",
     }
     for marker, reason in opt_in.items():
         if marker not in (config.getoption("markexpr") or ""):

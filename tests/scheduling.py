@@ -8,9 +8,11 @@ which pytest 9.2 no longer reads: the groups were silently split and such fixtur
 workers.)
 
 The files start heaviest first (longest-processing-time first): a file of multi-process tests that
-started last would leave the other worker idle while it ran. The weight is a static estimate from the
-markers (`distributed`, `slow`), not stored timings, so nothing goes stale as tests change. Within a
-file the order is pytest's own. With one worker (or plain `pytest`) only the file order changes.
+started last would leave the other worker idle while it ran. A file's weight is its measured seconds where
+`MEASURED_S` names it (the heaviest files, whose cost is mostly module fixtures and subprocesses that the
+markers cannot see: the offline plan of every config was marked like one slow test and started 23rd), else
+a static estimate from its tests' markers (`distributed`, `slow`). Within a file the order is pytest's own.
+With one worker (or plain `pytest`) only the file order changes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,31 @@ import pytest
 # two-node cluster (`cluster`: several launches, Slurm's requeues) takes 1-5 minutes: without its own
 # weight that file ranked 7th and started after files a fifth as long, and ran on alone at the end.
 WEIGHT_PLAIN, WEIGHT_SLOW, WEIGHT_DISTRIBUTED, WEIGHT_CLUSTER = 0.2, 40.0, 40.0, 150.0
+
+
+# Seconds on one worker of a 2-worker `make test` on 2 cores (`pytest --durations`: the file's tests and
+# fixtures summed): only the ranking matters, so figures from a loaded machine (2-3x a quiet one's) rank
+# as well. Keep it current when a file's cost changes by more than a third (README, Development, has how).
+# Measured on the loaded 2026-11-26 run (cffefb0, 41 min; README) unless marked; "(s)": this branch, alone.
+MEASURED_S: dict[str, float] = {
+    "tests/launch/test_cluster.py": 720,  # 2026-11-28, load 1-6: 12 min of waits on Slurm (README)
+    "tests/lab/test_planner.py": 596,
+    "tests/engine/test_strategy_equivalence.py": 544,
+    "tests/lab/test_smoke.py": 392,
+    "tests/launch/test_launchers.py": 364,
+    "tests/tasks/tts_lm/test_tts_lm.py": 310,
+    "tests/tasks/video_lora/shared/test_interp_eval.py": 225,
+    "tests/train/test_faults.py": 179,
+    "tests/engine/test_resume_world_size.py": 169,
+    "tests/faults/test_fault_matrix.py": 149,
+    "tests/engine/test_fsdp2.py": 147,
+    "tests/lab/test_gpu_suite.py": 60,  # (s) launches stubbed: 101 s alone at load 4-6, 42 s the tiny TTS set
+}
+
+
+def file_weight(path: str, tests: list[pytest.Item]) -> float:
+    """`MEASURED_S[path]` where measured, else the markers' estimate summed over the file's tests."""
+    return MEASURED_S.get(path, sum(item_weight(item) for item in tests))
 
 
 def item_weight(item: pytest.Item) -> float:
@@ -39,6 +66,6 @@ def order_heaviest_first(items: list[pytest.Item]) -> None:
     files: dict[str, list[pytest.Item]] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    weight = {path: sum(item_weight(i) for i in tests) for path, tests in files.items()}
+    weight = {path: file_weight(path, tests) for path, tests in files.items()}
     ordered = sorted(files, key=lambda path: -weight[path])  # stable: collection order among equals
     items[:] = [item for path in ordered for item in files[path]]

@@ -12,8 +12,9 @@ import random
 from pathlib import Path
 
 from framer_ds.storage.atomic import build_once
-from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts, sentences
-from framer_ds.tasks.video_lora.svd.tiny import create_full_size_svd
+
+# The SVD and TTS builders are imported where they are called: importing them pulls diffusers and the SNAC
+# codec (~8 s on 2 cores), which every step's process (cells.py imports this module) paid on start-up.
 
 # A ~1.1B Llama (TinyLlama-1.1B's shape) standing in for the recipe's ~1B Granite: full fine-tune at 8192.
 LLAMA_1B = {
@@ -40,12 +41,16 @@ SNAC_FRAME_TOKENS = 7  # one SNAC frame: 1 + 2 + 4 codes (docs/architecture.md, 
 
 def full_size_svd(root: Path) -> Path:
     """A random SVD checkpoint of the real size under `root` (about 4.5 GB in bf16), built once."""
+    from framer_ds.tasks.video_lora.svd.tiny import create_full_size_svd
+
     return create_full_size_svd(root / "svd_full_size")
 
 
 def speech_tokenizer() -> Path:
     """The tiny TTS set's tokenizer (built once in the cache): the 1B model is built from LLAMA_1B with
     it, so the vocabulary is the recipe's layout (7 x 4096 audio codes + markers) on a small text part."""
+    from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts
+
     return ensure_tiny_tts() / "model"
 
 
@@ -56,6 +61,8 @@ def long_speech_rows(root: Path, rows: int, max_tokens: int, seed: int = 0) -> P
     target = root / f"long_speech_{rows}x{max_tokens}"
 
     def build(staging: Path) -> None:
+        from framer_ds.tasks.tts_lm.tiny import sentences
+
         rng = random.Random(seed)
         texts = sentences(rows, seed)
         with (staging / "train.jsonl").open("w") as out:

@@ -34,6 +34,9 @@ SECTION = "## GPU suite"
 RESULTS_DIR = REPO / "benchmarks" / "results"
 FAIL_ENV = "FRAMER_DS_GPU_SUITE_FAIL"
 """Set to a step's name, that step's process fails at once (tests/lab/test_gpu_suite.py)."""
+STEP_SCRIPT = Path(__file__)
+"""What each step's process runs (`STEP_SCRIPT --step NAME`): this file; tests/lab/gpu_suite_stub.py
+puts itself here, this suite with its measurements stubbed."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def drive_step(name: str, args: argparse.Namespace, results: Path) -> dict[str, 
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
-        __file__,
+        str(STEP_SCRIPT),
         "--step",
         name,
         "--work",

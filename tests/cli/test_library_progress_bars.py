@@ -5,6 +5,8 @@ loading bars are off in the commands that load models (framer_ds/third_party_noi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -47,3 +49,21 @@ def test_wan_sample_and_eval_print_no_library_progress_bar(
     assert main(["eval", str(wan_run)]) == 0
     out, err = capsys.readouterr()
     assert "eval/loss" in out and [bar for bar in LIBRARY_BARS if bar in err] == [], err
+
+
+def test_switching_the_bars_off_imports_neither_library_and_holds_once_they_are_imported() -> None:
+    """`framer-ds train` switches the bars off before its task is known: importing diffusers (with
+    torch._dynamo) and transformers for it cost every rank of every run ~2.5 s of CPU, for tasks that use
+    neither. A fresh interpreter, as a launched rank is."""
+    script = """
+import sys
+from framer_ds.third_party_noise import quiet_loading_bars
+quiet_loading_bars()
+quiet_loading_bars()  # called again (smoke runs several commands): still one switch per library
+print(sorted(name for name in ("diffusers", "transformers") if name in sys.modules))
+from diffusers.utils import logging as diffusers_logging
+from transformers.utils import logging as transformers_logging
+print(diffusers_logging.is_progress_bar_enabled(), transformers_logging._tqdm_hook.__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["[]", "False _disabled_bar"], done.stdout + done.stderr[-2000:]

@@ -1,5 +1,6 @@
-"""The GPU suite (benchmarks/gpu/) proves itself on a CPU: `run.sh --smoke` runs every step at tiny sizes,
-writes one JSON line per measurement and the markdown table; and it installs only the carried wheels a
+"""The GPU suite (benchmarks/gpu/) proves itself on a CPU: every step measured (its launches stubbed in the
+default suite; `run.sh --smoke` trains them at tiny sizes under `make test-gpu-suite`), one JSON line per
+measurement and the markdown table; a failing step is a row; and it installs only the carried wheels a
 machine lacks."""
 
 from __future__ import annotations
@@ -17,22 +18,13 @@ import pytest
 from conftest import REPO
 
 GPU_BENCH = REPO / "benchmarks" / "gpu"
+STUB = Path(__file__).with_name("gpu_suite_stub.py")
 STEPS = ("tests", "video_lora", "vit_overhead", "tts_lm", "drivable_vit", "nonfinite_check")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1500)
-def test_smoke_run_measures_every_step_and_writes_the_table(tmp_path: Path) -> None:
-    out = tmp_path / "suite"
-    done = subprocess.run(
-        ["bash", str(GPU_BENCH / "run.sh"), "--smoke", "--strict", "--out", str(out)],
-        cwd=REPO,
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def assert_every_step_measured(out: Path) -> None:
+    """What a `--smoke --strict` run of every step leaves in `out`: a record per measurement, all ok,
+    with the figures each step reports, and the smoke table with a row per step."""
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["step"] for r in records} == set(STEPS)
     assert all(r["ok"] for r in records), [r for r in records if not r["ok"]]
@@ -49,6 +41,48 @@ def test_smoke_run_measures_every_step_and_writes_the_table(tmp_path: Path) -> N
     table = (out / "gpu_suite.md").read_text()
     assert table.startswith("## GPU suite") and "no figure here is a GPU figure" in table
     assert all(f"| {step} |" in table for step in STEPS)
+
+
+def test_every_step_is_measured_and_the_table_written(tmp_path: Path, monkeypatch, tiny_tts) -> None:
+    """The suite's driver and every step's own code, each step in its own process under its limit, with
+    the launches and trainings that give the figures stubbed (tests/lab/gpu_suite_stub.py: a cell's
+    config and overrides are still loaded as its launch loads them). run.sh reaches the suite. `tiny_tts`:
+    the tts_lm cells' tokenizer, the session's (built once for every tts test)."""
+    via_run_sh = subprocess.run(
+        ["bash", str(GPU_BENCH / "run.sh"), "--only", "nope"],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert via_run_sh.returncode == 2 and "unknown step(s) nope" in via_run_sh.stderr
+    monkeypatch.syspath_prepend(str(GPU_BENCH))
+    import suite
+
+    out = tmp_path / "suite"
+    monkeypatch.setattr(suite, "STEP_SCRIPT", STUB)
+    monkeypatch.setattr(sys, "argv", ["suite.py", "--smoke", "--strict", "--out", str(out)])
+    assert suite.main() == 0
+    assert_every_step_measured(out)
+
+
+@pytest.mark.gpu_suite_full
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_smoke_run_measures_every_step_and_writes_the_table(tmp_path: Path) -> None:
+    """The real `run.sh --smoke`: every step trains at tiny sizes on this CPU (minutes; `make
+    test-gpu-suite`, not in the default suite, which runs the stubbed twin above)."""
+    out = tmp_path / "suite"
+    done = subprocess.run(
+        ["bash", str(GPU_BENCH / "run.sh"), "--smoke", "--strict", "--out", str(out)],
+        cwd=REPO,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_every_step_measured(out)
 
 
 def test_a_step_that_fails_is_a_row_and_strict_fails_the_run(tmp_path: Path) -> None:
