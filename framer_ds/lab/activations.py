@@ -134,8 +134,7 @@ def probe_activations(
     if dtype != torch.float32:  # as DeepSpeed casts the module (DDP's autocast computes in it too)
         model.to(dtype)  # still on the meta device: fake parameters cannot be swapped for a cast
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    with mode:
-        model.to_empty(device=device)
+    _to_empty(model, mode, device)
     if with_eval:
         helpers = helper_modules(task).in_evaluation if helpers is None else helpers
         _make_helpers(task, helpers, mode, device, dtype)
@@ -200,9 +199,30 @@ def _make_helpers(
     hooks = planning_hooks(task)
     for helper, helper_dtype in zip(helpers, hooks.helper_dtypes(helpers, dtype), strict=True):
         helper.requires_grad_(False).eval().to(helper_dtype)  # still meta: the cast costs nothing
-    with mode:
-        for helper in helpers:
-            helper.to_empty(device=device)
+    for helper in helpers:
+        _to_empty(helper, mode, device)
+
+
+def _to_empty(module: torch.nn.Module, mode: Any, device: str) -> None:
+    """`module.to_empty(device=device)` in `mode`: fake (or real but empty) parameters and buffers.
+
+    Why not `to_empty` itself in fake mode: its `empty_like` goes through FakeTensorMode's Python dispatch
+    (a decomposition, uncached), ~1-3 ms a tensor, seconds for the ~3,000 tensors of a UNet and its helpers,
+    all before the probe's passes can run side by side. A fake tensor is a fresh meta tensor that says
+    `device`: made so directly (what the fake mode makes of any meta tensor), it has the same shape,
+    strides, dtype and a storage of its own, as `empty_like` gave it (tests/lab/test_probe_passes.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not isinstance(mode, FakeTensorMode):
+        module.to_empty(device=device)
+        return
+    target, converter = torch.device(device), mode.fake_tensor_converter
+
+    def fake_empty(tensor: torch.Tensor) -> torch.Tensor:
+        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+        return converter.from_meta_and_device(mode, meta, target)
+
+    module._apply(fake_empty)
 
 
 def _eval_transient_peak(

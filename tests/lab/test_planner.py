@@ -220,6 +220,29 @@ def test_plan_table_and_bad_flags_all_reported(capsys):
     assert "--gpus: must be at least 1" in err and "'lots' is not a size" in err
 
 
+def test_a_plan_of_the_built_in_tts_model_builds_no_speech_set(monkeypatch, tmp_path, capsys):
+    """A plan reads the tiny Llama's config.json and tokenizer, not the SNAC codec or the speech set it
+    encodes (most of the built-in set's CPU: a cold plan of tts_lm/tiny.yaml took 29 s of CPU with it):
+    on an empty cache it builds model/ alone. A set built whole before the parts were built apart (one
+    marker in its root) is read as it is."""
+    from framer_ds.tasks.tts_lm import tiny
+
+    monkeypatch.setenv("FRAMER_DS_CACHE", str(tmp_path / "cache"))
+    config = str(REPO / "configs/tasks/tts_lm/tiny.yaml")
+    argv = ["plan", config, f"output_dir={tmp_path / 'run'}", "--gpus", "1", "--gpu-memory", "16GB"]
+    assert main(argv) == 0
+    assert "recommended: ddp" in capsys.readouterr().out
+    root = tmp_path / "cache" / "tiny_tts"
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["model"]
+    assert (root / "model" / tiny.PART_MARKER).is_file() and (root / "model" / "config.json").is_file()
+
+    whole = tmp_path / "built_whole"
+    (whole / "model").mkdir(parents=True)
+    (whole / tiny.MARKER).write_text("complete\n")
+    assert tiny.ensure_tiny_model(whole) == whole / "model" and tiny.ensure_tiny_tts(whole) == whole
+    assert list((whole / "model").iterdir()) == []
+
+
 def test_the_activation_line_reads_from_micro_batch_one_not_a_negative_fixed_part():
     """A tensor that is a view at micro-batch 1 and a copy at 2 makes the line through the two probes
     cross zero below 1 (wan_tiny's fitted fixed part was -0.2 MiB): the plan prints the figure at

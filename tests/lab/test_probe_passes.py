@@ -84,3 +84,48 @@ def test_a_child_computes_after_the_parent_ran_openmp_threads():
         assert run_passes(passes, workers=2) == [2**22, 2**22 + 1]
     finally:
         torch.set_num_threads(threads)
+
+
+def test_fake_parameters_made_directly_are_what_to_empty_makes_in_fake_mode():
+    """The probe makes a model's parameters and buffers fake without `to_empty`'s slow fake dispatch
+    (lab/activations.py `_to_empty`): each must be what `to_empty` gave - same class, shape, strides
+    (a transposed weight included), dtype, device, trainability, gradient - each on a storage of its own."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from framer_ds.lab.activations import _to_empty
+
+    def model() -> torch.nn.Module:
+        with torch.device("meta"):
+            built = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4).to(torch.bfloat16))
+            built[0].weight = torch.nn.Parameter(torch.empty(3, 4).t())  # strides (1, 4)
+            built[1].requires_grad_(False)
+            built[0].bias.grad = torch.empty(4)
+        built.register_buffer("steps", torch.arange(5))  # a buffer left on the CPU, as empty_weights does
+        return built
+
+    def described(module: torch.nn.Module) -> list[tuple]:
+        tensors = [*module.named_parameters(), *module.named_buffers()]
+        tensors += [(f"{name}.grad", p.grad) for name, p in module.named_parameters() if p.grad is not None]
+        return [
+            (
+                name,
+                type(t).__name__,
+                type(t.data).__name__,
+                t.shape,
+                t.stride(),
+                t.dtype,
+                t.device,
+                t.requires_grad,
+            )
+            for name, t in tensors
+        ]
+
+    slow, fast = model(), model()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        slow.to_empty(device="cpu")
+    _to_empty(fast, FakeTensorMode(allow_non_fake_inputs=True), "cpu")
+    assert described(fast) == described(slow)
+    assert described(fast)[0][2:5] == ("FakeTensor", (4, 3), (1, 4))
+    storages = {t.untyped_storage()._cdata for t in [*fast.parameters(), *fast.buffers(), fast[0].bias.grad]}
+    assert len(storages) == 6

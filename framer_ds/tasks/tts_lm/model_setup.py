@@ -15,7 +15,7 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.pretrained import build_fresh, building_empty, load_pretrained
 from framer_ds.tasks.tts_lm import vocabulary
 from framer_ds.tasks.tts_lm.audio_tokens import AudioTokenLayout
-from framer_ds.tasks.tts_lm.tiny import ensure_tiny_tts, tiny_root
+from framer_ds.tasks.tts_lm.tiny import ensure_tiny_model, ensure_tiny_tts, tiny_root
 from framer_ds.tasks.tts_lm.token_sequences import SpecialTokens
 
 EMBEDDING_MULTIPLE = 64  # rows padded to a multiple of 64: faster matmuls, same tokens
@@ -45,6 +45,11 @@ class TtsAssets:
     def ensure_builtin(self) -> None:
         if self.builtin:
             ensure_tiny_tts()
+
+    def ensure_builtin_model(self) -> None:
+        """The built-in tiny model and tokenizer only (what a plan reads), not its codec or speech set."""
+        if self.builtin:
+            ensure_tiny_model()
 
     def problems(self) -> list[ConfigProblem]:
         problems = []

@@ -97,8 +97,9 @@ class TtsLmTask(TtsSmoke, PlanningHooks, Task):
         self.data.encode_audio_if_needed(show_progress=True)
 
     def prepare_model_assets(self) -> None:
-        """The tiny model and tokenizer when built in; never the audio encoding."""
-        self.assets.ensure_builtin()
+        """The tiny model and tokenizer when built in; never the codec or the speech set it encodes (most
+        of the built-in set's build, and a plan reads neither)."""
+        self.assets.ensure_builtin_model()
 
     def encode_data(self) -> str:
         """`framer-ds data encode-audio` (declared in tts_lm/commands.py): encode the audio into the cache

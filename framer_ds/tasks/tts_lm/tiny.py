@@ -15,11 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from framer_ds.storage.atomic import build_once
+from framer_ds.storage.atomic import atomic_write_text, build_once
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.tts_lm.snac_codec import create_tiny_codec, encode_batch, load_codec
 
 MARKER = ".framer_tiny_tts_complete"
+"""In the root once model/, codec/ and data/ are all there (a set built before the parts were built
+apart carries only this one)."""
+PART_MARKER = ".framer_tiny_tts_part_complete"
+"""In each of model/, codec/ and data/ once it is built (each is built once, on its own: `framer-ds plan`
+needs only model/, and the speech set's encoding is most of the build)."""
 WORDS = [
     "hello",
     "world",
@@ -71,8 +76,24 @@ def tiny_root() -> Path:
 
 
 def ensure_tiny_tts(root: Path | None = None) -> Path:
-    """The model/, codec/ and data/ folders under `root` (default <cache>/tiny_tts), built once."""
-    return build_once(root or tiny_root(), MARKER, _build, "tiny TTS set")
+    """The model/, codec/ and data/ folders under `root` (default <cache>/tiny_tts), each built once."""
+    root = root or tiny_root()
+    if (root / MARKER).is_file():
+        return root
+    ensure_tiny_model(root)
+    codec = build_once(root / "codec", PART_MARKER, create_tiny_codec, "tiny SNAC codec")
+    build_once(root / "data", PART_MARKER, lambda staging: _build_data(staging, codec), "tiny speech set")
+    atomic_write_text(root / MARKER, "complete\n")
+    return root
+
+
+def ensure_tiny_model(root: Path | None = None) -> Path:
+    """Only the model/ folder (the tiny Llama and its tokenizer) under `root`, built once: what a plan or
+    a census reads (its config.json and vocabulary), without the codec and the encoded speech set."""
+    root = root or tiny_root()
+    if (root / MARKER).is_file():
+        return root / "model"
+    return build_once(root / "model", PART_MARKER, _build_model, "tiny Llama")
 
 
 def sentences(count: int, seed: int) -> list[str]:
@@ -80,13 +101,12 @@ def sentences(count: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(count)]
 
 
-def _build(staging: Path) -> None:
-    tokenizer = build_tokenizer(sentences(400, seed=99))
-    save_tiny_llama(staging / "model", tokenizer)
-    codec_dir = create_tiny_codec(staging / "codec")
+def _build_model(staging: Path) -> None:
+    save_tiny_llama(staging, build_tokenizer(sentences(400, seed=99)))
+
+
+def _build_data(data: Path, codec_dir: Path) -> None:
     codec = load_codec(codec_dir)
-    data = staging / "data"
-    data.mkdir()
     for name, count, seed in (("train", TRAIN_UTTERANCES, 0), ("eval", EVAL_UTTERANCES, 1)):
         texts = sentences(count, seed)
         codes = []
