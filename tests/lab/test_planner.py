@@ -137,7 +137,7 @@ def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.chdir(tmp_path)
     shipped = sorted((REPO / "configs/tasks").rglob("*.yaml"))
-    assert len(shipped) == 19
+    assert len(shipped) == 21
     stood_in, assumptions = set(), []
     for path in shipped:
         name = str(path.relative_to(REPO))
@@ -170,7 +170,7 @@ def test_plan_runs_on_every_shipped_config_offline_without_weights_or_data(
         assert len(notes) == len(config.architectures), (name, plan["assumptions"])
         stood_in |= {name} if notes else set()
         assumptions += plan["assumptions"]
-    assert len(stood_in) == 11
+    assert len(stood_in) == 12
     assert any("data not on disk" in line for line in assumptions)  # vit_large_imagenet
     assert any("tokenizer not on disk" in line for line in assumptions)  # the two Granite recipes
 

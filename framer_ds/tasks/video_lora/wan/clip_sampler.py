@@ -67,8 +67,15 @@ def sample_clip(
     """Frames [1, F, 3, H, W] in [0, 1]: `texts` (prompt, negative) states [1, L, D] (the negative is
     needed when guidance > 1), `frames` (first, last) [1, 3, H, W] in [-1, 1] (last None: I2V).
     `encoders`: a `FrozenWanEncoders` (no CLIP states on a base without an image encoder). Wan 2.2:
-    `transformer_2` (the low-noise expert) below `boundary_ratio`, at `guidance_scale_2`."""
+    `transformer_2` (the low-noise expert) below `boundary_ratio`, at `guidance_scale_2`; TI2V-5B
+    (`expand_timesteps`): conditioned on the first frame's latents (wan/ti2v.py)."""
     first, last = frames
+    latent_frames = condition = None
+    if sampling.defaults.expand_timesteps:
+        from framer_ds.tasks.video_lora.wan import ti2v
+
+        condition = ti2v.first_frame_latents(encoders.vae, first)
+        latent_frames = ti2v.latent_frames(num_frames, encoders.vae.config.scale_factor_temporal)
     return sample_video(
         transformer,
         encoders.vae,
@@ -76,7 +83,7 @@ def sample_clip(
         texts[0],
         texts[1],
         encoders.encode_images(first, last),
-        wan.condition_latents(encoders.vae, first, last, num_frames),
+        wan.condition_latents(encoders.vae, first, last, num_frames) if condition is None else condition,
         steps,
         guidance,
         generator,
@@ -86,6 +93,7 @@ def sample_clip(
         guidance_scale_2=guidance_scale_2,
         scheduler=sampling.scheduler,
         on_step=on_step,
+        num_latent_frames=latent_frames,
     )
 
 

@@ -26,6 +26,7 @@ class WanEncodedClip(CachedBatch):
 
     target: Tensor  # [B, z, F', h, w] normalised VAE latents (mode): the flow's x0
     condition: Tensor  # [B, 4 + z, F', h, w] frame mask + normalised latents of the given frames
+    # (TI2V-5B: [B, z, 1, h, w], the first frame's normalised latents alone; wan/ti2v.py)
     prompt_emb: Tensor  # [B, L, D] UMT5 states, zero past each prompt's length
     # [B, k, T, D] CLIP penultimate states of the first (and last, k=2) frame; None on a base without an
     # image encoder (Wan 2.2 I2V A14B), whose cache entries then hold no such tensor

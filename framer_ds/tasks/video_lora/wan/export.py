@@ -42,6 +42,7 @@ from framer_ds.tasks.video_lora.wan.options import WanSampleFlags
 from framer_ds.tasks.video_lora.wan.preflight import frame_count_problem, vae_temporal_factor
 
 WAN_OUTPUT_FPS = 16  # Wan 2.1's frame rate: the mp4's rate unless --fps says otherwise
+WAN22_TI2V_FPS = 24  # Wan 2.2 TI2V-5B's (its repository's sample_fps)
 
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME_SAFE
 COMFYUI_WAN_FILE = "wan_lora_comfyui.safetensors"
@@ -237,7 +238,7 @@ def sample_wan_export(
         encode_prompt(encoders, text, defaults.max_sequence_length) for text in (options.prompt, negative)
     ]
     guidance = options.guidance_scale if options.guidance_scale is not None else defaults.guidance_scale
-    fps = options.fps or WAN_OUTPUT_FPS
+    fps = options.fps or (WAN22_TI2V_FPS if defaults.expand_timesteps else WAN_OUTPUT_FPS)
     settings = {"num_frames": num_frames, "height": height, "width": width, "fps": fps}
     settings |= {"steps": options.steps, "prompt": options.prompt, "negative_prompt": negative}
     settings |= {"guidance_scale": guidance, "guidance_scale_2": options.guidance_scale_2}

@@ -7,6 +7,10 @@ folder's boundary_ratio): a run trains ONE expert (`model.base.expert`), as musu
 diffusion-pipe do, on the training table's entries of that expert's range only; the other transformer
 is never loaded. `framer-ds sample` runs both, as the pipeline does (wan/export.py).
 
+Wan 2.2 TI2V-5B (model_index.json `expand_timesteps`): one transformer on Wan 2.2's 16x VAE, given the
+first frame as its latents (no CLIP, no mask channels): the noisy clip's first latent frame is replaced
+by the image's latent at timestep 0 and left out of the loss (wan/ti2v.py).
+
 What it encodes is exactly what diffusers' `WanImageToVideoPipeline` feeds the transformer (wan/
 conditioning.py): the normalised video latents (the target), the frame mask + latents of the given
 frames (the condition), CLIP's penultimate states of the given frames (bases with an image encoder) and
@@ -36,7 +40,9 @@ from framer_ds.tasks.video_lora.wan.encoders import FrozenWanEncoders, WanEncode
 from framer_ds.tasks.video_lora.wan.export import WanExports
 from framer_ds.tasks.video_lora.wan.preflight import (
     EXPERT_SUBFOLDERS,
+    TINY_TI2V_BUILTINS,
     TINY_TWO_EXPERT_BUILTINS,
+    expands_timesteps,
     frame_count_problem,
     model_index,
     vae_temporal_factor,
@@ -99,6 +105,7 @@ class WanFamily(WanExports, VideoBaseFamily):
 
             modes = {"tiny_wan_flf2v": "flf2v", "tiny_wan_i2v": "i2v"}
             modes.update(dict.fromkeys(TINY_TWO_EXPERT_BUILTINS, "wan22_i2v"))
+            modes.update(dict.fromkeys(TINY_TI2V_BUILTINS, "wan22_ti2v"))
             create_tiny_wan(self.base_path(), mode=modes[builtin])
 
     def check(self, data_root: Path) -> list[ConfigProblem]:
@@ -114,14 +121,20 @@ class WanFamily(WanExports, VideoBaseFamily):
     def note_records(self, records: list[Any]) -> None:
         self.prompts.update(clip_prompts(records, self.config.model.base.prompt)[0])
 
+    @property
+    def expand_timesteps(self) -> bool:
+        """Wan 2.2 TI2V-5B: the first latent frame given, per-token timesteps (wan/ti2v.py)."""
+        builtin = self.config.model.base.source.builtin
+        return builtin in TINY_TI2V_BUILTINS or (builtin is None and expands_timesteps(self.base_path()))
+
     def size_multiple(self) -> int:
-        """The VAE's spatial compression times the transformer's patch (8 x 2 in Wan 2.1); Wan 2.1's
-        before a built-in base is built."""
+        """The VAE's spatial compression times the transformer's patch (8 x 2 in Wan 2.1, 16 x 2 in
+        TI2V-5B); the same before a built-in base is built."""
         try:
             spatial = self._folder_config("vae")["scale_factor_spatial"]
             return spatial * self._folder_config(self.transformer_subfolder())["patch_size"][1]
         except (OSError, ValueError, KeyError):
-            return 16
+            return 32 if self.expand_timesteps else 16
 
     def temporal_factor(self) -> int:
         """Pixel frames per latent frame after the first (4 in Wan 2.1)."""
@@ -194,9 +207,15 @@ class WanFamily(WanExports, VideoBaseFamily):
         num_frames = pixels.shape[1]
         prompts = [self.prompts[video_id] for video_id in batch["video_id"]]
         images = frozen.encode_images(first, last)
+        if self.expand_timesteps:
+            from framer_ds.tasks.video_lora.wan.ti2v import first_frame_latents
+
+            condition = first_frame_latents(frozen.vae, first)
+        else:
+            condition = wan.condition_latents(frozen.vae, first, last, num_frames)
         return WanEncodedClip(
             target=wan.encode_video_latents(frozen.vae, pixels.transpose(1, 2)),
-            condition=wan.condition_latents(frozen.vae, first, last, num_frames),
+            condition=condition,
             image_emb=None if images is None else images.view(pixels.shape[0], -1, *images.shape[1:]),
             prompt_emb=wan.encode_prompts(
                 frozen.text_encoder, frozen.tokenizer, prompts, MAX_SEQUENCE_LENGTH
@@ -211,12 +230,22 @@ class WanFamily(WanExports, VideoBaseFamily):
         self, model, noisy: torch.Tensor, sigmas: torch.Tensor, encoded: WanEncodedClip
     ) -> torch.Tensor:
         """The transformer's velocity for noisy latents at `sigmas`, inputs cast to its dtype as the
-        pipeline casts them."""
+        pipeline casts them; TI2V: the first latent frame replaced by the image's, its tokens at
+        timestep 0 (wan/ti2v.py)."""
+        from framer_ds.tasks.video_lora.wan import ti2v
+
         dtype = next(model.parameters()).dtype
         image = encoded.image_tokens()
+        timesteps = fm.sigmas_to_timesteps(sigmas)
+        if self.expand_timesteps:
+            mask = ti2v.first_frame_mask(*noisy.shape[2:], device=noisy.device)
+            hidden = ti2v.model_input(noisy, encoded.condition, mask)
+            timesteps = ti2v.token_timesteps(mask, timesteps)
+        else:
+            hidden = torch.cat([noisy, encoded.condition.to(noisy)], dim=1)
         return model(
-            hidden_states=torch.cat([noisy, encoded.condition.to(noisy)], dim=1).to(dtype),
-            timestep=fm.sigmas_to_timesteps(sigmas),
+            hidden_states=hidden.to(dtype),
+            timestep=timesteps,
             encoder_hidden_states=encoded.prompt_emb.to(dtype),
             encoder_hidden_states_image=None if image is None else image.to(dtype),
             return_dict=False,
@@ -227,10 +256,13 @@ class WanFamily(WanExports, VideoBaseFamily):
     ):
         x0 = encoded.target.float()
         prediction = self.velocity(model, fm.noisy_latents(x0, noise, sigmas), sigmas, encoded)
+        target = fm.flow_target(x0, noise)
+        if self.expand_timesteps:  # TI2V: the first frame is given, not denoised (wan/ti2v.py)
+            prediction, target = prediction[:, :, 1:], target[:, :, 1:]
         weights = fm.loss_weights(sigmas, self.config.model.base.loss_weighting)
         if reduce:
-            return fm.flow_matching_loss(prediction, fm.flow_target(x0, noise), weights)
-        squared = (prediction.float() - fm.flow_target(x0, noise)).pow(2).flatten(1).mean(dim=1)
+            return fm.flow_matching_loss(prediction, target, weights)
+        squared = (prediction.float() - target).pow(2).flatten(1).mean(dim=1)
         return weights.float() * squared
 
     def training_loss(self, model, batch) -> torch.Tensor:
@@ -339,6 +371,7 @@ class WanFamily(WanExports, VideoBaseFamily):
             "encoders": files_fingerprint(self.base_path(), ENCODER_FOLDERS),
             "prompts": sorted((r.video_id, self.prompts.get(r.video_id)) for r in records),
             "max_sequence_length": MAX_SEQUENCE_LENGTH,
+            **({"expand_timesteps": True} if self.expand_timesteps else {}),  # its condition differs
             "data": self.config.data.model_dump(mode="json", exclude={"cache", "val_fraction", "source"}),
         }
 
@@ -350,9 +383,12 @@ class WanFamily(WanExports, VideoBaseFamily):
         data, k, scale = config.data, micro_batch_size, vae["scale_factor_spatial"]
         latent_frames = (data.num_frames - 1) // self.temporal_factor() + 1
         latent = (latent_frames, data.height // scale, data.width // scale)
+        condition = (transformer["in_channels"] - vae["z_dim"], *latent)  # mask + given frames' latents
+        if self.expand_timesteps:  # TI2V: the first frame's latents
+            condition = (vae["z_dim"], 1, *latent[1:])
         batch = {
             "target": torch.zeros(k, vae["z_dim"], *latent),
-            "condition": torch.zeros(k, transformer["in_channels"] - vae["z_dim"], *latent),
+            "condition": torch.zeros(k, *condition),
             "prompt_emb": torch.zeros(k, MAX_SEQUENCE_LENGTH, text["d_model"]),
         }
         if self.frozen.with_image_encoder:

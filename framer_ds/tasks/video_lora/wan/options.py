@@ -23,13 +23,15 @@ class WanSource(Source):
         description="Local diffusers Wan image-to-video folder (Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers, "
         "Wan2.1-I2V-14B-480P-Diffusers layout: transformer/ vae/ text_encoder/ tokenizer/ image_encoder/ "
         "image_processor/ scheduler/; Wan2.2-I2V-A14B-Diffusers: transformer/ + transformer_2/, no image "
-        "encoder).",
+        "encoder; Wan2.2-TI2V-5B-Diffusers: one transformer, Wan 2.2's VAE, no image encoder, "
+        "expand_timesteps).",
     )
-    builtin: Literal["tiny_wan_flf2v", "tiny_wan_i2v", "tiny_wan22_i2v"] | None = Field(
+    builtin: Literal["tiny_wan_flf2v", "tiny_wan_i2v", "tiny_wan22_i2v", "tiny_wan22_ti2v"] | None = Field(
         None,
-        description="'tiny_wan_flf2v' (first + last frame), 'tiny_wan_i2v' (first frame) or "
-        "'tiny_wan22_i2v' (Wan 2.2's two experts, first frame, no CLIP): a tiny random Wan base built in "
-        "the cache (tests, demo).",
+        description="'tiny_wan_flf2v' (first + last frame), 'tiny_wan_i2v' (first frame), "
+        "'tiny_wan22_i2v' (Wan 2.2's two experts, first frame, no CLIP) or 'tiny_wan22_ti2v' (Wan 2.2 "
+        "TI2V-5B: first-frame latents, per-token timesteps, 16x VAE): a tiny random Wan base built in the "
+        "cache (tests, demo).",
     )
 
 

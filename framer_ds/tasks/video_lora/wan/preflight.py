@@ -13,6 +13,7 @@ from framer_ds.tasks.video_lora.wan.options import TINY_WAN22_BOUNDARY_RATIO
 
 WAN_SUBFOLDERS = ("transformer", "vae", "text_encoder", "image_encoder", "scheduler")
 TINY_TWO_EXPERT_BUILTINS = ("tiny_wan22_i2v",)
+TINY_TI2V_BUILTINS = ("tiny_wan22_ti2v",)
 EXPERT_SUBFOLDERS = {"high_noise": "transformer", "low_noise": "transformer_2"}
 
 
@@ -43,6 +44,12 @@ def two_experts(folder: Path) -> bool:
     """Whether `folder` is a Wan 2.2 base: a high-noise `transformer` and a low-noise `transformer_2`
     switched at `boundary_ratio` (the pipeline's `t >= boundary_ratio * num_train_timesteps`)."""
     return _listed(model_index(folder), "transformer_2")
+
+
+def expands_timesteps(folder: Path) -> bool:
+    """Whether `folder` is a Wan 2.2 TI2V-5B base: model_index.json's `expand_timesteps` (the first latent
+    frame given, per-token timesteps; wan/ti2v.py)."""
+    return bool(model_index(folder).get("expand_timesteps", False))
 
 
 def has_image_encoder(folder: Path) -> bool:
@@ -95,6 +102,7 @@ def frame_count_problem(num_frames: int, step: int) -> str | None:
 def _folder_problems(base: Any, folder: Path) -> list[ConfigProblem]:
     """The folder's components, the expert keys, and its transformer's kind against `base.mode` (an
     FLF2V transformer's image embedder needs the last frame; an I2V one has no place for it)."""
+    ti2v = base.source.builtin in TINY_TI2V_BUILTINS
     if base.source.builtin is not None:
         flf2v = base.source.builtin == "tiny_wan_flf2v"
         two = base.source.builtin in TINY_TWO_EXPERT_BUILTINS
@@ -114,14 +122,23 @@ def _folder_problems(base: Any, folder: Path) -> list[ConfigProblem]:
             ]
         transformer = json.loads((folder / "transformer" / "config.json").read_text())
         flf2v = transformer.get("pos_embed_seq_len") is not None
+        ti2v = expands_timesteps(folder)
+        if ti2v and list(transformer.get("patch_size", [])) != [1, 2, 2]:
+            problem = (
+                f"{folder} sets expand_timesteps with a transformer patch {transformer.get('patch_size')}: "
+                "diffusers' pipeline gives one timestep per (1, 2, 2) patch; use a Wan2.2-TI2V-5B folder"
+            )
+            return [ConfigProblem("model.base.source.path", problem)]
     problems = _expert_problems(base, folder, two)
     if flf2v != (base.mode == "interpolation"):
         kind, fix = ("an FLF2V", "interpolation") if flf2v else ("an I2V", "image_to_video")
+        given = "its image embedder takes " + ("first and last" if flf2v else "the first")
+        if ti2v:
+            kind, given = "a TI2V", "it is given the latents of the first"
         problems.append(
             ConfigProblem(
                 "model.base.mode",
-                f"{base.mode} does not fit {kind} base (its image embedder takes "
-                f"{'first and last' if flf2v else 'the first'} frame): set model.base.mode: {fix}",
+                f"{base.mode} does not fit {kind} base ({given} frame): set model.base.mode: {fix}",
             )
         )
     return problems

@@ -30,7 +30,9 @@ from typing import Any
 import torch
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
+from torch import Tensor
 
+from framer_ds.tasks.video_lora.wan import ti2v
 from framer_ds.tasks.video_lora.wan.conditioning import denormalize_latents
 from framer_ds.tasks.video_lora.wan.flow_matching import (
     NUM_TRAIN_TIMESTEPS,
@@ -140,6 +142,7 @@ class WanSamplingDefaults:
     num_frames: int
     scheduler_class: str  # the folder's scheduler, the one `sample_video` steps with
     boundary_ratio: float | None  # Wan 2.2: where the high-noise expert hands over (None: one transformer)
+    expand_timesteps: bool = False  # Wan 2.2 TI2V-5B: first-frame latents, per-token timesteps (wan/ti2v.py)
 
 
 def pipeline_defaults(base_folder: Path | str) -> WanSamplingDefaults:
@@ -169,6 +172,7 @@ def pipeline_defaults(base_folder: Path | str) -> WanSamplingDefaults:
         num_frames=int(call["num_frames"]),
         scheduler_class=name,
         boundary_ratio=index.get("boundary_ratio"),
+        expand_timesteps=bool(index.get("expand_timesteps", False)),
     )
 
 
@@ -207,6 +211,20 @@ def _guided_velocity(
         return velocity
     uncond = _velocity(transformer, model_input, timestep, negative, image)
     return uncond + guidance * (velocity - uncond)
+
+
+def _transformer_inputs(
+    latents: Tensor, condition: Tensor, timestep: Tensor, mask: Tensor | None, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """(hidden states, timestep) of one step: concat(latents, condition) and t per sample, or with
+    `expand_timesteps` (`mask`: wan/ti2v.first_frame_mask) the first frame replaced by the condition and
+    t per token, 0 on the first frame's."""
+    batch = latents.shape[0]
+    if mask is None:
+        return torch.cat([latents, condition], dim=1).to(dtype), timestep.expand(batch)
+    return ti2v.model_input(latents, condition, mask).to(dtype), ti2v.token_timesteps(
+        mask, timestep.expand(batch)
+    )
 
 
 def _steps(
@@ -255,6 +273,7 @@ def sample_video(
     guidance_scale_2: float | None = None,
     scheduler: SchedulerMixin | None = None,
     on_step: Callable[[], Any] | None = None,
+    num_latent_frames: int | None = None,
 ) -> torch.Tensor:
     """Frames [B, F, 3, H, W] float32 in [0, 1] (F = (F' - 1) * temporal + 1), the pipeline's loop.
     `on_step`: called after each denoising step (a progress bar's `update`).
@@ -262,7 +281,10 @@ def sample_video(
     prompt_embeds [B, L, D] (`encode_prompts`); negative_prompt_embeds the same shape, needed when
     guidance_scale > 1 (the pipeline's `do_classifier_free_guidance`); image_embeds as `encode_images`
     returns them (None for a transformer without `image_dim`, Wan 2.2); condition [B, 4 + z, F', h, w]
-    (`condition_latents`). The generator draws the initial noise only, on its own device, exactly as the
+    (`condition_latents`), or with `num_latent_frames` (Wan 2.2 TI2V-5B, `expand_timesteps`) the first
+    frame's latents [B, z, 1, h, w] (`ti2v.first_frame_latents`) for latents of that many frames, which
+    replace the first latent frame at every step and before the decode, as the pipeline does. The
+    generator draws the initial noise only, on its own device, exactly as the
     pipeline's `randn_tensor` does.
 
     Scheduler: `scheduler` (`load_base_scheduler(folder)`) when given, else the one scheduler_config
@@ -283,8 +305,10 @@ def sample_video(
     dtype, device = _parameter(transformer).dtype, condition.device
     timesteps, step = _steps(scheduler, scheduler_config, num_inference_steps, shift, device)
     batch, _, frames, height, width = condition.shape
+    frames = frames if num_latent_frames is None else num_latent_frames
     shape = (batch, vae.config.z_dim, frames, height, width)
     latents = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
+    mask = None if num_latent_frames is None else ti2v.first_frame_mask(frames, height, width, device)
     text = prompt_embeds.to(device, dtype)
     negative = negative_prompt_embeds.to(device, dtype) if guided else None
     image = None if image_embeds is None else image_embeds.to(device, dtype)
@@ -295,11 +319,11 @@ def sample_video(
         high_noise = boundary is None or timestep.item() >= boundary
         model = transformer if high_noise else transformer_2
         guidance = guidance_scale if high_noise or guidance_scale_2 is None else guidance_scale_2
-        model_input = torch.cat([latents, condition], dim=1).to(dtype)
-        velocity = _guided_velocity(
-            model, model_input, timestep.expand(batch), text, negative, image, guidance
-        )
+        model_input, model_timestep = _transformer_inputs(latents, condition, timestep, mask, dtype)
+        velocity = _guided_velocity(model, model_input, model_timestep, text, negative, image, guidance)
         latents = step(index, velocity, latents)
         if on_step is not None:
             on_step()
+    if mask is not None:
+        latents = ti2v.model_input(latents, condition, mask)
     return decode_latents(vae, latents)

@@ -1,5 +1,6 @@
 """A tiny random Wan 2.1 image-to-video base, saved in the Wan-AI/Wan2.1-*-Diffusers layout (or a Wan 2.2
-two-expert one, in the Wan-AI/Wan2.2-I2V-A14B-Diffusers layout).
+two-expert one, in the Wan-AI/Wan2.2-I2V-A14B-Diffusers layout, or a Wan 2.2 TI2V-5B one, in the
+Wan-AI/Wan2.2-TI2V-5B-Diffusers layout).
 
 Tests and CPU smoke runs need diffusers' real Wan classes, configs and `from_pretrained` paths without
 downloading ~80 GB: `create_tiny_wan` builds every component small and random and saves it through
@@ -18,8 +19,15 @@ Shapes follow the real model where it matters:
   (low noise, its own random weights), `boundary_ratio` 0.9 in model_index.json, and no image encoder:
   no image_encoder/ image_processor/ (model_index lists them null), transformer `image_dim` and
   `added_kv_proj_dim` null, so the condition is the mask + first-frame latents only;
-- VAE: z_dim 16 (Wan's per-channel `latents_mean`/`latents_std` have 16 entries), 8x spatial and 4x
-  temporal compression (3 downsamples, the last two temporal), so 9 frames -> 3 latent frames;
+- mode "wan22_ti2v" (Wan2.2-TI2V-5B): one transformer with in_channels = out_channels = 48 (no mask or
+  condition channels, no image embedder), Wan 2.2's VAE (`is_residual`, a 2 x 2 pixel patch before its
+  8x convolutional compression: 16x spatial, z_dim 48 with the conversion script's 48 latent statistics),
+  no image encoder, saved through `WanPipeline(expand_timesteps=True)` as diffusers' conversion saves the
+  hub folder (model_index `_class_name` WanPipeline, `expand_timesteps` true), which
+  `WanImageToVideoPipeline.from_pretrained` loads for image-to-video: the first latent frame is the
+  image's latent, its tokens at timestep 0; the size rule is 16 x patch 2 = 32 px;
+- VAE (all other modes): z_dim 16 (Wan's per-channel `latents_mean`/`latents_std` have 16 entries), 8x
+  spatial and 4x temporal compression (3 downsamples, the last two temporal), so 9 frames -> 3 latent frames;
 - text encoder: a 2-layer UMT5 encoder whose d_model is the transformer's `text_dim`; tokenizer: a T5
   fast tokenizer (Unigram over a fixed vocabulary of words and single letters, "</s>" appended, "<pad>"
   id 0), so any ASCII prompt tokenizes without a download;
@@ -37,6 +45,7 @@ from diffusers import (
     AutoencoderKLWan,
     FlowMatchEulerDiscreteScheduler,
     WanImageToVideoPipeline,
+    WanPipeline,
     WanTransformer3DModel,
 )
 from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
@@ -46,9 +55,11 @@ from framer_ds.storage.atomic import build_once
 from framer_ds.tasks.video_lora.wan.flow_matching import WAN_SHIFT_480P
 from framer_ds.tasks.video_lora.wan.options import TINY_WAN22_BOUNDARY_RATIO
 
-WanMode = Literal["i2v", "flf2v", "wan22_i2v"]
+WanMode = Literal["i2v", "flf2v", "wan22_i2v", "wan22_ti2v"]
 WAN22_BOUNDARY_RATIO = TINY_WAN22_BOUNDARY_RATIO  # Wan2.2-I2V-A14B-Diffusers' model_index.json
 MARKER = ".framer_tiny_wan_complete"
+TI2V_ARCHITECTURE = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
+WAN22_TI2V_SHIFT = 5.0  # the conversion script's flow_shift for TI2V
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # Whole-word pieces for the demo captions; any other word falls back to single letters.
@@ -140,7 +151,27 @@ def _wan22_transformers() -> dict[str, object]:
     return {name: WanTransformer3DModel(**config) for name in ("transformer", "transformer_2")}
 
 
-def _build_pipeline(seed: int, mode: WanMode) -> WanImageToVideoPipeline:
+def _wan22_ti2v_vae() -> AutoencoderKLWan:
+    """Wan 2.2's VAE at a tiny width: the conversion script's `vae22_diffusers_config` (residual blocks,
+    12 = 3 x 2 x 2 patched input channels, 16x spatial, z_dim 48 and its latent statistics, read from
+    the shipped architecture folder) with base widths 8 and one residual block per level."""
+    from framer_ds.config.architectures import shipped_architecture
+
+    folder = shipped_architecture(TI2V_ARCHITECTURE)
+    assert folder is not None, TI2V_ARCHITECTURE
+    config = AutoencoderKLWan.load_config(folder / "vae")
+    small = {"base_dim": 8, "decoder_base_dim": 8, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1}
+    return AutoencoderKLWan.from_config({**config, **small})
+
+
+def _build_ti2v_pipeline(common: dict[str, object]) -> WanPipeline:
+    """Wan 2.2 TI2V-5B: one 48-channel transformer, no image embedder, `expand_timesteps`."""
+    config = {**TINY_WAN_TRANSFORMER, "in_channels": 48, "out_channels": 48}
+    transformer = WanTransformer3DModel(**{**config, "image_dim": None, "added_kv_proj_dim": None})
+    return WanPipeline(**common, vae=_wan22_ti2v_vae(), transformer=transformer, expand_timesteps=True)
+
+
+def _build_pipeline(seed: int, mode: WanMode) -> WanImageToVideoPipeline | WanPipeline:
     tokenizer = build_tiny_umt5_tokenizer()
     torch.manual_seed(seed)
     text_encoder = UMT5EncoderModel(
@@ -157,6 +188,11 @@ def _build_pipeline(seed: int, mode: WanMode) -> WanImageToVideoPipeline:
             decoder_start_token_id=tokenizer.pad_token_id,
         )
     )
+    if mode == "wan22_ti2v":
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=WAN22_TI2V_SHIFT)
+        return _build_ti2v_pipeline(
+            {"tokenizer": tokenizer, "text_encoder": text_encoder, "scheduler": scheduler}
+        )
     vae = AutoencoderKLWan(
         base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
     )
@@ -192,21 +228,22 @@ def _build_pipeline(seed: int, mode: WanMode) -> WanImageToVideoPipeline:
 
 def create_tiny_wan(path: Path, mode: WanMode = "flf2v", seed: int = 0) -> Path:
     """Build (once) a tiny random Wan image-to-video base at `path` and return `path`: "flf2v" (first +
-    last frame, the interpolation base), "i2v" (first frame only) or "wan22_i2v" (Wan 2.2's two experts).
+    last frame, the interpolation base), "i2v" (first frame only), "wan22_i2v" (Wan 2.2's two experts) or
+    "wan22_ti2v" (Wan 2.2 TI2V-5B: first-frame latents, per-token timesteps).
 
     Idempotent and atomic like `create_tiny_svd`: a finished folder carries a marker file; everything is
     written in a sibling temp folder renamed into place, so concurrent creators never see half a folder.
     """
 
-    if mode not in ("i2v", "flf2v", "wan22_i2v"):
+    if mode not in ("i2v", "flf2v", "wan22_i2v", "wan22_ti2v"):
         raise ValueError(
-            f"unknown Wan mode {mode!r}; use 'i2v' (first frame), 'flf2v' (first + last) or 'wan22_i2v' "
-            "(Wan 2.2's two experts)"
+            f"unknown Wan mode {mode!r}; use 'i2v' (first frame), 'flf2v' (first + last), 'wan22_i2v' "
+            "(Wan 2.2's two experts) or 'wan22_ti2v' (Wan 2.2 TI2V-5B)"
         )
 
     def build(staging: Path) -> None:
         _build_pipeline(seed, mode).save_pretrained(staging)
-        if mode != "wan22_i2v":
+        if mode in ("i2v", "flf2v"):
             fix_processor_class(staging, "image_processor")
 
     return build_once(path, MARKER, build, f"tiny Wan {mode} base")

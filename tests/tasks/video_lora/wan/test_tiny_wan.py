@@ -87,7 +87,7 @@ def test_folder_is_a_complete_diffusers_wan_i2v_base(wan_bases: dict[str, Path])
 
 
 def test_unknown_mode_names_the_choices_and_builds_nothing(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"use 'i2v' \(first frame\), 'flf2v' .* or 'wan22_i2v'"):
+    with pytest.raises(ValueError, match=r"use 'i2v' \(first frame\), 'flf2v' .* or 'wan22_ti2v'"):
         create_tiny_wan(tmp_path / "base", mode="t2v")  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
 

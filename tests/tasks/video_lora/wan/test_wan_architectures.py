@@ -27,6 +27,8 @@ EXPECTED = {
     # FLF2V: plus the positional embedding over first + last frame's 257 CLIP tokens each
     "Wan-AI/Wan2.1-FLF2V-14B-720P-Diffusers": EXPERT + IMAGE_PART + 2 * 257 * CLIP,
     "Wan-AI/Wan2.2-I2V-A14B-Diffusers": EXPERT,
+    # TI2V-5B: width 3072 (24 heads of 128), 30 blocks, FFN 14336, 48 input and output channels: "5B"
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 4_999_787_712,
 }
 
 
@@ -53,17 +55,37 @@ def _count(module: torch.nn.Module) -> int:
 @pytest.mark.parametrize("repo", sorted(EXPECTED))
 def test_transformer_builds_with_the_published_size(repo: str) -> None:
     """Wan 2.1 I2V/FLF2V: 16.39e9 parameters (the "14B" of the name is the text-to-video network,
-    14.29e9; the image cross-attention adds 2.1e9), Wan 2.2 A14B: two experts of 14.29e9."""
+    14.29e9; the image cross-attention adds 2.1e9), Wan 2.2 A14B: two experts of 14.29e9, Wan 2.2
+    TI2V-5B: one of 5.00e9."""
     folder = shipped_architecture(repo)
     assert folder is not None
     index = json.loads((folder / "model_index.json").read_text())
     experts = [name for name in ("transformer", "transformer_2") if index.get(name, [None])[0] is not None]
-    assert experts == (["transformer", "transformer_2"] if "2.2" in repo else ["transformer"])
+    assert experts == (["transformer", "transformer_2"] if "A14B" in repo else ["transformer"])
     for expert in experts:
         with torch.device("meta"):
             model = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder / expert))
         assert _count(model) == EXPECTED[repo], (repo, expert, _count(model))
     assert 14.0e9 < EXPERT < 14.5e9 and 16.3e9 < EXPERT + IMAGE_PART < 16.5e9
+    assert 4.95e9 < EXPECTED["Wan-AI/Wan2.2-TI2V-5B-Diffusers"] < 5.05e9
+
+
+def test_ti2v_5b_folder_is_the_conversions() -> None:
+    """Wan2.2-TI2V-5B-Diffusers as diffusers' conversion script saves it: `WanPipeline` with
+    `expand_timesteps` (no image encoder, one transformer), Wan 2.2's VAE (16x spatial, z_dim 48, its 48
+    latent statistics; 0.705e9 parameters), UniPC with flow_shift 5.0; its pipeline defaults say so."""
+    folder = shipped_architecture("Wan-AI/Wan2.2-TI2V-5B-Diffusers")
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index["_class_name"] == "WanPipeline" and index["expand_timesteps"] is True
+    assert index["transformer_2"] == [None, None] and "image_encoder" not in index
+    with torch.device("meta"):
+        vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(folder / "vae"))
+    config = vae.config
+    assert (config.z_dim, config.scale_factor_spatial, config.patch_size) == (48, 16, 2)
+    assert config.is_residual
+    assert len(config.latents_mean) == len(config.latents_std) == 48 and _count(vae) == 704_688_668
+    defaults = pipeline_defaults(folder)
+    assert (defaults.shift, defaults.expand_timesteps, defaults.boundary_ratio) == (5.0, True, None)
 
 
 def test_frozen_components_build() -> None:
