@@ -80,7 +80,8 @@ def wan_sample(scratch: Path) -> SampleCall:
 
 
 def wan22_sample(scratch: Path) -> SampleCall:
-    """A Wan 2.2 (one expert) export: first frame, a prompt, 2 steps on both experts, frames saved."""
+    """A Wan 2.2 export (one expert of A14B: 2 steps on both experts; or TI2V-5B): first frame, a prompt,
+    2 steps, frames saved."""
     first = _image(scratch / "first.png", 64, 1)
     out, frames = scratch / "video.mp4", scratch / "frames.npy"
     args = ["--image", str(first), "--prompt", "a red ball rolls"]
@@ -152,6 +153,9 @@ CASES = [
     # a Wan 2.2 run trains one expert and cannot sample while training (refused): no samples/
     ContractCase("video_lora_wan22", VIDEO / "wan22_tiny.yaml", wan22_sample, (), ("peft", "comfyui")),
     ContractCase("video_lora_ltx2", VIDEO / "ltx2_tiny.yaml", ltx2_sample, ONE_VIDEO, ("peft",)),
+    ContractCase(
+        "video_lora_wan22_ti2v", VIDEO / "wan22_ti2v_tiny.yaml", wan22_sample, ONE_VIDEO, ("peft", "comfyui")
+    ),
     ContractCase(
         "tts_lm",
         CONFIGS / "tasks" / "tts_lm" / "tiny.yaml",
