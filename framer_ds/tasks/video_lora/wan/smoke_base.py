@@ -1,12 +1,13 @@
 """`framer-ds smoke`'s stand-in for a diffusers Wan image-to-video folder (Wan 2.1 I2V / FLF2V, Wan 2.2
-A14B): every component its model_index.json lists, from that folder's config.json files at a tiny width
+A14B and TI2V-5B): every component its model_index.json lists, from that folder's config.json files at a tiny width
 and depth, random, saved through `WanImageToVideoPipeline.save_pretrained` in the same layout.
 
 What stays: the transformer's patch (1, 2, 2), in/out channels (36 = noisy + mask + condition latents),
 qk norm, rope length and FLF2V's image position embedding over first + last frame (so the CLIP tower
 keeps its 224 px in 14 px patches: 2 x 257 tokens); the VAE's z_dim, its per-channel latent statistics,
 8x spatial and 4x temporal compression; UMT5's vocabulary and relative-attention buckets; Wan 2.2's two
-experts and boundary_ratio; the scheduler config as shipped. What shrinks: transformer width 16 (2 heads
+experts and boundary_ratio; TI2V-5B's `expand_timesteps` and Wan 2.2 VAE (z_dim 48, its 2 x 2 patch,
+16x spatial); the scheduler config as shipped. What shrinks: transformer width 16 (2 heads
 of 8) and 2 blocks, VAE base width 8 and one residual block per level, UMT5 width 16 and 2 layers, CLIP
 width 16 and 2 layers. The tokenizer is wan/tiny.py's small UMT5-style one (UMT5's is not shipped).
 """
@@ -88,6 +89,8 @@ def build_smoke_pipeline(architecture: Path):
         for name in experts
     }
     vae_config = {**read_config(architecture, "vae"), "base_dim": 8, "num_res_blocks": 1}
+    if vae_config.get("decoder_base_dim") is not None:  # Wan 2.2's VAE: its decoder's own width
+        vae_config["decoder_base_dim"] = 8
     components: dict[str, Any] = {
         "tokenizer": build_tiny_umt5_tokenizer(),
         "text_encoder": _text_encoder(architecture),
@@ -100,8 +103,9 @@ def build_smoke_pipeline(architecture: Path):
             "image_encoder": image_encoder,
             "image_processor": image_processor_class("CLIPImageProcessor")(),
         }
-    if "boundary_ratio" in index:
-        components["boundary_ratio"] = index["boundary_ratio"]
+    for key in ("boundary_ratio", "expand_timesteps"):
+        if key in index:
+            components[key] = index[key]
     return WanImageToVideoPipeline(**components), with_clip
 
 
