@@ -1,6 +1,6 @@
 """`framer-ds smoke`'s stand-in for a diffusers Wan image-to-video folder (Wan 2.1 I2V / FLF2V, Wan 2.2
-A14B and TI2V-5B): every component its model_index.json lists, from that folder's config.json files at a tiny width
-and depth, random, saved through `WanImageToVideoPipeline.save_pretrained` in the same layout.
+A14B and TI2V-5B): every component its model_index.json lists, from that folder's config.json files at a
+tiny width and depth, random, saved through `WanImageToVideoPipeline.save_pretrained` in the same layout.
 
 What stays: the transformer's patch (1, 2, 2), in/out channels (36 = noisy + mask + condition latents),
 qk norm, rope length and FLF2V's image position embedding over first + last frame (so the CLIP tower
