@@ -7,6 +7,7 @@ frame replaced by the image's latent, its tokens at timestep 0) and leaves that 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,64 @@ def test_ti2v_sizes_follow_its_vae_and_interpolation_is_refused(tmp_path: Path) 
     problems = {p.where: p.message for p in VideoLoraTask(load_run_config(CONFIG, overrides)).check()}
     assert "32" in problems["data.height"], problems
     assert "TI2V" in problems["model.base.mode"] and "image_to_video" in problems["model.base.mode"]
+
+
+def test_the_hub_folders_unipc_scheduler_samples_the_pipelines_frames(ti2v_run: Path, tmp_path: Path) -> None:
+    """The tiny TI2V base with Wan2.2-TI2V-5B-Diffusers' scheduler (UniPC, flow sigmas, shift 5.0), no
+    LoRA: `sample_video` on our `first_frame_latents` with `num_latent_frames` (the `expand_timesteps`
+    path) vs the pipeline, 4 steps at guidance 3. Both run the same modules, scheduler class and ops on
+    the same inputs, so only float32 rounding of batching can differ: 1e-5; Euler steps on the same flow
+    and shift move the frames by > 1e-3, so the bar tells the solvers apart and the multistep solver is
+    stepped on the latents as the pipeline steps them (the first frame's noise included)."""
+    from diffusers import WanImageToVideoPipeline
+
+    from framer_ds.config.architectures import shipped_architecture
+    from framer_ds.tasks.video_lora.wan.conditioning import encode_prompts
+    from framer_ds.tasks.video_lora.wan.sampling import (
+        load_base_scheduler,
+        read_scheduler_config,
+        sample_video,
+    )
+    from framer_ds.tasks.video_lora.wan.ti2v import first_frame_latents
+
+    base = Path(json.loads((ti2v_run / "run" / "final" / "framer_ds_export.json").read_text())["base_model"])
+    folder, hub = tmp_path / "base", shipped_architecture("Wan-AI/Wan2.2-TI2V-5B-Diffusers")
+    shutil.copytree(base, folder)
+    shutil.copyfile(
+        hub / "scheduler" / "scheduler_config.json", folder / "scheduler" / "scheduler_config.json"
+    )
+    index = json.loads((folder / "model_index.json").read_text())
+    index["scheduler"] = json.loads((hub / "model_index.json").read_text())["scheduler"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    pipe = WanImageToVideoPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    image = Image.open(_image(tmp_path / "a.png", 3))
+    expected = pipe(
+        image=image,
+        prompt=PROMPT,
+        negative_prompt="blurry",
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=4,
+        guidance_scale=3.0,
+        max_sequence_length=32,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).frames
+    assert type(pipe.scheduler).__name__ == "UniPCMultistepScheduler"
+    texts = [encode_prompts(pipe.text_encoder, pipe.tokenizer, [text], 32) for text in (PROMPT, "blurry")]
+    first = pipe.video_processor.preprocess(image, height=64, width=64)
+    condition = first_frame_latents(pipe.vae, first)
+
+    def run(config, **kwargs) -> np.ndarray:
+        generator = torch.Generator().manual_seed(0)
+        frames = sample_video(
+            pipe.transformer, pipe.vae, config, *texts, None, condition, 4, 3.0, generator, **kwargs
+        )
+        return frames.permute(0, 1, 3, 4, 2).numpy()
+
+    ours = run(read_scheduler_config(folder), scheduler=load_base_scheduler(folder), num_latent_frames=3)
+    assert np.abs(ours - expected).max() <= 1e-5
+    euler = run({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 5.0}, num_latent_frames=3)
+    assert np.abs(euler - expected).max() > 1e-3
