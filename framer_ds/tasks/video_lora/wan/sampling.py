@@ -284,8 +284,8 @@ def sample_video(
     (`condition_latents`), or with `num_latent_frames` (Wan 2.2 TI2V-5B, `expand_timesteps`) the first
     frame's latents [B, z, 1, h, w] (`ti2v.first_frame_latents`) for latents of that many frames, which
     replace the first latent frame at every step and before the decode, as the pipeline does. The
-    generator draws the initial noise only, on its own device, exactly as the
-    pipeline's `randn_tensor` does.
+    generator draws the initial noise only, on its own device, exactly as the pipeline's `randn_tensor`
+    does.
 
     Scheduler: `scheduler` (`load_base_scheduler(folder)`) when given, else the one scheduler_config
     names (diffusers' class; our Euler steps for FlowMatchEulerDiscreteScheduler); shift None = its own.
