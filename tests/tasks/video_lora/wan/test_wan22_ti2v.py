@@ -223,3 +223,25 @@ def test_the_hub_folders_unipc_scheduler_samples_the_pipelines_frames(ti2v_run: 
     assert np.abs(ours - expected).max() <= 1e-5
     euler = run({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 5.0}, num_latent_frames=3)
     assert np.abs(euler - expected).max() > 1e-3
+
+
+def test_a_ti2v_folder_is_recognised_by_its_model_index_and_another_patch_is_refused(tmp_path: Path) -> None:
+    """The shipped Wan2.2-TI2V-5B-Diffusers configs as a base folder (no weights): `expand_timesteps` in
+    its model_index.json makes it TI2V (size rule 16 x 2 = 32 read from its configs, interpolation
+    refused as for the tiny base); a transformer patch other than the pipeline's (1, 2, 2), whose
+    `[:, ::2, ::2]` gives one timestep per token only for that patch, is refused by name."""
+    from framer_ds.config.architectures import shipped_architecture
+    from framer_ds.tasks.video_lora.task import VideoLoraTask
+
+    folder = tmp_path / "ti2v"
+    shutil.copytree(shipped_architecture("Wan-AI/Wan2.2-TI2V-5B-Diffusers"), folder)
+    overrides = [f"output_dir={tmp_path / 'run'}", "model.base.source.builtin=null"]
+    overrides += [f"model.base.source.path={folder}", "data.height=80", "model.base.mode=interpolation"]
+    task = VideoLoraTask(load_run_config(CONFIG, overrides))
+    assert task.family.expand_timesteps and task.family.size_multiple() == 32
+    problems = {p.where: p.message for p in task.check()}
+    assert "32" in problems["data.height"] and "TI2V" in problems["model.base.mode"], problems
+    transformer = folder / "transformer" / "config.json"
+    transformer.write_text(transformer.read_text().replace("[\n    1,\n    2,\n    2\n  ]", "[1, 4, 4]"))
+    problems = {p.where: p.message for p in VideoLoraTask(load_run_config(CONFIG, overrides)).check()}
+    assert "(1, 2, 2) patch" in problems["model.base.source.path"], problems
