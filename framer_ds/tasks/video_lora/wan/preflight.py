@@ -63,8 +63,9 @@ def has_image_encoder(folder: Path) -> bool:
 def _expert_problems(base: Any, folder: Path, two: bool) -> list[ConfigProblem]:
     """`expert` required with two experts and refused without, `boundary_ratio` refused without."""
     if not two:
+        one = f"{folder} holds one transformer (Wan 2.1, Wan 2.2 TI2V-5B)"
         return [
-            ConfigProblem(f"model.base.{key}", f"{folder} holds one transformer (Wan 2.1): drop {key}")
+            ConfigProblem(f"model.base.{key}", f"{one}: drop {key}")
             for key in ("expert", "boundary_ratio")
             if getattr(base, key) is not None
         ]
