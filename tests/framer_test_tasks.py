@@ -37,6 +37,11 @@ class MlpDataConfig(StrictModel):
     poison_ids: list[int] = Field(default_factory=list, description="Samples whose input is NaN.")
     record_dir: Path | None = Field(None, description="Each rank appends the sample ids it trained on.")
     sleep_per_batch_s: float = 0.0
+    sleep_flag: Path | None = Field(
+        None,
+        description="When set, batches sleep only while this file exists: a test holds a run at a slow "
+        "pace until it has stopped it, and the resumed run trains at full speed.",
+    )
     startup_sleep_s: float = Field(0.0, description="Sleep while building the datasets (a slow start-up).")
     slow_checkpoint_flag: Path | None = Field(
         None,
@@ -131,7 +136,7 @@ class MlpRegressionTask(Task):
             rank = int(os.environ.get("RANK", "0"))
             with open(Path(data.record_dir) / f"rank{rank}.jsonl", "a") as f:
                 f.write(json.dumps(batch["id"].tolist()) + "\n")
-        if data.sleep_per_batch_s:
+        if data.sleep_per_batch_s and (data.sleep_flag is None or data.sleep_flag.exists()):
             time.sleep(data.sleep_per_batch_s)
         pred = model(batch["x"]).float()
         loss = F.mse_loss(pred, batch["y"].float())

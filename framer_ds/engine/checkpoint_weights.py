@@ -50,19 +50,19 @@ def _weights_file(directory: Path, index: int) -> Path:
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load `path` into `model`, where only frozen parameters may be absent."""
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    if path.suffix == ".safetensors":  # safetensors' loader: a tied alias (lm_head = embeddings) is
+        from safetensors.torch import load_model  # stored once, and its other names are not "missing"
 
-        state = load_file(str(path))
+        missing_keys, unexpected = load_model(model, path, strict=False)
     else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    result = model.load_state_dict(state, strict=False)
-    missing = sorted(set(result.missing_keys) - frozen_parameter_names(model))
-    if missing or result.unexpected_keys:
-        shown = ", ".join((missing + sorted(result.unexpected_keys))[:4])
+        result = model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=False)
+        missing_keys, unexpected = result.missing_keys, result.unexpected_keys
+    missing = sorted(set(missing_keys) - frozen_parameter_names(model))
+    if missing or unexpected:
+        shown = ", ".join((missing + sorted(unexpected))[:4])
         raise RunSetupError(
             f"checkpoint {path.parent} does not fit this model: {len(missing)} trained tensor(s) missing, "
-            f"{len(result.unexpected_keys)} unexpected ({shown}). Resume with the config that wrote it "
+            f"{len(unexpected)} unexpected ({shown}). Resume with the config that wrote it "
             f"({path.parent / 'config.yaml'}) or start a new output_dir"
         )
 

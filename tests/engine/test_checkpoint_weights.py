@@ -47,3 +47,28 @@ def test_a_checkpoint_without_the_frozen_base_loads_and_one_missing_a_trained_te
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(RunSetupError, match=r"1 trained tensor\(s\) missing, 0 unexpected \(2.weight\)"):
         _load_trainable([_model()], str(tmp_path))
+
+
+class _TiedHead(torch.nn.Module):
+    """An LM whose output head is its input embedding (Granite's tie_word_embeddings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, 4)
+        self.frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+        self.head = torch.nn.Linear(4, 8, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_tied_head_stored_once_is_not_missing(tmp_path: Path) -> None:
+    """safetensors stores a shared tensor under one name (accelerate's save drops the alias): the Granite
+    smoke's resume was refused with "1 trained tensor(s) missing (lm_head.weight)" before."""
+    from safetensors.torch import save_model
+
+    trained = _TiedHead()
+    with torch.no_grad():
+        trained.embed.weight.add_(1.0)
+    save_model(trained, str(tmp_path / "model.safetensors"))  # one of embed.weight / head.weight
+    fresh = _TiedHead()
+    _load_trainable([fresh], str(tmp_path))
+    assert torch.equal(fresh.head.weight, trained.embed.weight) and fresh.head.weight is fresh.embed.weight

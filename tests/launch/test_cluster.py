@@ -255,7 +255,12 @@ def test_hostfile_runners_and_ctrl_c_over_ssh(cluster, reference):
     assert not (cluster.checkout / ".deepspeed_env").exists()
     assert "removed ./.deepspeed_env" in proc.stderr and "WANDB_API_KEY" in proc.stderr
 
-    config, run_dir = mlp_run(cluster, "ssh_then_deepspeed", sleep_per_batch_s=0.4)
+    # 2 s a batch until the Ctrl-C (the whole run: 64 s): at 0.4 s it could finish before the checks
+    # below and the signal on a loaded machine (it did: "done: 16 steps", no stop); the resume: full speed
+    hold = cluster.directory / "hold_ssh_run"
+    hold.touch()
+    data = {"sleep_flag": str(hold)}
+    config, run_dir = mlp_run(cluster, "ssh_then_deepspeed", sleep_per_batch_s=2.0, data=data)
     env = {
         "HOSTFILE": hostfile,
         "CONFIG": str(config),
@@ -273,6 +278,7 @@ def test_hostfile_runners_and_ctrl_c_over_ssh(cluster, reference):
         + cluster.run(["ssh", "fds-node2", "ps -eo args"]).stdout
     )
     os.killpg(launcher.pid, signal.SIGINT)
+    hold.unlink()
     out, _ = launcher.communicate(timeout=180)
     assert launcher.returncode == 0, out[-4000:]
     node2_stopped = r"\[fds-node2\] stopped by .* after step \d+; checkpoint written"
