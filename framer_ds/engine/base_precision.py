@@ -11,9 +11,8 @@ What it does not change: exports. A task exports its trainable parameters (a LoR
 into the base read from disk at full precision (`framer-ds export`), so `final/` is the same format; the
 adapter learnt against the dequantized base, which differs from the full-precision one by at most half a
 quantization step per weight (scale = max |row| / 127 for int8; tests/engine/test_base_precision.py).
-Checkpoints leave the quantized weights out as every frozen weight (engine/checkpoint_weights.py;
-safetensors could not store torchao's tensors anyway): resume rebuilds the frozen base from its files
-and quantizes it again, bit for bit (round-to-nearest of the same weights).
+Checkpoints leave the quantized weights out (`quantized_names`): they are rebuilt from the base on
+resume, as the frozen base always is.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ def quantize_frozen_base(model: torch.nn.Module, precision: str) -> str:
     config = Int8WeightOnlyConfig() if precision == "int8" else Float8WeightOnlyConfig()
     before = sum(m.weight.numel() for m in frozen)
     quantize_(model, config, filter_fn=_frozen_linear)
+    keep_quantized_out_of_checkpoints(model)
     keep_quantized_out_of_ddp(model)
     return f"{precision} weight-only: {len(frozen)} frozen Linear layers, {before:,} weights"
 
@@ -71,6 +71,25 @@ def quantized_names(model: torch.nn.Module) -> set[str]:
         for name, param in model.named_parameters()
         if not param.requires_grad and type(param.data) is not torch.Tensor
     }
+
+
+def keep_quantized_out_of_checkpoints(model: torch.nn.Module) -> None:
+    """The model's state dict (what `save_state` writes) without the quantized frozen weights, and a load
+    that does not miss them. Why: safetensors cannot store torchao's tensors (accelerate fails reading
+    their storage), and they need no storing: resume rebuilds the frozen base from its files and
+    quantizes it again, bit for bit (round-to-nearest of the same weights)."""
+    names = quantized_names(model)
+
+    def drop(_module: torch.nn.Module, state_dict: dict, prefix: str, _metadata: object) -> None:
+        for name in names:
+            state_dict.pop(prefix + name, None)
+
+    def forgive(_module: torch.nn.Module, incompatible: object) -> None:
+        missing = incompatible.missing_keys  # type: ignore[attr-defined]
+        missing[:] = [key for key in missing if not any(key.endswith(name) for name in names)]
+
+    model.register_state_dict_post_hook(drop)
+    model.register_load_state_dict_post_hook(forgive)
 
 
 def keep_quantized_out_of_ddp(model: torch.nn.Module) -> None:
