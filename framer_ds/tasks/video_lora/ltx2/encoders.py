@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from framer_ds.engine.accelerator import frozen_model_init
-from framer_ds.engine.precision import compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.tasks.video_lora.shared.protocol import CachedBatch, FrozenHelpers
 
@@ -71,12 +70,7 @@ class FrozenLtx2Encoders(FrozenHelpers):
                     m.requires_grad_(False).eval() for m in self.load()
                 )
             self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir, subfolder="tokenizer")
-        dtype = compute_dtype(accelerator)
-        for module in self._modules():
-            wanted = torch.float32 if module is self.vae else dtype
-            module.to(accelerator.device)
-            if module.dtype != wanted:
-                module.to(dtype=wanted)
+        self._move_to_device(accelerator, self._modules())
         return self.vae, self.text_encoder, self.connectors
 
     def release(self) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.engine.precision import compute_dtype
 from framer_ds.tasks.video_lora.shared.data.buckets import AUTO_FRAME_STEP
 
 
@@ -73,6 +74,16 @@ class FrozenHelpers(ABC):
     @abstractmethod
     def release(self) -> None:
         """Off the device: the cache holds what they encode; a sampling round brings them back."""
+
+    def _move_to_device(self, accelerator, modules: list[torch.nn.Module]) -> None:
+        """`modules` onto the accelerator's device: the VAE in float32 (its decode is the output's
+        precision), every other encoder in the run's compute dtype."""
+        dtype = compute_dtype(accelerator)
+        for module in modules:
+            wanted = torch.float32 if module is self.vae else dtype
+            module.to(accelerator.device)
+            if module.dtype != wanted:
+                module.to(dtype=wanted)
 
     def release_if_lent(self) -> None:
         """After interp_eval under the latent cache: off the device before training goes on."""

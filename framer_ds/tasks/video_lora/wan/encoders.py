@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from framer_ds.engine.accelerator import frozen_model_init
-from framer_ds.engine.precision import compute_dtype
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.tasks.video_lora.shared.protocol import CachedBatch, FrozenHelpers
 from framer_ds.tasks.video_lora.wan.preflight import has_image_encoder, image_encoder_class_name
@@ -111,12 +110,7 @@ class FrozenWanEncoders(FrozenHelpers):
         loaded already (sampling from cached prompt states)."""
         with frozen_model_init(accelerator):
             self._load_missing(text)
-        dtype = compute_dtype(accelerator)
-        for module in self._modules():
-            wanted = torch.float32 if module is self.vae else dtype
-            module.to(accelerator.device)
-            if module.dtype != wanted:
-                module.to(dtype=wanted)
+        self._move_to_device(accelerator, self._modules())
         return self.vae, self.image_encoder, self.text_encoder
 
     def for_sampling(self, device: str) -> FrozenWanEncoders:
