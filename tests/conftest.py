@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from scheduling import order_heaviest_first
+from scheduling import FileSeconds, order_heaviest_first
 
 if TYPE_CHECKING:
     from framer_ds.train.loop import TrainResult
@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sees every report
+        config.pluginmanager.register(FileSeconds(), "file_seconds")
     # As an activated venv would: its tools first on PATH for every process the tests start. DeepSpeed
     # JIT-builds its CPU ops with the first `ninja` on PATH into one shared cache; with the system's
     # ninja for some launches and the venv's for others (a launcher that puts its own bin dir first),

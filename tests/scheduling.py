@@ -69,3 +69,30 @@ def order_heaviest_first(items: list[pytest.Item]) -> None:
     weight = {path: file_weight(path, tests) for path, tests in files.items()}
     ordered = sorted(files, key=lambda path: -weight[path])  # stable: collection order among equals
     items[:] = [item for path in ordered for item in files[path]]
+
+
+class FileSeconds:
+    """The seconds each test file took (its tests' setup, call and teardown summed, as a worker spent
+    them), printed heaviest first at the end of the run: what `MEASURED_S` and the README's heaviest-files
+    table are kept current from, read off any run (a CI log included) instead of a separate
+    `--durations=0` run. Under xdist the reports reach the controller with their durations."""
+
+    SHOWN = 25
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path = report.nodeid.split("::", 1)[0]
+        self.seconds[path] = self.seconds.get(path, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # type: ignore[no-untyped-def]
+        if not self.seconds:
+            return
+        heaviest = sorted(self.seconds.items(), key=lambda item: -item[1])[: self.SHOWN]
+        title = f"seconds per test file (heaviest {len(heaviest)}; tests/scheduling.py)"
+        terminalreporter.write_sep("=", title)
+        for path, seconds in heaviest:
+            terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
+        total = sum(self.seconds.values())
+        terminalreporter.write_line(f"{total:8.1f}s  all {len(self.seconds)} files, summed over workers")

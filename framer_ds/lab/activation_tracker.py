@@ -19,12 +19,19 @@ the same fake step with no tracker). This tracker keeps only that number, and co
   That changes the peak, so this tracker registers the same hook (doing nothing), and its figures stay
   the ones the planner's tests and the shipped configs' headers were measured with.
 
+The collector stays off for the step (a `gc.collect()` first): a storage dies when its last reference
+goes, and one held by a reference cycle lives to the end of the step. With the collector on, when it ran
+depended on every Python object the process had made before, so the same config planned to different
+figures in different processes (LTX-2's header: 47.52, 47.54 and 47.60 GiB). Held to the end is also what
+a GPU sees when the collector does not happen to run inside the step.
+
 The peak is read after every change, per device, as `MemTracker`'s snapshot updates were, and a CUDA
 storage counts in whole blocks of the caching allocator's smallest allocation, as it counted them.
 """
 
 from __future__ import annotations
 
+import gc
 import weakref
 from functools import partial, wraps
 from typing import Any
@@ -87,6 +94,7 @@ class ActivationTracker(TorchDispatchMode):
         self._hooked = WeakIdKeyDictionary()  # trained parameter -> its two hook handles
         self._handles: list[Any] = []
         self._resize = torch.UntypedStorage.resize_
+        self._collector_was_on = False
 
     # --- counting -----------------------------------------------------------------------------------
 
@@ -173,6 +181,9 @@ class ActivationTracker(TorchDispatchMode):
     # --- the mode -------------------------------------------------------------------------------------
 
     def __enter__(self) -> ActivationTracker:
+        gc.collect()
+        self._collector_was_on = gc.isenabled()
+        gc.disable()  # see the module docstring: a figure that does not depend on when it runs
         self._handles.append(register_module_forward_pre_hook(self._pre_forward))
         resize, tracker = self._resize, self
 
@@ -194,6 +205,8 @@ class ActivationTracker(TorchDispatchMode):
             for handle in handles:
                 handle.remove()
         self._hooked = WeakIdKeyDictionary()
+        if self._collector_was_on:
+            gc.enable()
         super().__exit__(*args)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]

@@ -100,3 +100,58 @@ def test_video_figures_equal_memtracker_with_an_evaluation_phase(monkeypatch, da
     path = REPO / "configs/tasks/video_lora/wan_tiny.yaml"
     ours, reference = _both(monkeypatch, lambda: _task(path, wan))
     assert (ours.measured_bytes, ours.eval_transient) == (reference.measured_bytes, reference.eval_transient)
+
+
+class _Knot:
+    """An object that refers to itself."""
+
+    temporary: torch.Tensor
+    itself: _Knot
+
+
+class _CycleHolder(torch.nn.Module):
+    """A block whose forward leaves a reference cycle holding a 4 MiB temporary (as some diffusers
+    attention processors leave a closure): only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(1024, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        knot = _Knot()
+        knot.temporary, knot.itself = x.repeat(4, 1) * 2, knot
+        return self.linear(x).relu()
+
+
+def _cycle_peak() -> int:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from framer_ds.lab.activation_tracker import ActivationTracker
+
+    model = torch.nn.Sequential(*[_CycleHolder() for _ in range(4)])
+    tracker = ActivationTracker()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, tracker:
+        x = mode.from_tensor(torch.zeros(256, 1024, requires_grad=True))
+        model(x).sum().backward()
+    return tracker.activation_peak
+
+
+def test_the_figure_does_not_depend_on_when_the_collector_runs():
+    """LTX-2's header was 47.54 GiB when planned alone and 47.60 GiB after the rest of the suite: the
+    cyclic collector ran at other points of the step, freeing a cycle's temporaries sooner or later.
+    With Python's default thresholds the collector runs inside this step (before the fix: 4 MiB less
+    than with it held off); with a threshold it never reaches it runs not at all. One figure either way:
+    every cycle's 4 MiB temporary held to the end of the step."""
+    import gc
+
+    thresholds = gc.get_threshold()
+    try:
+        gc.collect()
+        gc.set_threshold(700, 10, 10)
+        often = _cycle_peak()
+        gc.collect()
+        gc.set_threshold(100_000)
+        rarely = _cycle_peak()
+    finally:
+        gc.set_threshold(*thresholds)
+    assert often == rarely >= 4 * 4 * 256 * 1024 * 4
