@@ -19,7 +19,7 @@ the same fake step with no tracker). This tracker keeps only that number, and co
   That changes the peak, so this tracker registers the same hook (doing nothing), and its figures stay
   the ones the planner's tests and the shipped configs' headers were measured with.
 
-The collector stays off for the step (a `gc.collect()` first): a storage dies when its last reference
+The collector stays off for the step: a storage dies when its last reference
 goes, and one held by a reference cycle lives to the end of the step. With the collector on, when it ran
 depended on every Python object the process had made before, so the same config planned to different
 figures in different processes (LTX-2's header: 47.52, 47.54 and 47.60 GiB). Held to the end is also what
@@ -181,7 +181,6 @@ class ActivationTracker(TorchDispatchMode):
     # --- the mode -------------------------------------------------------------------------------------
 
     def __enter__(self) -> ActivationTracker:
-        gc.collect()
         self._collector_was_on = gc.isenabled()
         gc.disable()  # see the module docstring: a figure that does not depend on when it runs
         self._handles.append(register_module_forward_pre_hook(self._pre_forward))
