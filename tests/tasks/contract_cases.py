@@ -152,7 +152,7 @@ CASES = [
     ContractCase("video_lora_wan", VIDEO / "wan_tiny.yaml", wan_sample, ONE_VIDEO, ("peft", "comfyui")),
     # a Wan 2.2 run trains one expert and cannot sample while training (refused): no samples/
     ContractCase("video_lora_wan22", VIDEO / "wan22_tiny.yaml", wan22_sample, (), ("peft", "comfyui")),
-    ContractCase("video_lora_ltx2", VIDEO / "ltx2_tiny.yaml", ltx2_sample, ONE_VIDEO, ("peft",)),
+    ContractCase("video_lora_ltx2", VIDEO / "ltx2_tiny.yaml", ltx2_sample, ONE_VIDEO, ("peft", "comfyui")),
     ContractCase(
         "video_lora_wan22_ti2v", VIDEO / "wan22_ti2v_tiny.yaml", wan22_sample, ONE_VIDEO, ("peft", "comfyui")
     ),

@@ -7,7 +7,8 @@ peft's rank and alpha in its `lora_adapter_metadata` header), which `LTX2ImageTo
 `LTX2ConditionPipeline.load_lora_weights(final/)` load as is; with the metadata
 (`framer_ds_video_lora.json`: the base folder, mode, shape, frame rate). `framer-ds sample` runs the mode's
 pipeline with the adapter (ltx2/sampling.py), so its frames are the pipeline's for the same seed and
-inputs.
+inputs. `framer-ds export --format comfyui` writes the LoRA in LTX-2's own layout, which ComfyUI loads
+(`export_comfyui`; golden-tested against ComfyUI's code: tests/golden/ltx2_lora_keys).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from framer_ds.tasks.video_lora.shared.exports import (
 )
 
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME_SAFE
+COMFYUI_LTX2_FILE = "ltx2_lora_comfyui.safetensors"
 
 
 def write_diffusers_lora(adapter_dir: Path) -> None:
@@ -105,16 +107,41 @@ class Ltx2Exports:
         )
 
     def export_command(self, export_dir: Path, options: Any) -> str:
-        """`--format peft`; the diffusers layout is in final/ already (pytorch_lora_weights.safetensors)."""
+        """`--format peft` or `comfyui`; the diffusers layout is in final/ already
+        (pytorch_lora_weights.safetensors)."""
         from framer_ds.tasks.video_lora.shared.exports import export_peft
 
         if options.format == "peft":
             return export_peft(export_dir, options)
+        if options.format == "comfyui":
+            return export_comfyui(Path(export_dir), options)
         problem = (
-            f"{options.format!r} is not an LTX-2 format; an LTX-2 export takes --format peft (final/ also "
-            f"holds {DIFFUSERS_LORA_FILE}, which the diffusers pipelines' load_lora_weights reads)"
+            f"{options.format!r} is not an LTX-2 format; an LTX-2 export takes --format peft or comfyui "
+            f"(final/ also holds {DIFFUSERS_LORA_FILE}, which the diffusers pipelines' load_lora_weights "
+            "reads)"
         )
         raise ConfigError([ConfigProblem("--format", problem)], "export")
+
+
+def export_comfyui(export_dir: Path, options: Any) -> str:
+    """`--format comfyui`: one file in LTX-2's own LoRA layout (ltx2/lora.py: the keys ComfyUI's LoRA
+    loader maps for its LTX-2 model, scale folded into lora_B), added beside the files in --out."""
+    from framer_ds.tasks.video_lora.ltx2.lora import to_comfyui_state_dict
+    from framer_ds.tasks.video_lora.shared.comfyui_lora import refuse_unsupported_adapter, write_comfyui_lora
+
+    metadata = read_adapter_metadata(export_dir)
+    if options.base is not None:  # the key names are the transformer's own: no base is read
+        problem = "an LTX-2 comfyui export reads no base model (its keys are the transformer's): drop --base"
+        raise ConfigError([ConfigProblem("--base", problem)], "export")
+    config = json.loads((export_dir / "adapter_config.json").read_text())
+    refuse_unsupported_adapter(config)
+    tensors = to_comfyui_state_dict(load_file(str(export_dir / "adapter_model.safetensors")), config)
+    path = write_comfyui_lora(options, COMFYUI_LTX2_FILE, tensors, metadata)
+    return (
+        f"wrote {path}: {len(tensors) // 2} LoRA modules in LTX-2's own layout (diffusion_model."
+        "transformer_blocks.N...): put it in ComfyUI/models/loras and apply it with LoraLoaderModelOnly "
+        "to an LTX-2 model"
+    )
 
 
 @torch.no_grad()

@@ -4,7 +4,8 @@
   (and the files a family adds: a Framer run's trained `controlnet/` and `mask_token.safetensors`).
 - `merged`: the LoRA merged into the base UNet (a diffusers pipeline for image-to-video, the UNet
   alone for interpolation), `svd/export.export_merged`; Framer has its own (framer/export.py).
-- `comfyui`: an SVD image-to-video LoRA in ComfyUI's generic format, `comfyui_keys` below.
+- `comfyui`: one LoRA file in ComfyUI's key format (each family maps its module names; the writer and
+  the scale are shared/comfyui_lora.py).
 - `framer`: Framer checkpoints (framer/export.py).
 
 Each format is a function `(adapter_dir, options) -> str`; each base family lists the ones it writes
@@ -16,7 +17,6 @@ formats exist never depends on which module was imported first. Every format wri
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,8 +46,8 @@ class VideoExportCommandOptions(StrictModel):
     format: Literal["peft", "merged", "comfyui", "framer"] = Field(
         description="'peft': the adapter as is (PeftModel.from_pretrained); 'merged': the LoRA merged into "
         "the base UNet (a StableVideoDiffusionPipeline directory for image-to-video, the UNet for "
-        "interpolation); 'comfyui': an SVD image-to-video LoRA in ComfyUI's generic key format "
-        "(diffusion_model.<original SVD key>); 'framer': a Framer checkpoint."
+        "interpolation); 'comfyui': one LoRA file ComfyUI's LoRA loader reads (an SVD image-to-video, Wan or "
+        "LTX-2 adapter; diffusion_model.<the original model's module>); 'framer': a Framer checkpoint."
     )
     out: Path = Field(
         description="Where to write: 'comfyui' adds its one file to this folder (created if needed), beside "
@@ -60,8 +60,8 @@ class VideoExportCommandOptions(StrictModel):
     )
     base: Path | None = Field(
         None,
-        description="The base model directory ('merged', 'comfyui': the SVD directory; 'framer' and a Framer "
-        "run's 'merged': the Framer directory); default: the one training used.",
+        description="The base model directory ('merged', an SVD run's 'comfyui': the SVD directory; "
+        "'framer' and a Framer run's 'merged': the Framer directory); default: the one training used.",
     )
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32", description="Dtype of the weights written ('merged', 'comfyui', 'framer')."
@@ -107,12 +107,6 @@ def export_peft(
     parts += [what for name, what in extra.items() if (out / name).exists()]
     written = " and ".join(parts) or f"the metadata only ({adapter_dir} holds no trained weights)"
     return f"wrote {out}: {written}"
-
-
-def comfyui_file_metadata(record: dict) -> dict[str, str]:
-    """The safetensors header of a ComfyUI LoRA file: what made it (the adapter's metadata) travels
-    inside the one file, since a single-file export adds nothing else to a loader's folder."""
-    return {"format": "pt", "framer_ds": "video_lora", EXPORT_METADATA: json.dumps(record)}
 
 
 def flag_name(field: str) -> str:

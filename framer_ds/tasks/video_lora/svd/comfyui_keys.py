@@ -19,13 +19,12 @@ outside them (a resnet, conv_in) has no entry here and is refused by name.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 import torch
 
-from framer_ds.config.errors import ConfigError, ConfigProblem
+from framer_ds.tasks.video_lora.shared.comfyui_lora import lora_scale, refusal, refuse_unsupported_adapter
 
 PEFT_PREFIX = "base_model.model."
 _DOWN = re.compile(r"^down_blocks\.(\d+)\.attentions\.(\d+)\.(.+)$")
@@ -69,10 +68,6 @@ def original_svd_module(diffusers_module: str, layers_per_block: int) -> str:
     raise ValueError(f"{diffusers_module} is outside SVD's transformer blocks; no ComfyUI key maps it")
 
 
-def _refuse(reason: str) -> ConfigError:
-    return ConfigError([ConfigProblem("--format", f"comfyui cannot load this adapter: {reason}")], "export")
-
-
 def comfyui_lora_state_dict(
     adapter: dict[str, torch.Tensor], adapter_config: dict[str, Any], unet_config: dict[str, Any]
 ) -> dict[str, torch.Tensor]:
@@ -80,38 +75,31 @@ def comfyui_lora_state_dict(
 
     `.alpha` is written so that ComfyUI's `alpha / rank` equals peft's scaling exactly (alpha / r, or
     alpha / sqrt(r) with rsLoRA), whatever alpha and rank were."""
-    if adapter_config.get("use_dora"):
-        raise _refuse("it is a DoRA adapter (a magnitude vector ComfyUI's plain LoRA format has no key for)")
-    if adapter_config.get("rank_pattern") or adapter_config.get("alpha_pattern"):
-        raise _refuse("per-module rank_pattern/alpha_pattern are not supported by this exporter")
-    init = adapter_config.get("init_lora_weights")
-    if isinstance(init, str) and init.lower().startswith(("pissa", "olora")):
-        raise _refuse(f"init {init!r} changes the base weights, so the LoRA alone is not a delta on SVD")
+    refuse_unsupported_adapter(adapter_config)
     layers_per_block = uniform_layers_per_block(unet_config)
-    alpha = float(adapter_config["lora_alpha"])
     converted: dict[str, torch.Tensor] = {}
     for key in sorted(adapter):
         if not key.startswith(PEFT_PREFIX):
-            raise _refuse(f"unexpected key {key!r} in the adapter")
+            raise refusal(f"unexpected key {key!r} in the adapter")
         name = key[len(PEFT_PREFIX) :]
         if name.endswith(".lora_B.weight"):
             continue  # taken with its lora_A
         if not name.endswith(".lora_A.weight"):
-            raise _refuse(f"{name} is not a LoRA matrix (a fully trained module such as a widened conv_in)")
+            raise refusal(f"{name} is not a LoRA matrix (a fully trained module such as a widened conv_in)")
         module = name[: -len(".lora_A.weight")]
         down, up = adapter[key], adapter[f"{PEFT_PREFIX}{module}.lora_B.weight"]
         if down.dim() != 2:
-            raise _refuse(f"{module} is a convolution LoRA; this exporter maps linear layers only")
+            raise refusal(f"{module} is a convolution LoRA; this exporter maps linear layers only")
         try:
             original = original_svd_module(module, layers_per_block)
         except ValueError as exc:
-            raise _refuse(str(exc)) from None
+            raise refusal(str(exc)) from None
         rank = down.shape[0]
-        scale = alpha / math.sqrt(rank) if adapter_config.get("use_rslora") else alpha / rank
+        scale = lora_scale(rank, adapter_config)
         prefix = f"diffusion_model.{original}"
         converted[f"{prefix}.lora_down.weight"] = down
         converted[f"{prefix}.lora_up.weight"] = up
         converted[f"{prefix}.alpha"] = torch.tensor(scale * rank, dtype=torch.float32)
     if not converted:
-        raise _refuse("it holds no LoRA matrices")
+        raise refusal("it holds no LoRA matrices")
     return converted

@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
-from framer_ds.engine.export_out import check_export_directory, export_directory, export_file
+from framer_ds.engine.export_out import check_export_directory, export_directory
+from framer_ds.tasks.video_lora.shared.comfyui_lora import write_comfyui_lora
 from framer_ds.tasks.video_lora.shared.exports import (
     EXPORT_METADATA,
     ExportFormat,
     VideoExportCommandOptions,
-    comfyui_file_metadata,
     export_peft,
     load_frame,
     read_adapter_metadata,
@@ -285,13 +285,10 @@ def export_comfyui(adapter_dir: Path, options: VideoExportCommandOptions) -> str
     unet_config = json.loads((base / "unet" / "config.json").read_text())
     tensors = load_file(adapter_dir / "adapter_model.safetensors")
     converted = comfyui_lora_state_dict(tensors, adapter_config, unet_config)
-    dtype = getattr(torch, options.dtype)
-    converted = {k: v if k.endswith(".alpha") else v.to(dtype).contiguous() for k, v in converted.items()}
-    with export_file(options.out, COMFYUI_FILE, options.overwrite) as path:
-        save_file(converted, str(path), metadata=comfyui_file_metadata({**metadata, "format": "comfyui"}))
+    path = write_comfyui_lora(options, COMFYUI_FILE, converted, metadata)
     modules = sum(k.endswith(".alpha") for k in converted)
     return (
-        f"wrote {Path(options.out) / COMFYUI_FILE}: {modules} LoRA modules in ComfyUI's format (put it in, "
+        f"wrote {path}: {modules} LoRA modules in ComfyUI's format (put it in, "
         "or export straight to, ComfyUI/models/loras) and apply it with LoraLoaderModelOnly to an SVD "
         "image-to-video model"
     )

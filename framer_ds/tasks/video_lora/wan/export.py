@@ -28,7 +28,6 @@ from safetensors.torch import load_file, save_file
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
-from framer_ds.engine.export_out import export_file
 from framer_ds.storage.atomic import atomic_write_json
 from framer_ds.tasks.video_lora.shared.exports import (
     EXPORT_METADATA,
@@ -111,7 +110,11 @@ class WanExports:
 
     def export_command(self, export_dir: Path, options: Any) -> str:
         """`--format comfyui` (ComfyUI's Wan LoRA keys) or `peft`; the others are the SVD family's."""
-        from framer_ds.tasks.video_lora.shared.exports import comfyui_file_metadata, export_peft
+        from framer_ds.tasks.video_lora.shared.comfyui_lora import (
+            refuse_unsupported_adapter,
+            write_comfyui_lora,
+        )
+        from framer_ds.tasks.video_lora.shared.exports import export_peft
 
         metadata = read_adapter_metadata(export_dir)
         if options.format == "peft":
@@ -124,14 +127,10 @@ class WanExports:
         from framer_ds.tasks.video_lora.wan.lora_layout import to_comfyui_state_dict
 
         config = json.loads((Path(export_dir) / "adapter_config.json").read_text())
+        refuse_unsupported_adapter(config)
         tensors = load_file(str(Path(export_dir) / "adapter_model.safetensors"))
-        header = comfyui_file_metadata({**metadata, "format": "comfyui"})
-        with export_file(options.out, COMFYUI_WAN_FILE, options.overwrite) as path:  # beside the others
-            save_file(to_comfyui_state_dict(tensors, config), str(path), metadata=header)
-        return (
-            f"wrote {Path(options.out) / COMFYUI_WAN_FILE} (ComfyUI Wan LoRA keys, "
-            "diffusion_model.blocks.N...)"
-        )
+        path = write_comfyui_lora(options, COMFYUI_WAN_FILE, to_comfyui_state_dict(tensors, config), metadata)
+        return f"wrote {path} (ComfyUI Wan LoRA keys, diffusion_model.blocks.N...)"
 
 
 def _refuse_frame_count(base: Path, num_frames: int) -> None:

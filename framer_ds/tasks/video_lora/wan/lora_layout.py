@@ -21,12 +21,13 @@ Layouts:
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from framer_ds.tasks.video_lora.shared.comfyui_lora import lora_scale
 
 # Block-relative module names; as peft `target_modules` each matches `blocks.N.<name>` only (peft matches
 # a list entry by suffix after a dot, and no module outside the blocks ends in these names).
@@ -56,14 +57,6 @@ COMFYUI_MODULES = {
 }
 _PEFT_PREFIXES = ("base_model.model.", "transformer.")
 _MODULE = re.compile(r"^blocks\.(\d+)\.(.+)\.lora_([AB])\.weight$")
-
-
-def lora_scale(rank: int, adapter_config: Mapping[str, Any] | None) -> float:
-    """peft's LoRA scale for this adapter: alpha / r, alpha / sqrt(r) with rsLoRA, 1.0 without a config."""
-    if adapter_config is None:
-        return 1.0
-    alpha = float(adapter_config.get("lora_alpha", rank))
-    return alpha / math.sqrt(rank) if adapter_config.get("use_rslora") else alpha / rank
 
 
 def _lora_pairs(

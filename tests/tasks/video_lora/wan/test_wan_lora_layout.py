@@ -13,10 +13,10 @@ import torch
 from diffusers import WanImageToVideoPipeline
 from safetensors.torch import load_file, save_file
 
+from framer_ds.tasks.video_lora.shared.comfyui_lora import lora_scale
 from framer_ds.tasks.video_lora.wan.lora_layout import (
     COMFYUI_MODULES,
     WAN_LORA_TARGETS,
-    lora_scale,
     to_comfyui_state_dict,
     to_diffusers_state_dict,
 )
