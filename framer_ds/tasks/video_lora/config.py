@@ -51,7 +51,7 @@ VideoBase = Annotated[
 
 
 # SVD/Framer keys that a DiT base (Wan, LTX-2) cannot honour, each with the reason a config setting it is
-# refused.
+# refused; a base's `honoured_model_keys` names those it reads with the same meaning (LTX-2: fps).
 DIT_REFUSED_KEYS = {
     "source": "the SVD directory; this base reads model.base.source",
     "edm": "EDM noise settings; this base trains under flow matching (its model.base keys)",
@@ -104,7 +104,12 @@ class VideoLoraModelConfig(StrictModel):
     edm: EdmOptions = Field(
         default_factory=EdmOptions, description="The EDM noise distributions of the objective."
     )
-    fps: float | None = Field(None, gt=0, description="fps conditioning; null = each clip's effective fps.")
+    fps: float | None = Field(
+        None,
+        gt=0,
+        description="The frame rate training conditions on (SVD/Framer: the fps added time id; LTX-2: the "
+        "time scale of its positions, in seconds); null = each clip's effective fps (source fps / stride).",
+    )
     motion_bucket: int | Literal["from_data"] = Field(
         127,
         description="SVD's motion conditioning (added time id; higher = more motion): one value for every "
@@ -163,9 +168,11 @@ class VideoLoraModelConfig(StrictModel):
                     "model.source.path (a diffusers SVD folder) or model.source.builtin: tiny_svd"
                 )
             return self
+        honoured = getattr(type(self.base), "honoured_model_keys", frozenset())
         problems = [
             f"model.{key}: {why}; drop it for model.base.name {self.base.name}"
             for key, why in DIT_REFUSED_KEYS.items()
+            if key not in honoured
             # a value other than the default (a resolved config dumps every key, defaults included)
             if getattr(self, key) != type(self).model_fields[key].get_default(call_default_factory=True)
         ]

@@ -29,6 +29,7 @@ class Ltx2EncodedClip(CachedBatch):
         Tensor  # [B, L, Da] the connectors' audio prompt states (the frozen audio branch reads them)
     )
     prompt_mask: Tensor  # [B, L] their attention mask
+    fps: Tensor  # [B] the clip's frame rate (source fps / stride): its positions' time scale (frame_rate.py)
     last: Tensor | None = None  # [B, C, 1, h, w] interpolation: the last frame, a keyframe
 
 

@@ -5,7 +5,8 @@ and resume read) AND the same LoRA in diffusers' layout, `pytorch_lora_weights.s
 diffusers' own `save_lora_weights` (keys `transformer.transformer_blocks.N.attn1.to_q.lora_A.weight`,
 peft's rank and alpha in its `lora_adapter_metadata` header), which `LTX2ImageToVideoPipeline` /
 `LTX2ConditionPipeline.load_lora_weights(final/)` load as is; with the metadata
-(`framer_ds_video_lora.json`: the base folder, mode, shape, frame rate). `framer-ds sample` runs the mode's
+(`framer_ds_video_lora.json`: the base folder, mode, shape, and the frame rate training used: `fps`,
+`fps_source`, `fps_range`, as SVD's, `framer-ds sample`'s default). `framer-ds sample` runs the mode's
 pipeline with the adapter (ltx2/sampling.py), so its frames are the pipeline's for the same seed and
 inputs. `framer-ds export --format comfyui` writes the LoRA in LTX-2's own layout, which ComfyUI loads
 (`export_comfyui`; golden-tested against ComfyUI's code: tests/golden/ltx2_lora_keys).
@@ -32,6 +33,7 @@ from framer_ds.tasks.video_lora.shared.exports import (
     read_adapter_metadata,
     refuse_foreign_flags,
     require_last_image,
+    trained_fps_metadata,
 )
 
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME_SAFE
@@ -64,8 +66,6 @@ class Ltx2Exports:
     """`export`, `load_export`, `sample`, `export_command` of `Ltx2Family` (needs its config, base path)."""
 
     def export(self, accelerator, model, out_dir: Path, run_facts: dict[str, Any]) -> None:
-        from framer_ds.tasks.video_lora.ltx2.options import FRAME_RATE
-
         save_peft_adapter_gathered(accelerator, model, out_dir)
         if not accelerator.is_main_process:
             return
@@ -78,7 +78,7 @@ class Ltx2Exports:
             "num_frames": data.num_frames,
             "height": data.height,
             "width": data.width,
-            "frame_rate": FRAME_RATE,
+            **trained_fps_metadata(self.config.model.fps, run_facts["trained_fps"]),
             "trained_shapes": run_facts["trained_shapes"],
         }
         atomic_write_json(out_dir / EXPORT_METADATA, metadata)
@@ -144,6 +144,14 @@ def export_comfyui(export_dir: Path, options: Any) -> str:
     )
 
 
+def export_frame_rate(metadata: dict[str, Any]) -> float:
+    """The rate an export trained at (`fps`); exports written before it was recorded trained every clip
+    at the pipelines' 24 fps (`frame_rate`)."""
+    from framer_ds.tasks.video_lora.ltx2.options import FRAME_RATE
+
+    return metadata.get("fps") or metadata.get("frame_rate") or FRAME_RATE
+
+
 @torch.no_grad()
 def sample_ltx2_export(export_dir: Path, options: Any, announce=None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Frames [1, F, 3, H, W] float32 in [0, 1] from an LTX-2 export, and the settings used (`record`:
@@ -175,7 +183,7 @@ def sample_ltx2_export(export_dir: Path, options: Any, announce=None) -> tuple[t
     transformer = LTX2VideoTransformer3DModel.from_pretrained(base, subfolder="transformer")
     adapted = PeftModel.from_pretrained(transformer, Path(export_dir)).get_base_model()
     pipe = load_pipeline(base, mode, adapted.eval(), device)
-    fps = options.fps or metadata["frame_rate"]  # LTX-2's RoPE time axis and the mp4's rate
+    fps = options.fps or export_frame_rate(metadata)  # LTX-2's RoPE time axis and the mp4's rate
     settings = {"num_frames": num_frames, "height": height, "width": width, "fps": fps}
     settings |= {"steps": options.steps, "prompt": options.prompt, "negative_prompt": options.negative_prompt}
     settings |= {"guidance_scale": options.guidance_scale, "pipeline": pipeline_class(mode).__name__}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from framer_ds.config.errors import ConfigProblem
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.ltx2 import conditioning as ltx
+from framer_ds.tasks.video_lora.ltx2 import frame_rate as rate
 from framer_ds.tasks.video_lora.ltx2 import objective as fm
 from framer_ds.tasks.video_lora.ltx2.encoders import FrozenLtx2Encoders, Ltx2EncodedClip
 from framer_ds.tasks.video_lora.ltx2.export import Ltx2Exports
@@ -155,12 +157,18 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
             video_prompt=video,
             audio_prompt=audio,
             prompt_mask=mask,
+            fps=batch["fps"],
             last=last,
         )
 
+    def clip_rates(self, encoded: Ltx2EncodedClip) -> list[float]:
+        """The frame rate each clip of `encoded` trains at (`model.fps`, else its own: ltx2/frame_rate.py)."""
+        return rate.clip_rates(encoded.fps, self.config.model.fps)
+
     def _tokens(self, encoded: Ltx2EncodedClip) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(x0 tokens [B, S, C], conditioning mask [B, S], keyframe coords or None): latent frame 0
-        replaced by the first frame's own latents, the last frame's appended (interpolation)."""
+        replaced by the first frame's own latents, the last frame's appended (interpolation) at its
+        clip's frame rate."""
         target = encoded.target.float()
         x0 = torch.cat([encoded.first.float().to(target), target[:, :, 1:]], dim=2)
         mask = torch.zeros_like(x0[:, :1])
@@ -172,38 +180,55 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
         tokens = torch.cat([tokens, last], dim=1)
         token_mask = torch.cat([token_mask, torch.ones_like(last[..., 0])], dim=1)
         frames, height, width = target.shape[2:]
-        coords = ltx.keyframe_coords(
-            self.folder_config("vae"), frames - 1, (height, width), FRAME_RATE, x0.device
+        coords = rate.keyframe_coords(
+            self.folder_config("vae"), frames - 1, (height, width), self.clip_rates(encoded), x0.device
         )
-        return tokens, token_mask, coords.expand(x0.shape[0], -1, -1, -1)
+        return tokens, token_mask, coords
 
     def velocity(
         self, model, noisy: torch.Tensor, token_sigma: torch.Tensor, sigmas: torch.Tensor, encoded, coords
     ):
-        """The transformer's video velocity, called as the pipelines call it (audio: noise at sigma 1)."""
+        """The transformer's video velocity, called as the pipelines call it at each clip's frame rate:
+        the video (and keyframe) positions per clip, one call per audio length (ltx2/frame_rate.py)."""
         from framer_ds.tasks.video_lora.ltx2.lora import unwrapped
 
-        inner = unwrapped(model)
-        dtype = next(model.parameters()).dtype
-        batch = noisy.shape[0]
-        frames, height, width = encoded.target.shape[2:]
-        num_frames = (frames - 1) * self.temporal_factor() + 1
-        audio_frames = audio_latent_frames(self.folder_config("audio_vae"), num_frames, FRAME_RATE)
-        audio_channels = inner.config.audio_in_channels
-        generator = torch.Generator(device="cpu").manual_seed(0)  # fixed: the audio is not learnt
-        audio = torch.randn(batch, audio_frames, audio_channels, generator=generator).to(noisy.device, dtype)
-        video_coords = inner.rope.prepare_video_coords(
-            batch, frames, height, width, noisy.device, fps=FRAME_RATE
-        )
+        rates, latent_shape = self.clip_rates(encoded), tuple(encoded.target.shape[2:])
+        video_coords = rate.video_coords(unwrapped(model).rope, rates, latent_shape, noisy.device)
         if coords is not None:
             video_coords = torch.cat([video_coords, coords.to(video_coords)], dim=2)
+        num_frames = (latent_shape[0] - 1) * self.temporal_factor() + 1
+        audio_config = self.folder_config("audio_vae")
+        lengths = [rate.audio_latent_frames(audio_config, num_frames, r) for r in rates]
+        inputs = (noisy, token_sigma, sigmas, encoded.video_prompt, encoded.audio_prompt, encoded.prompt_mask)
+        groups = rate.audio_groups(lengths)
+        if len(groups) == 1:  # one audio length (one rate): one call, as the pipelines make it
+            return self._transformer_call(model, latent_shape, groups[0][0], *inputs, video_coords)
+        parts, order = [], []
+        for audio_frames, clips in groups:
+            picked = [t[torch.tensor(clips, device=t.device)] for t in (*inputs, video_coords)]
+            parts.append(self._transformer_call(model, latent_shape, audio_frames, *picked))
+            order += clips
+        return torch.cat(parts)[torch.tensor(order, device=noisy.device).argsort()]
+
+    def _transformer_call(
+        self, model, latent_shape, audio_frames: int, noisy, token_sigma, sigmas, video, audio, mask, coords
+    ) -> torch.Tensor:
+        """One call of the transformer on clips of one audio length; the frozen audio branch gets a fixed
+        draw of noise at sigma 1 (not learnt: ltx2/objective.py). No `fps`: the transformer reads it only
+        to build the video coordinates, which are given (each clip's own)."""
+        from framer_ds.tasks.video_lora.ltx2.lora import unwrapped
+
+        dtype = next(model.parameters()).dtype
+        batch, (frames, height, width) = noisy.shape[0], latent_shape
+        channels = unwrapped(model).config.audio_in_channels
+        generator = torch.Generator(device="cpu").manual_seed(0)  # fixed: the audio is not learnt
+        audio_noise = torch.randn(batch, audio_frames, channels, generator=generator).to(noisy.device, dtype)
         full = torch.full((batch,), float(fm.NUM_TRAIN_TIMESTEPS), device=noisy.device)
-        mask = encoded.prompt_mask
         return model(
             hidden_states=noisy.to(dtype),
-            audio_hidden_states=audio,
-            encoder_hidden_states=encoded.video_prompt.to(dtype),
-            audio_encoder_hidden_states=encoded.audio_prompt.to(dtype),
+            audio_hidden_states=audio_noise,
+            encoder_hidden_states=video.to(dtype),
+            audio_encoder_hidden_states=audio.to(dtype),
             timestep=token_sigma * fm.NUM_TRAIN_TIMESTEPS,
             audio_timestep=full,
             sigma=sigmas * fm.NUM_TRAIN_TIMESTEPS,
@@ -213,9 +238,8 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
             num_frames=frames,
             height=height,
             width=width,
-            fps=FRAME_RATE,
             audio_num_frames=audio_frames,
-            video_coords=video_coords,
+            video_coords=coords,
             use_cross_timestep=True,
             return_dict=False,
         )[0]
@@ -286,7 +310,8 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
         vae.decode(torch.zeros(shape, device=next(vae.parameters()).device))
 
     def cache_description(self, dataset: Dataset, split: str, copies: int, dtype: str) -> dict[str, Any]:
-        """The source clips, the encoders' files, the prompts, the mode and the CRF of the keyframes."""
+        """The source clips, the encoders' files, the prompts, the mode, the CRF of the keyframes and what
+        an entry holds (an entry without the clip's fps, written before it was stored, is not read)."""
         records = getattr(dataset, "records", [])
         return {
             **cache_basics(self.config, dataset, split, copies, dtype),
@@ -296,6 +321,7 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
             "prompts": sorted((r.video_id, self.prompts.get(r.video_id)) for r in records),
             "max_sequence_length": MAX_SEQUENCE_LENGTH,
             "image_crf": IMAGE_CRF,
+            "entry": [field.name for field in fields(Ltx2EncodedClip)],
             "data": self.config.data.model_dump(mode="json", exclude={"cache", "val_fraction", "source"}),
         }
 
@@ -312,18 +338,8 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
             "video_prompt": torch.zeros(k, MAX_SEQUENCE_LENGTH, transformer["caption_channels"]),
             "audio_prompt": torch.zeros(k, MAX_SEQUENCE_LENGTH, transformer["caption_channels"]),
             "prompt_mask": torch.ones(k, MAX_SEQUENCE_LENGTH),
+            "fps": torch.full((k,), float(config.model.fps or FRAME_RATE)),
         }
         if self.interpolation:
             batch["last"] = torch.zeros(k, channels, *one)
         return batch
-
-
-def audio_latent_frames(audio_vae_config: dict[str, Any], num_frames: int, frame_rate: float) -> int:
-    """The pipelines' `audio_num_frames` for a clip of `num_frames` at `frame_rate` (the audio VAE's
-    sample rate, hop length and its 4x temporal compression)."""
-    from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNSAMPLE_FACTOR
-
-    per_second = (
-        audio_vae_config["sample_rate"] / audio_vae_config["mel_hop_length"] / LATENT_DOWNSAMPLE_FACTOR
-    )
-    return round(num_frames / frame_rate * per_second)

@@ -13,7 +13,8 @@ from framer_ds.config.source import Source
 from framer_ds.tasks.video_lora.shared.options import FamilySampleFlags, VideoMode
 
 MAX_SEQUENCE_LENGTH = 1024  # the pipelines' default; the cached prompt states have this length
-FRAME_RATE = 24.0  # the pipelines' default frame_rate: RoPE's time axis and the audio length
+# the pipelines' default frame_rate, where no rate is known: a clip trains at its own (ltx2/frame_rate.py)
+FRAME_RATE = 24.0
 IMAGE_CRF = 33  # diffusers' DEFAULT_IMAGE_CRF for a Gemma 3 (LTX-2) text encoder
 
 
@@ -34,6 +35,10 @@ class Ltx2Base(StrictModel):
     """An LTX-2 base (diffusers' LTX2VideoTransformer3DModel, AutoencoderKLLTX2Video, Gemma 3 + the text
     connectors) trained on video only: the LoRA sits on the video branch, the audio branch is frozen
     and sees noise (docs/video_lora.md, "LTX-2")."""
+
+    # model keys shared with SVD that LTX-2 reads with the same meaning: `model.fps` (its positions are in
+    # seconds: the frame rate training conditions on; null = each clip's own, ltx2/frame_rate.py)
+    honoured_model_keys: ClassVar[frozenset[str]] = frozenset({"fps"})
 
     name: Literal["ltx2"] = Field(description="'ltx2': fine-tune an LTX-2 base.")
     mode: VideoMode = Field(

@@ -110,8 +110,6 @@ class Ltx2ClipSampler(FamilySampler):
         generator: torch.Generator,
         on_step: Callable[[], Any] | None = None,
     ) -> Tensor:
-        from framer_ds.tasks.video_lora.ltx2.options import FRAME_RATE
-
         last = to_image(clip.last) if clip.last is not None else None
         height, width = clip.first.shape[-2:]
         video = run_pipeline(
@@ -122,7 +120,7 @@ class Ltx2ClipSampler(FamilySampler):
             (clip.num_frames, height, width),
             settings.num_inference_steps,
             generator,
-            frame_rate=FRAME_RATE,
+            frame_rate=clip_frame_rate(clip),
             on_step=on_step,
         )
         return video[0].to(clip.first.device) * 2 - 1
@@ -143,4 +141,13 @@ class Ltx2ClipSampler(FamilySampler):
             "pipeline": pipeline_class(self.mode).__name__,
             "guidance_scale": defaults["guidance_scale"],
             "num_inference_steps": settings.num_inference_steps,
+            "fps": clip_frame_rate(clip),
         }
+
+
+def clip_frame_rate(clip: ClipToSample) -> float:
+    """The rate a training sample or interp_eval clip is sampled at: the one training conditioned it on
+    (`model.fps`, else the clip's own source fps / stride), as SVD's sampler takes `clip.fps`."""
+    from framer_ds.tasks.video_lora.ltx2.options import FRAME_RATE
+
+    return clip.fps if clip.fps is not None else FRAME_RATE

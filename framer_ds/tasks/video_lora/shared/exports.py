@@ -18,6 +18,7 @@ formats exist never depends on which module was imported first. Every format wri
 from __future__ import annotations
 
 import shutil
+import statistics
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,21 @@ from framer_ds.tasks.video_lora.shared.options import FamilySampleFlags
 FORMAT_NAMES = ("peft", "merged", "comfyui", "framer")
 EXPORT_METADATA = "framer_ds_video_lora.json"
 PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json", EXPORT_METADATA, "README.md")
+
+
+def trained_fps_metadata(config_fps: float | None, trained: list[float]) -> dict[str, Any]:
+    """What the adapter records about fps (SVD's fps conditioning, LTX-2's frame rate: the sampler's
+    default): the configured value, or the median (and range) of the fps values training conditioned on
+    when `model.fps` was null (each clip's source fps / stride)."""
+    if config_fps is not None:
+        return {"fps": config_fps, "fps_source": "model.fps"}
+    if not trained:
+        return {"fps": None, "fps_source": "unknown"}
+    return {
+        "fps": statistics.median(trained),
+        "fps_range": [min(trained), max(trained)],
+        "fps_source": "median of the training clips' fps (source fps / stride)",
+    }
 
 
 class VideoExportCommandOptions(StrictModel):

@@ -8,7 +8,6 @@ training conditioned on), so a sample conditions as training did without the use
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from framer_ds.tasks.video_lora.shared.exports import (
     read_adapter_metadata,
     refuse_foreign_flags,
     require_last_image,
+    trained_fps_metadata,
 )
 from framer_ds.tasks.video_lora.svd.comfyui_keys import comfyui_lora_state_dict
 from framer_ds.tasks.video_lora.svd.options import SvdSampleFlags, TemporalContextOrder, default_order
@@ -36,20 +36,6 @@ from framer_ds.tasks.video_lora.svd.unet import widen_conv_in
 
 COMFYUI_FILE = "svd_lora_comfyui.safetensors"
 DEFAULT_FPS = 7  # SVD's pipeline default, for adapters trained before the fps was recorded
-
-
-def trained_fps_metadata(config_fps: float | None, trained: list[float]) -> dict[str, Any]:
-    """What the adapter records about fps: the configured value, or the median (and range) of the fps
-    values training conditioned on when `model.fps` was null (each clip's source fps / stride)."""
-    if config_fps is not None:
-        return {"fps": config_fps, "fps_source": "model.fps"}
-    if not trained:
-        return {"fps": None, "fps_source": "unknown"}
-    return {
-        "fps": statistics.median(trained),
-        "fps_range": [min(trained), max(trained)],
-        "fps_source": "median of the training clips' fps (source fps / stride)",
-    }
 
 
 def export_metadata(

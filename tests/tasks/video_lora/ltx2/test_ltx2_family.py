@@ -58,10 +58,12 @@ def test_ltx2_tiny_loss_falls_and_final_holds_the_diffusers_layout(ltx2_runs: di
     assert "transformer.transformer_blocks.0.attn1.to_q.lora_A.weight" in keys
     assert not [k for k in keys if "audio" in k]  # video only: the audio branch stays frozen
     record = json.loads((run / "final" / "framer_ds_video_lora.json").read_text())
-    assert record["base"] == "ltx2" and record["mode"] == "interpolation" and record["frame_rate"] == 24.0
+    assert record["base"] == "ltx2" and record["mode"] == "interpolation"
+    # the rate it trained at (the synthetic clips: 12 fps at stride 1), `framer-ds sample`'s default
+    assert (record["fps"], record["fps_range"]) == (12.0, [12.0, 12.0])
 
 
-def _pipeline_frames(pipe, mode: str, first: Path, last: Path) -> np.ndarray:
+def _pipeline_frames(pipe, mode: str, first: Path, last: Path, frame_rate: float) -> np.ndarray:
     from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 
     kwargs = {
@@ -70,7 +72,7 @@ def _pipeline_frames(pipe, mode: str, first: Path, last: Path) -> np.ndarray:
         "height": 64,
         "width": 64,
         "num_inference_steps": 3,
-        "frame_rate": 24.0,
+        "frame_rate": frame_rate,
         "generator": torch.Generator("cpu").manual_seed(0),
         "output_type": "np",
     }
@@ -89,7 +91,8 @@ def test_framer_ds_sample_equals_the_diffusers_pipeline_with_load_lora_weights(
     ltx2_runs: dict[str, Path], mode: str, tmp_path: Path
 ) -> None:
     """The done-when test of issue 50: same seed and inputs, max abs <= 1e-3 (both run the same float32
-    operations on the CPU: measured 0.0), and the LoRA matters (without it the frames differ)."""
+    operations on the CPU: measured 0.0), and the LoRA matters (without it the frames differ). With no
+    --fps, `framer-ds sample` runs at the rate training saw (the export's `fps`: 12, the clips')."""
     from diffusers import LTX2ConditionPipeline, LTX2ImageToVideoPipeline
 
     from framer_ds.cli.main import main
@@ -113,18 +116,20 @@ def test_framer_ds_sample_equals_the_diffusers_pipeline_with_load_lora_weights(
     ]
     assert main(args) == 0
     ours = np.load(frames)
-    base = json.loads((final / "framer_ds_video_lora.json").read_text())["base_model"]
+    metadata = json.loads((final / "framer_ds_video_lora.json").read_text())
+    base, rate = metadata["base_model"], metadata["fps"]
     pipeline = LTX2ConditionPipeline if mode == "interpolation" else LTX2ImageToVideoPipeline
     pipe = pipeline.from_pretrained(base)
     pipe.set_progress_bar_config(disable=True)
     pipe.load_lora_weights(final)
-    theirs = _pipeline_frames(pipe, mode, first, last)
+    theirs = _pipeline_frames(pipe, mode, first, last, rate)
     assert ours.shape == theirs.shape == (9, 64, 64, 3)
     assert np.abs(ours - theirs).max() <= 1e-3
     pipe.unload_lora_weights()
-    assert np.abs(_pipeline_frames(pipe, mode, first, last) - theirs).max() > 1e-3
+    assert np.abs(_pipeline_frames(pipe, mode, first, last, rate) - theirs).max() > 1e-3
     record = json.loads((tmp_path / "x.json").read_text())
     assert record["base"] == "ltx2" and record["prompt"] == PROMPT and record["seed"] == 0
+    assert rate == 12.0 and record["fps"] == 12.0
 
 
 @pytest.mark.slow  # the module's two training runs: ~25 s on 2 cores
