@@ -47,6 +47,7 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
         super().__init__(config)
         self._frozen = FrozenLtx2Encoders(self.base_path())
         self.prompts: dict[str, str] = {}  # video_id -> prompt, from `note_records`
+        self.rates: set[float] = set()  # every rate a clip can train at, from `note_records`
 
     @property
     def frozen(self) -> FrozenLtx2Encoders:
@@ -76,6 +77,13 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
 
     def note_records(self, records: list[Any]) -> None:
         self.prompts.update(clip_prompts(records, self.config.model.base.prompt)[0])
+        self.rates |= rate.possible_rates(records, self.config.data)
+
+    @property
+    def per_clip_calls(self) -> bool:
+        """Whether the clips of a micro-batch can differ in rate, so each is its own transformer call (the
+        audio length is one per call: ltx2/frame_rate.py)."""
+        return self.config.model.fps is None and len(self.rates) > 1
 
     # --- LTX-2's size and frame-count rules ------------------------------------------------------------
 
@@ -189,7 +197,8 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
         self, model, noisy: torch.Tensor, token_sigma: torch.Tensor, sigmas: torch.Tensor, encoded, coords
     ):
         """The transformer's video velocity, called as the pipelines call it at each clip's frame rate:
-        the video (and keyframe) positions per clip, one call per audio length (ltx2/frame_rate.py)."""
+        the video (and keyframe) positions per clip; one call per clip where the run's clips can differ
+        in rate, so each has its audio length (ltx2/frame_rate.py)."""
         from framer_ds.tasks.video_lora.ltx2.lora import unwrapped
 
         rates, latent_shape = self.clip_rates(encoded), tuple(encoded.target.shape[2:])
@@ -200,8 +209,8 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
         audio_config = self.folder_config("audio_vae")
         lengths = [rate.audio_latent_frames(audio_config, num_frames, r) for r in rates]
         inputs = (noisy, token_sigma, sigmas, encoded.video_prompt, encoded.audio_prompt, encoded.prompt_mask)
-        groups = rate.audio_groups(lengths)
-        if len(groups) == 1:  # one audio length (one rate): one call, as the pipelines make it
+        groups = rate.call_groups(lengths, self.per_clip_calls)
+        if len(groups) == 1:  # one call for the micro-batch, as the pipelines make it
             return self._transformer_call(model, latent_shape, groups[0][0], *inputs, video_coords)
         parts, order = [], []
         for audio_frames, clips in groups:
@@ -213,7 +222,7 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
     def _transformer_call(
         self, model, latent_shape, audio_frames: int, noisy, token_sigma, sigmas, video, audio, mask, coords
     ) -> torch.Tensor:
-        """One call of the transformer on clips of one audio length; the frozen audio branch gets a fixed
+        """One call of the transformer on clips of one audio length: the frozen audio branch gets a fixed
         draw of noise at sigma 1 (not learnt: ltx2/objective.py). No `fps`: the transformer reads it only
         to build the video coordinates, which are given (each clip's own)."""
         from framer_ds.tasks.video_lora.ltx2.lora import unwrapped

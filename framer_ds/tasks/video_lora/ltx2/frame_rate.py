@@ -10,8 +10,13 @@ conditioning).
 
 Per clip where the model allows it: the video and keyframe coordinates are inputs of the transformer
 (`video_coords`), so each clip of a micro-batch gets its own. The audio length is one per call (the
-audio tokens are a [B, L, C] tensor with no mask), so clips whose rates give different audio lengths
-are run as separate calls of the transformer (`audio_groups`); a micro-batch at one rate is one call.
+audio tokens are a [B, L, C] tensor with no mask), so a run whose clips can differ in rate (videos of
+several rates, or `data.stride_range`; decided from the data before training, `possible_rates`) calls
+the transformer once per clip (`call_groups`). Why not one call per audio length found in the batch:
+the number of calls would then depend on each rank's clips, and under ZeRO-3 or FSDP2 every call
+gathers the sharded weights collectively, so ranks making different numbers of calls would hang; one
+call per clip is the same count on every rank (training batches are full: drop_last; eval batches are
+even across ranks). A run at one rate (or with `model.fps`) makes one call per micro-batch.
 """
 
 from __future__ import annotations
@@ -60,10 +65,21 @@ def audio_latent_frames(audio_vae_config: dict[str, Any], num_frames: int, frame
     return round(num_frames / frame_rate * per_second)
 
 
-def audio_groups(lengths: list[int]) -> list[tuple[int, list[int]]]:
-    """(audio length, the indices of the clips with it), in the order each length first appears: one
-    transformer call each."""
-    groups: dict[int, list[int]] = {}
-    for index, length in enumerate(lengths):
-        groups.setdefault(length, []).append(index)
-    return list(groups.items())
+def possible_rates(records: list[Any], data: Any) -> set[float]:
+    """Every rate a clip of `records` can be drawn at (each video's source fps / each configured stride;
+    a superset where a short video caps its stride): one value means every micro-batch is at one rate."""
+    low, high = data.stride_range or (data.stride, data.stride)
+    return {record.source_fps / stride for record in records for stride in range(low, high + 1)}
+
+
+def call_groups(lengths: list[int], per_clip: bool) -> list[tuple[int, list[int]]]:
+    """(audio length, the indices of its clips) of each transformer call of a micro-batch whose clips have
+    audio `lengths`: one call per clip where the run's clips can differ in rate (`per_clip`), else one."""
+    if per_clip:
+        return [(length, [index]) for index, length in enumerate(lengths)]
+    if len(set(lengths)) > 1:
+        raise RuntimeError(
+            f"internal: clips of audio lengths {lengths} in one micro-batch of an LTX-2 run whose data was "
+            "noted at one frame rate (Ltx2Family.note_records)"
+        )
+    return [(lengths[0], list(range(len(lengths))))]

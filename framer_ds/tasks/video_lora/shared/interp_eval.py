@@ -167,11 +167,11 @@ def interp_eval_batch(sampler: FamilySampler, batch: dict[str, Any], options: An
     """Per-clip metric values [B] for one eval batch (every rank calls it with its batch): every clip
     sampled from its own first (and last) frame by the base family's sampler and compared with the real
     clip, with its fps and motion bucket as training conditioned on them (`model.fps`,
-    `model.motion_bucket`; a cached entry stores the bucket as `motion_bucket`; an SVD-family setting,
-    the Wan sampler reads none of them)."""
+    `model.motion_bucket`; a cached entry stores the bucket as `motion_bucket`; the LTX-2 sampler reads
+    the fps, the Wan sampler neither)."""
     pixels, evaluation = batch["pixel_values"], options.interp_eval
     count = pixels.shape[0]
-    fps = batch.get("fps")  # a Wan base's items carry it, its cached entries do not (and need none)
+    fps = batch.get("fps")  # items carry it, SVD's and LTX-2's cache entries too (Wan's need none)
     if options.fps is not None:
         fps = [options.fps] * count
     elif fps is not None:

@@ -33,7 +33,7 @@ class ClipToSample:
     first: torch.Tensor  # [3, H, W] in [-1, 1], on the device
     last: torch.Tensor | None  # interpolation mode
     num_frames: int
-    fps: float | None  # SVD's fps conditioning (a Wan clip from the latent cache has none)
+    fps: float | None  # the rate training conditioned on: SVD's fps, LTX-2's (a cached Wan clip: none)
     motion_bucket: int | None  # SVD's motion conditioning (None: the run's fixed bucket)
     controlnet_cond: torch.Tensor | None = None  # [1, F, 3, H, W] Framer's point heatmaps
     prompt_emb: torch.Tensor | None = None  # [L, D] the clip's cached UMT5 states (Wan, latent cache)

@@ -6,6 +6,8 @@ trains as the uncached one, and the samplers default to the rate training saw.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,18 +28,17 @@ def _task(tmp_path: Path, *overrides: str):
     return get_task_class("video_lora")(config)
 
 
-class Calls:
-    """The keyword arguments of every call of the LTX-2 transformer under `model`."""
+@contextmanager
+def transformer_calls(model: torch.nn.Module) -> Iterator[list[dict]]:
+    """The keyword arguments of every call of the LTX-2 transformer under `model` in the block."""
+    from framer_ds.tasks.video_lora.ltx2.lora import unwrapped
 
-    def __init__(self, model: torch.nn.Module):
-        from framer_ds.tasks.video_lora.ltx2.lora import unwrapped
-
-        self.kwargs: list[dict] = []
-        self.rope = unwrapped(model).rope
-        unwrapped(model).register_forward_pre_hook(self._note, with_kwargs=True)
-
-    def _note(self, module, args, kwargs):
-        self.kwargs.append(kwargs)
+    seen: list[dict] = []
+    hook = unwrapped(model).register_forward_pre_hook(lambda m, a, kw: seen.append(kw), with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        hook.remove()
 
 
 def _same_clip_at(family, rates: list[float]) -> dict[str, torch.Tensor]:
@@ -56,11 +57,18 @@ def _losses(family, model, batch: dict) -> torch.Tensor:
         return family.eval_losses(model, batch, generators)["loss"]
 
 
+def _videos(*rates: float) -> list[SimpleNamespace]:
+    """Indexed videos as `note_records` reads them (the config's stride is 1)."""
+    return [SimpleNamespace(video_id=f"v{i}.mp4", source_fps=r) for i, r in enumerate(rates)]
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
-    """The tiny LTX-2 family (interpolation: keyframe tokens too) and its LoRA'd transformer."""
+    """The tiny LTX-2 family (interpolation: keyframe tokens too) of a run on 24 and 12 fps videos, and
+    its LoRA'd transformer."""
     task = _task(tmp_path_factory.mktemp("ltx2_rate"))
     task.family.prepare()
+    task.family.note_records(_videos(24.0, 12.0))
     return task.family, task.family.build_model(gradient_checkpointing=False).eval()
 
 
@@ -68,18 +76,19 @@ def test_each_clip_is_positioned_at_its_own_frame_rate(tiny) -> None:
     """The same clip at 24 and 12 fps in one micro-batch: its video and keyframe positions are in seconds
     (the 12 fps copy's times twice the 24 fps copy's), the 24 fps copy gets exactly the pipelines'
     numbers (`prepare_video_coords(fps=24)`, the condition pipeline's keyframe coordinates), the audio is
-    as long as each clip lasts (one transformer call per audio length), and each clip's loss is the one
-    it has alone (per-clip calls of batch 1: the same float operations, so exactly equal)."""
+    as long as each clip lasts (the run's videos differ in rate: one transformer call per clip), and each
+    clip's loss is the one it has alone (calls of batch 1: the same float operations, so exactly equal)."""
     from framer_ds.tasks.video_lora.ltx2.conditioning import keyframe_coords
 
     family, model = tiny
-    calls = Calls(model)
-    mixed = _losses(family, model, _same_clip_at(family, [24.0, 12.0]))
-    first = calls.kwargs[:2]  # the first eval sigma: one call per audio length
+    with transformer_calls(model) as calls:
+        mixed = _losses(family, model, _same_clip_at(family, [24.0, 12.0]))
+    assert family.per_clip_calls
+    first = calls[:2]  # the first eval sigma: one call per clip
     assert [c["hidden_states"].shape[0] for c in first] == [1, 1]
     at_24, at_12 = (c["video_coords"] for c in first)
     frames, height, width = family.example_batch(family.config, 1)["target"].shape[2:]
-    today = calls.rope.prepare_video_coords(1, frames, height, width, "cpu", fps=24.0)
+    today = model.get_base_model().rope.prepare_video_coords(1, frames, height, width, "cpu", fps=24.0)
     video_tokens = frames * height * width
     assert torch.equal(at_24[:, :, :video_tokens], today)  # max abs 0.0: a 24 fps clip as before
     keyframe = keyframe_coords(family.folder_config("vae"), frames - 1, (height, width), 24.0, "cpu")
@@ -91,17 +100,42 @@ def test_each_clip_is_positioned_at_its_own_frame_rate(tiny) -> None:
     assert torch.equal(mixed, torch.cat(alone)) and mixed[0] != mixed[1]
 
 
-def test_model_fps_sets_one_rate_for_every_clip(tmp_path: Path, tiny) -> None:
-    """`model.fps` (SVD's key, the same meaning: the rate training conditions on) is an LTX-2 key now:
-    the clips train at it whatever their own rate; Wan still refuses it (tests/.../test_wan_family.py)."""
+def test_a_run_at_one_rate_makes_one_call_per_micro_batch(tmp_path: Path, tiny) -> None:
+    """The number of transformer calls is decided by the run's data, never by a batch's clips (under
+    ZeRO-3 / FSDP2 every call gathers weights collectively: ranks must make as many): one call per
+    micro-batch when every clip trains at one rate (one video rate and stride, or `model.fps`), one per
+    clip otherwise, even for a batch whose clips happen to share a rate."""
     family, model = tiny
+    one_rate = _task(tmp_path).family
+    one_rate.prepare()
+    one_rate.note_records(_videos(12.0, 12.0))
     fixed = _task(tmp_path, "model.fps=24").family
     fixed.prepare()
+    fixed.note_records(_videos(24.0, 12.0))
+    assert not one_rate.per_clip_calls and not fixed.per_clip_calls
+    for run, made in ((one_rate, 1), (fixed, 1), (family, 2)):
+        with transformer_calls(model) as calls:
+            _losses(run, model, _same_clip_at(family, [12.0, 12.0]))
+        assert len(calls) == made * family.config.model.base.eval_sigmas
+        assert [c["hidden_states"].shape[0] for c in calls[:made]] == [2 // made] * made
+
+
+def test_model_fps_sets_one_rate_for_every_clip(tmp_path: Path, tiny) -> None:
+    """`model.fps` (SVD's key, the same meaning: the rate training conditions on) is an LTX-2 key now:
+    the clips train at it whatever their own rate, exactly as clips at 24 fps of a run on 24 fps videos;
+    Wan still refuses it (tests/tasks/video_lora/wan/test_wan_family.py)."""
+    family, model = tiny
+    fixed, own = _task(tmp_path, "model.fps=24").family, _task(tmp_path).family
+    for run in (fixed, own):
+        run.prepare()
+        run.note_records(_videos(24.0) if run is own else _videos(12.0, 30.0))
     assert fixed.config.model.fps == 24.0
     batch = _same_clip_at(family, [12.0, 30.0])
     assert fixed.clip_rates(family.encode(batch)) == [24.0, 24.0]
     at_24 = _same_clip_at(family, [24.0, 24.0])
-    assert torch.equal(_losses(fixed, model, batch), _losses(family, model, at_24))
+    assert torch.equal(_losses(fixed, model, batch), _losses(own, model, at_24))
+    at_12 = _same_clip_at(family, [12.0, 12.0])  # without model.fps the rate matters
+    assert not torch.equal(_losses(own, model, at_12), _losses(own, model, at_24))
 
 
 def test_the_latent_cache_stores_each_clips_rate_and_trains_as_uncached(tmp_path: Path) -> None:
@@ -125,6 +159,7 @@ def test_the_latent_cache_stores_each_clips_rate_and_trains_as_uncached(tmp_path
         assert float(cached_train[entry]["fps"]) == item["fps"]
         rates.add(item["fps"])
     assert rates == {12.0, 6.0}, rates
+    assert task.family.rates == {12.0, 6.0} and task.family.per_clip_calls  # noted from the data
     family, model = task.family, task.family.build_model(gradient_checkpointing=False).eval()
     task.frozen.on_device(task.accelerator)  # released after the cache filled: the uncached path encodes
     for entry in range(2):
