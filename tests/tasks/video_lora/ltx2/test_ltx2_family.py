@@ -50,7 +50,7 @@ def test_ltx2_tiny_loss_falls_and_final_holds_the_diffusers_layout(ltx2_runs: di
     run = ltx2_runs["interpolation"]
     train = read_metrics(run)[0]
     first, last = np.mean([x["loss"] for x in train[:5]]), np.mean([x["loss"] for x in train[-5:]])
-    assert last < 0.95 * first, (first, last)  # measured 1.35 -> 1.18 (lr 3e-3, 30 steps)
+    assert last < 0.95 * first, (first, last)  # measured 1.35 -> 1.11 (lr 3e-3, 30 steps, 12 fps clips)
     from safetensors.torch import load_file
 
     keys = sorted(load_file(str(run / "final" / "pytorch_lora_weights.safetensors")))
