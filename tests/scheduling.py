@@ -28,20 +28,27 @@ WEIGHT_PLAIN, WEIGHT_SLOW, WEIGHT_DISTRIBUTED, WEIGHT_CLUSTER = 0.2, 40.0, 40.0,
 # Seconds on one worker of a 2-worker `make test` on 2 cores (`pytest --durations`: the file's tests and
 # fixtures summed): only the ranking matters, so figures from a loaded machine (2-3x a quiet one's) rank
 # as well. Keep it current when a file's cost changes by more than a third (README, Development, has how).
-# Measured on the loaded 2026-11-26 run (cffefb0, 41 min; README) unless marked; "(s)": this branch, alone.
+# Measured on the 2026-11-29 fresh-clone run (f282b01, 39 min, two helpers' tests beside it; the summary
+# "seconds per test file" that every run prints at its end).
 MEASURED_S: dict[str, float] = {
-    "tests/launch/test_cluster.py": 720,  # 2026-11-28, load 1-6: 12 min of waits on Slurm (README)
-    "tests/lab/test_planner.py": 596,
-    "tests/engine/test_strategy_equivalence.py": 544,
-    "tests/lab/test_smoke.py": 392,
-    "tests/launch/test_launchers.py": 364,
-    "tests/tasks/tts_lm/test_tts_lm.py": 310,
-    "tests/tasks/video_lora/shared/test_interp_eval.py": 225,
-    "tests/train/test_faults.py": 179,
-    "tests/engine/test_resume_world_size.py": 169,
-    "tests/faults/test_fault_matrix.py": 149,
-    "tests/engine/test_fsdp2.py": 147,
-    "tests/lab/test_gpu_suite.py": 60,  # (s) launches stubbed: 101 s alone at load 4-6, 42 s the tiny TTS set
+    "tests/lab/test_planner.py": 581,
+    "tests/launch/test_cluster.py": 469,  # mostly waits on Slurm (README)
+    "tests/lab/test_smoke.py": 353,
+    "tests/engine/test_strategy_equivalence.py": 340,
+    "tests/tasks/tts_lm/test_tts_lm.py": 232,
+    "tests/engine/test_resume_world_size.py": 171,
+    "tests/tasks/video_lora/shared/test_interp_eval.py": 169,
+    "tests/faults/test_fault_matrix.py": 155,
+    "tests/engine/test_fsdp2.py": 134,
+    "tests/tasks/test_task_contract.py": 119,
+    "tests/train/test_compile.py": 112,
+    "tests/train/test_optimizer_8bit.py": 111,
+    "tests/train/test_faults.py": 106,
+    "tests/tasks/video_lora/test_video_resume.py": 101,
+    "tests/tasks/video_lora/wan/test_wan_family.py": 101,
+    "tests/engine/test_lora_zero3.py": 86,
+    "tests/launch/test_launchers.py": 76,
+    "tests/lab/test_gpu_suite.py": 60,  # launches stubbed: 101 s alone at load 4-6, 42 s the tiny TTS set
 }
 
 

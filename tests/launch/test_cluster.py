@@ -255,8 +255,9 @@ def test_hostfile_runners_and_ctrl_c_over_ssh(cluster, reference):
     assert not (cluster.checkout / ".deepspeed_env").exists()
     assert "removed ./.deepspeed_env" in proc.stderr and "WANDB_API_KEY" in proc.stderr
 
-    # 2 s a batch until the Ctrl-C (the whole run: 64 s): at 0.4 s it could finish before the checks
-    # below and the signal on a loaded machine (it did: "done: 16 steps", no stop); the resume: full speed
+    # 2 s a batch until the run has stopped (the whole run: 64 s): at 0.4 s it could finish before the
+    # checks below and the signal on a loaded machine (it did: "done: 16 steps", no stop); the resume: full
+    # speed
     hold = cluster.directory / "hold_ssh_run"
     hold.touch()
     data = {"sleep_flag": str(hold)}
@@ -278,8 +279,10 @@ def test_hostfile_runners_and_ctrl_c_over_ssh(cluster, reference):
         + cluster.run(["ssh", "fds-node2", "ps -eo args"]).stdout
     )
     os.killpg(launcher.pid, signal.SIGINT)
-    hold.unlink()
+    # The hold stays until the launch has ended: the signal reaches the ranks through launch.sh and ssh,
+    # and a run let go at full speed as it was sent finished all 16 steps first (a fresh-clone run did)
     out, _ = launcher.communicate(timeout=180)
+    hold.unlink()
     assert launcher.returncode == 0, out[-4000:]
     node2_stopped = r"\[fds-node2\] stopped by .* after step \d+; checkpoint written"
     assert re.search(node2_stopped, out), out[-4000:]  # the nodes' output reached the console
