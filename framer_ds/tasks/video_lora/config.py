@@ -10,11 +10,12 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from framer_ds.config.schema import StrictModel
 from framer_ds.tasks.video_lora.framer.options import FramerBase, FramerSampleFlags, TrackOptions
-from framer_ds.tasks.video_lora.ltx2.options import Ltx2Base, Ltx2SampleFlags
+from framer_ds.tasks.video_lora.ltx2.options import Ltx2Base
 from framer_ds.tasks.video_lora.shared.options import (
     InterpEvalOptions,
     SampleOptions,
     SharedSampleFlags,
+    TextSampleFlags,
     VideoDataConfig,
 )
 from framer_ds.tasks.video_lora.svd.options import (
@@ -217,7 +218,7 @@ class VideoLoraDataConfig(VideoDataConfig):
 
 
 class VideoSampleCommandOptions(
-    SvdSampleFlags, FramerSampleFlags, WanSampleFlags, Ltx2SampleFlags, SharedSampleFlags
+    SvdSampleFlags, FramerSampleFlags, WanSampleFlags, TextSampleFlags, SharedSampleFlags
 ):
     """`framer-ds sample RUN/final --image first.png [--last-image last.png] --out video.mp4`; every
     conditioning value defaults to what training used (the adapter's metadata). Each base family's

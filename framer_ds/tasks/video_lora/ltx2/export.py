@@ -26,7 +26,6 @@ from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export import save_peft_adapter_gathered
 from framer_ds.engine.export_load import load_peft_adapter
 from framer_ds.storage.atomic import atomic_write_json
-from framer_ds.tasks.video_lora.ltx2.options import Ltx2SampleFlags
 from framer_ds.tasks.video_lora.shared.exports import (
     EXPORT_METADATA,
     load_frame,
@@ -35,6 +34,7 @@ from framer_ds.tasks.video_lora.shared.exports import (
     require_last_image,
     trained_fps_metadata,
 )
+from framer_ds.tasks.video_lora.shared.options import TextSampleFlags
 
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME_SAFE
 COMFYUI_LTX2_FILE = "ltx2_lora_comfyui.safetensors"
@@ -166,7 +166,7 @@ def sample_ltx2_export(export_dir: Path, options: Any, announce=None) -> tuple[t
     from framer_ds.tasks.video_lora.shared.sample_shape import sample_shape
 
     metadata = read_adapter_metadata(export_dir)
-    refuse_foreign_flags(options, "ltx2", (Ltx2SampleFlags,))
+    refuse_foreign_flags(options, "ltx2", (TextSampleFlags,))
     require_last_image(metadata, options, "LTX-2")
     if options.prompt is None:
         raise ConfigError([ConfigProblem("--prompt", "an LTX-2 export needs a text prompt: pass --prompt")])

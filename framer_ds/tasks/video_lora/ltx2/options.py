@@ -10,7 +10,7 @@ from pydantic import Field
 
 from framer_ds.config.schema import StrictModel
 from framer_ds.config.source import Source
-from framer_ds.tasks.video_lora.shared.options import FamilySampleFlags, VideoMode
+from framer_ds.tasks.video_lora.shared.options import VideoMode
 
 MAX_SEQUENCE_LENGTH = 1024  # the pipelines' default; the cached prompt states have this length
 # the pipelines' default frame_rate, where no rate is known: a clip trains at its own (ltx2/frame_rate.py)
@@ -56,26 +56,4 @@ class Ltx2Base(StrictModel):
         ge=1,
         description="Fixed sigmas of the deterministic eval loss: the quantiles (i + 0.5) / n of the "
         "training distribution (uniform, shifted as the folder's scheduler shifts at the clip's tokens).",
-    )
-
-
-class Ltx2SampleFlags(FamilySampleFlags):
-    """`framer-ds sample` flags of LTX-2 exports: the prompt and guidance (the text flags share their
-    names with Wan's: one `--prompt` for every text-conditioned base)."""
-
-    refusal: ClassVar[str] = "an LTX-2 flag; this export's base is {base}: drop {flag}"
-
-    prompt: str | None = Field(None, description="Wan and LTX-2 exports: the text prompt (required there).")
-    negative_prompt: str | None = Field(
-        None, description="Wan and LTX-2 exports: the negative prompt; default: the diffusers pipeline's."
-    )
-    guidance_scale: float | None = Field(
-        None,
-        ge=0,
-        description="Wan and LTX-2 exports: classifier-free guidance; default: the diffusers pipeline's.",
-    )
-    save_frames: Path | None = Field(
-        None,
-        description="Wan and LTX-2 exports: also save the float frames in [0, 1] the mp4 encodes, as a .npy "
-        "of [frames, height, width, 3].",
     )

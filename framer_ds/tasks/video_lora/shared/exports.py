@@ -133,13 +133,13 @@ def flag_name(field: str) -> str:
 def refuse_foreign_flags(options: Any, base: str, own: tuple[type[FamilySampleFlags], ...]) -> None:
     """ConfigError naming the first flag given (set on the command line) that belongs to another base
     family's flags than `own`, with that family's `refusal`: one check for every family's export, so a
-    flag an export cannot honour is never silently ignored. A flag `own` declares too (Wan's and LTX-2's
-    `--prompt`) is this export's own, whichever family declared it first."""
-    mine = {name for group in own for name in vars(group).get("__annotations__", {})}
+    flag an export cannot honour is never silently ignored. `own`'s flags include what they inherit (Wan's
+    `--prompt`, declared once in `TextSampleFlags` for every text-conditioned base)."""
+    mine = {name for group in own for name in group.model_fields}
     for group in type(options).__mro__:
         if not (isinstance(group, type) and issubclass(group, FamilySampleFlags)):
             continue
-        if group is FamilySampleFlags or group in own or FamilySampleFlags not in group.__bases__:
+        if group is FamilySampleFlags or group in own:
             continue
         declared = [name for name in vars(group).get("__annotations__", {}) if name in group.model_fields]
         # set on the command line (a None is what an unset flag reads: `prompt=None` gives nothing)

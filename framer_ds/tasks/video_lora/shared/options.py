@@ -244,3 +244,28 @@ class FamilySampleFlags(StrictModel):
     ({base}: the export's base, {flag}: the flag)."""
 
     refusal: ClassVar[str] = "this export's base is {base}: drop {flag}"
+
+
+class TextSampleFlags(FamilySampleFlags):
+    """The `framer-ds sample` flags of every text-conditioned base (Wan, LTX-2), declared once so
+    `--prompt` is one flag with one meaning: LTX-2's exports take these and no others, Wan's add their own
+    (`WanSampleFlags`)."""
+
+    refusal: ClassVar[str] = (
+        "a flag of the text-conditioned bases (Wan, LTX-2); this export's base is {base}: drop {flag}"
+    )
+
+    prompt: str | None = Field(None, description="Wan and LTX-2 exports: the text prompt (required there).")
+    negative_prompt: str | None = Field(
+        None, description="Wan and LTX-2 exports: the negative prompt; default: the diffusers pipeline's."
+    )
+    guidance_scale: float | None = Field(
+        None,
+        ge=0,
+        description="Wan and LTX-2 exports: classifier-free guidance; default: the diffusers pipeline's.",
+    )
+    save_frames: Path | None = Field(
+        None,
+        description="Wan and LTX-2 exports: also save the float frames in [0, 1] the mp4 encodes, as a .npy "
+        "of [frames, height, width, 3].",
+    )

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from framer_ds.config.schema import StrictModel
 from framer_ds.config.source import Source
-from framer_ds.tasks.video_lora.shared.options import FamilySampleFlags, VideoMode
+from framer_ds.tasks.video_lora.shared.options import TextSampleFlags, VideoMode
 
 TINY_WAN22_BOUNDARY_RATIO = 0.9  # the tiny Wan 2.2 base's, as Wan2.2-I2V-A14B-Diffusers' model_index
 
@@ -92,21 +92,12 @@ class WanBase(StrictModel):
     )
 
 
-class WanSampleFlags(FamilySampleFlags):
-    """`framer-ds sample` flags of Wan exports: the prompt, guidance and Wan 2.2's second expert."""
+class WanSampleFlags(TextSampleFlags):
+    """`framer-ds sample` flags of Wan exports: the text flags every text-conditioned base takes
+    (`TextSampleFlags`), and Wan 2.2's second expert."""
 
     refusal: ClassVar[str] = "a Wan flag; this export's base is {base}: drop {flag}"
 
-    # prompt, negative_prompt, guidance_scale, save_frames: LTX-2 exports take them too (ltx2/options.py)
-    prompt: str | None = Field(None, description="Wan and LTX-2 exports: the text prompt (required there).")
-    negative_prompt: str | None = Field(
-        None, description="Wan and LTX-2 exports: the negative prompt; default: the diffusers pipeline's."
-    )
-    guidance_scale: float | None = Field(
-        None,
-        ge=0,
-        description="Wan and LTX-2 exports: classifier-free guidance; default: the diffusers pipeline's.",
-    )
     guidance_scale_2: float | None = Field(
         None,
         ge=0,
@@ -117,9 +108,4 @@ class WanSampleFlags(FamilySampleFlags):
         None,
         description="Wan 2.2 exports: the final/ of a run that trained the OTHER expert of the same base; "
         "its adapter goes on that expert (without it, that expert samples as the base).",
-    )
-    save_frames: Path | None = Field(
-        None,
-        description="Wan and LTX-2 exports: also save the float frames in [0, 1] the mp4 encodes, as a .npy "
-        "of [frames, height, width, 3].",
     )

@@ -186,11 +186,17 @@ def test_an_ltx2_export_takes_the_text_flags_and_refuses_wans_own(tmp_path: Path
     one line naming the export's base."""
     from framer_ds.config.errors import ConfigError
     from framer_ds.tasks.video_lora.config import VideoSampleCommandOptions
-    from framer_ds.tasks.video_lora.ltx2.options import Ltx2SampleFlags
     from framer_ds.tasks.video_lora.shared.exports import refuse_foreign_flags
+    from framer_ds.tasks.video_lora.shared.options import TextSampleFlags
 
     common = {"image": tmp_path / "a.png", "out": tmp_path / "x.mp4", "prompt": PROMPT, "guidance_scale": 3.0}
-    refuse_foreign_flags(VideoSampleCommandOptions(**common), "ltx2", (Ltx2SampleFlags,))
+    refuse_foreign_flags(VideoSampleCommandOptions(**common), "ltx2", (TextSampleFlags,))
     wan_only = VideoSampleCommandOptions(**common, other_expert=tmp_path)
     with pytest.raises(ConfigError, match="--other-expert: a Wan flag; this export's base is 'ltx2'"):
-        refuse_foreign_flags(wan_only, "ltx2", (Ltx2SampleFlags,))
+        refuse_foreign_flags(wan_only, "ltx2", (TextSampleFlags,))
+    # the text flags are declared once (TextSampleFlags): an SVD export names them as the text bases'
+    from framer_ds.tasks.video_lora.svd.options import SvdSampleFlags
+
+    text_bases = "--prompt: a flag of the text-conditioned bases .Wan, LTX-2.; this export's base is 'svd'"
+    with pytest.raises(ConfigError, match=text_bases):
+        refuse_foreign_flags(VideoSampleCommandOptions(**common), "svd", (SvdSampleFlags,))
