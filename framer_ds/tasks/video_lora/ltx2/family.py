@@ -32,13 +32,13 @@ from framer_ds.tasks.video_lora.ltx2.export import Ltx2Exports
 from framer_ds.tasks.video_lora.ltx2.options import FRAME_RATE, IMAGE_CRF, MAX_SEQUENCE_LENGTH
 from framer_ds.tasks.video_lora.ltx2.preflight import frame_count_problem, ltx2_problems
 from framer_ds.tasks.video_lora.shared.cache_key import cache_basics, files_fingerprint
-from framer_ds.tasks.video_lora.shared.captions import clip_prompts
+from framer_ds.tasks.video_lora.shared.captions import CaptionedClips
 from framer_ds.tasks.video_lora.shared.protocol import VideoBaseFamily, per_clip_noise
 
 ENCODER_FOLDERS = ("vae", "text_encoder", "tokenizer", "connectors")
 
 
-class Ltx2Family(Ltx2Exports, VideoBaseFamily):
+class Ltx2Family(CaptionedClips, Ltx2Exports, VideoBaseFamily):
     """LTX-2 bases (`model.base.name: ltx2`): LoRA on the video branch of the transformer, the rest frozen."""
 
     frozen_helper_names = "video VAE + Gemma 3 text encoder + text connectors"
@@ -46,7 +46,6 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
     def __init__(self, config: Any):
         super().__init__(config)
         self._frozen = FrozenLtx2Encoders(self.base_path())
-        self.prompts: dict[str, str] = {}  # video_id -> prompt, from `note_records`
         self.rates: set[float] = set()  # every rate a clip can train at, from `note_records`
 
     @property
@@ -70,13 +69,8 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
         frames = self.frame_count_problem(self.config.data.num_frames)
         return ltx2_problems(self.config, self.base_path(), data_root, self.size_multiple(), frames)
 
-    def record_problems(self, records: Callable[[], list[Any]]) -> list[ConfigProblem]:
-        if self.config.model.base.prompt is not None:
-            return []
-        return clip_prompts(records(), None)[1]
-
     def note_records(self, records: list[Any]) -> None:
-        self.prompts.update(clip_prompts(records, self.config.model.base.prompt)[0])
+        super().note_records(records)
         self.rates |= rate.possible_rates(records, self.config.data)
 
     @property
@@ -300,13 +294,6 @@ class Ltx2Family(Ltx2Exports, VideoBaseFamily):
 
         path = self.config.model.base.source.path
         return [] if path is None else [("model.base.source.path", path, create_smoke_ltx2, "LTX-2")]
-
-    @property
-    def reads_captions(self) -> bool:
-        return self.config.model.base.prompt is None
-
-    def smoke_sample_flags(self, samples: Any, caption: str) -> list[str]:
-        return ["--prompt", self.config.model.base.prompt or caption]
 
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The VAE in float32, Gemma and the connectors in the compute dtype."""

@@ -4,6 +4,7 @@ problem named by its caption file."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +39,31 @@ def clip_prompts(records: list[Any], fixed: str | None) -> tuple[dict[str, str],
                 )
             )
     return prompts, problems
+
+
+class CaptionedClips:
+    """The caption glue of a text-conditioned family (Wan, LTX-2), once: the data check names every clip
+    without a prompt, the indexed clips' prompts are kept for encoding (`prompts`), and `framer-ds smoke`
+    reads captions and samples with one. Mixed into the family before `VideoBaseFamily`."""
+
+    config: Any
+
+    def __init__(self, config: Any):
+        super().__init__(config)  # type: ignore[call-arg]
+        self.prompts: dict[str, str] = {}  # video_id -> prompt, from `note_records`
+
+    def record_problems(self, records: Callable[[], list[Any]]) -> list[ConfigProblem]:
+        """A clip without a caption (and no fixed prompt), named by its caption file."""
+        if self.config.model.base.prompt is not None:
+            return []
+        return clip_prompts(records(), None)[1]
+
+    def note_records(self, records: list[Any]) -> None:
+        self.prompts.update(clip_prompts(records, self.config.model.base.prompt)[0])
+
+    @property
+    def reads_captions(self) -> bool:
+        return self.config.model.base.prompt is None
+
+    def smoke_sample_flags(self, samples: Any, caption: str) -> list[str]:
+        return ["--prompt", self.config.model.base.prompt or caption]

@@ -33,7 +33,7 @@ from framer_ds.config.errors import ConfigProblem
 from framer_ds.engine.pretrained import load_pretrained
 from framer_ds.storage.locations import default_cache_dir
 from framer_ds.tasks.video_lora.shared.cache_key import cache_basics, files_fingerprint
-from framer_ds.tasks.video_lora.shared.captions import clip_prompts
+from framer_ds.tasks.video_lora.shared.captions import CaptionedClips
 from framer_ds.tasks.video_lora.shared.protocol import VideoBaseFamily, per_clip_noise
 from framer_ds.tasks.video_lora.wan import flow_matching as fm
 from framer_ds.tasks.video_lora.wan.encoders import FrozenWanEncoders, WanEncodedClip
@@ -53,13 +53,12 @@ ENCODER_FOLDERS = ("vae", "image_encoder", "image_processor", "text_encoder", "t
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default; the cached prompt states have this length
 
 
-class WanFamily(WanExports, VideoBaseFamily):
+class WanFamily(CaptionedClips, WanExports, VideoBaseFamily):
     """Wan bases (`model.base.name: wan`): LoRA on the DiT, the rest frozen."""
 
     def __init__(self, config: Any):
         super().__init__(config)
         self._frozen = FrozenWanEncoders(self.base_path())
-        self.prompts: dict[str, str] = {}  # video_id -> prompt, from `note_records`
         self._negative: torch.Tensor | None = None  # the negative prompt's UMT5 states, once a run
 
     @property
@@ -111,15 +110,6 @@ class WanFamily(WanExports, VideoBaseFamily):
     def check(self, data_root: Path) -> list[ConfigProblem]:
         frames = self.frame_count_problem(self.config.data.num_frames)
         return wan_problems(self.config, self.base_path(), data_root, self.size_multiple(), frames)
-
-    def record_problems(self, records: Callable[[], list[Any]]) -> list[ConfigProblem]:
-        """A clip without a caption (and no fixed prompt), named by its caption file."""
-        if self.config.model.base.prompt is not None:
-            return []
-        return clip_prompts(records(), None)[1]
-
-    def note_records(self, records: list[Any]) -> None:
-        self.prompts.update(clip_prompts(records, self.config.model.base.prompt)[0])
 
     @property
     def expand_timesteps(self) -> bool:
@@ -332,16 +322,9 @@ class WanFamily(WanExports, VideoBaseFamily):
         path = self.config.model.base.source.path
         return [] if path is None else [("model.base.source.path", path, create_smoke_wan, "Wan")]
 
-    @property
-    def reads_captions(self) -> bool:
-        return self.config.model.base.prompt is None
-
     def smoke_export_format(self) -> str:
         """ComfyUI's Wan keys."""
         return "comfyui"
-
-    def smoke_sample_flags(self, samples: Any, caption: str) -> list[str]:
-        return ["--prompt", self.config.model.base.prompt or caption]
 
     def helper_dtypes(self, helpers: list[torch.nn.Module], compute: torch.dtype) -> list[torch.dtype]:
         """The VAE in float32, CLIP and UMT5 in the compute dtype (`FrozenWanEncoders.on_device`)."""
