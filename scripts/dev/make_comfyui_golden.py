@@ -45,7 +45,7 @@ from unittest import mock
 
 import torch
 from diffusers import UNetSpatioTemporalConditionModel
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from framer_ds.storage.locations import default_cache_dir
@@ -181,6 +181,19 @@ def make_adapter(svd: Path, extra: dict, out: Path) -> tuple[dict, dict]:
     config = json.loads((out / "adapter_config.json").read_text())
     config["target_modules"] = sorted(config["target_modules"])  # peft writes a set: any order
     return load_file(out / "adapter_model.safetensors"), config
+
+
+def seeded_adapter(model: torch.nn.Module, lora: LoraConfig) -> dict[str, torch.Tensor]:
+    """peft's adapter tensors (`get_peft_model_state_dict`) of `model` with seeded non-zero lora_B (the Wan
+    and LTX-2 generators: a zero lora_B would make every delta zero, and a delta that is zero proves
+    nothing)."""
+    wrapped = get_peft_model(model, lora)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
+    return {key: value.contiguous() for key, value in get_peft_model_state_dict(wrapped).items()}
 
 
 class _Unloaded(logging.Handler):

@@ -43,11 +43,11 @@ from pathlib import Path
 
 import torch
 from diffusers import LTX2VideoTransformer3DModel
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from peft import LoraConfig
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_comfyui_golden import UPSTREAM, import_comfyui, run_comfyui
+from make_comfyui_golden import UPSTREAM, import_comfyui, run_comfyui, seeded_adapter
 
 from framer_ds.tasks.video_lora.ltx2.lora import LTX2_LORA_TARGETS, comfyui_module, to_comfyui_state_dict
 from framer_ds.tasks.video_lora.ltx2.tiny import TINY_LTX2_TRANSFORMER
@@ -113,17 +113,6 @@ def comfyui_ltx2_model(comfy, unet_config: dict, diffusers_model: LTX2VideoTrans
     return model, names
 
 
-def make_adapter(transformer: LTX2VideoTransformer3DModel, lora: dict) -> dict[str, torch.Tensor]:
-    """peft's adapter tensors (`get_peft_model_state_dict`) with seeded non-zero lora_B."""
-    model = get_peft_model(transformer, LoraConfig(**lora))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
-    return {key: value.contiguous() for key, value in get_peft_model_state_dict(model).items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--comfyui", type=Path, required=True, help="ComfyUI checkout (see the docstring)")
@@ -141,7 +130,7 @@ def main() -> None:
     }
     OUT.mkdir(parents=True, exist_ok=True)
     for variant, lora in variants(tiny_transformer()).items():
-        adapter = make_adapter(tiny_transformer(), lora)
+        adapter = seeded_adapter(tiny_transformer(), LoraConfig(**lora))
         exported = to_comfyui_state_dict(adapter, lora)
         model, _ = comfyui_ltx2_model(comfy, unet_config, tiny_transformer())  # zero weights again
         with tempfile.TemporaryDirectory() as tmp:

@@ -40,11 +40,11 @@ from pathlib import Path
 
 import torch
 from diffusers import WanTransformer3DModel
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from peft import LoraConfig
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_comfyui_golden import UPSTREAM, import_comfyui, run_comfyui
+from make_comfyui_golden import UPSTREAM, import_comfyui, run_comfyui, seeded_adapter
 
 from framer_ds.tasks.video_lora.wan.lora_layout import (
     COMFYUI_MODULES,
@@ -104,17 +104,6 @@ def comfyui_wan_model(comfy, unet_config: dict, diffusers_model: WanTransformer3
     return model
 
 
-def make_adapter(transformer: WanTransformer3DModel) -> dict[str, torch.Tensor]:
-    """peft's adapter tensors (`get_peft_model_state_dict`) with seeded non-zero lora_B."""
-    model = get_peft_model(transformer, LoraConfig(target_modules=list(WAN_LORA_TARGETS), **LORA))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
-    return {key: value.contiguous() for key, value in get_peft_model_state_dict(model).items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--comfyui", type=Path, required=True, help="ComfyUI checkout (see the docstring)")
@@ -127,7 +116,7 @@ def main() -> None:
         transformer = tiny_transformer(mode)
         model = comfyui_wan_model(comfy, unet_config, transformer)
         key_map = comfy.lora.model_lora_keys_unet(model, {})
-        adapter = make_adapter(transformer)
+        adapter = seeded_adapter(transformer, LoraConfig(target_modules=list(WAN_LORA_TARGETS), **LORA))
         exported = to_comfyui_state_dict(adapter, LORA)
         with tempfile.TemporaryDirectory() as tmp:
             lora_file = Path(tmp) / "lora.safetensors"
