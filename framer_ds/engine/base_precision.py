@@ -77,7 +77,10 @@ def keep_quantized_out_of_checkpoints(model: torch.nn.Module) -> None:
     """The model's state dict (what `save_state` writes) without the quantized frozen weights, and a load
     that does not miss them. Why: safetensors cannot store torchao's tensors (accelerate fails reading
     their storage), and they need no storing: resume rebuilds the frozen base from its files and
-    quantizes it again, bit for bit (round-to-nearest of the same weights)."""
+    quantizes it again, bit for bit (round-to-nearest of the same weights). Not left to
+    engine/checkpoint_weights.py, which drops every frozen parameter from what is written: that leaves
+    `model.state_dict()` itself whole, and safetensors' `load_model` reads it on resume, where torchao's
+    tensors fail its storage check (the SVD-XT 24 GB smoke's resume did; the int8 resume test too)."""
     names = quantized_names(model)
 
     def drop(_module: torch.nn.Module, state_dict: dict, prefix: str, _metadata: object) -> None:

@@ -127,16 +127,15 @@ def export_comfyui(export_dir: Path, options: Any) -> str:
     """`--format comfyui`: one file in LTX-2's own LoRA layout (ltx2/lora.py: the keys ComfyUI's LoRA
     loader maps for its LTX-2 model, scale folded into lora_B), added beside the files in --out."""
     from framer_ds.tasks.video_lora.ltx2.lora import to_comfyui_state_dict
-    from framer_ds.tasks.video_lora.shared.comfyui_lora import refuse_unsupported_adapter, write_comfyui_lora
+    from framer_ds.tasks.video_lora.shared.comfyui_lora import export_comfyui_lora
 
     metadata = read_adapter_metadata(export_dir)
     if options.base is not None:  # the key names are the transformer's own: no base is read
         problem = "an LTX-2 comfyui export reads no base model (its keys are the transformer's): drop --base"
         raise ConfigError([ConfigProblem("--base", problem)], "export")
-    config = json.loads((export_dir / "adapter_config.json").read_text())
-    refuse_unsupported_adapter(config)
-    tensors = to_comfyui_state_dict(load_file(str(export_dir / "adapter_model.safetensors")), config)
-    path = write_comfyui_lora(options, COMFYUI_LTX2_FILE, tensors, metadata)
+    path, tensors = export_comfyui_lora(
+        export_dir, metadata, options, COMFYUI_LTX2_FILE, to_comfyui_state_dict
+    )
     return (
         f"wrote {path}: {len(tensors) // 2} LoRA modules in LTX-2's own layout (diffusion_model."
         "transformer_blocks.N...): put it in ComfyUI/models/loras and apply it with LoraLoaderModelOnly "

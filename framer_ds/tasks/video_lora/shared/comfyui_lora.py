@@ -1,8 +1,9 @@
 """What every base's `framer-ds export --format comfyui` shares: peft's LoRA scale, the adapters no plain
 ComfyUI LoRA file can carry, and the writer of the one file.
 
-Each family maps its own module names (svd/comfyui_keys.py, wan/lora_layout.py, ltx2/lora.py); the file
-goes out here, through `engine.export_out.export_file`: added beside the files already in --out (a
+Each family maps its own module names (svd/comfyui_keys.py, wan/lora_layout.py, ltx2/lora.py) and hands
+that map to `export_comfyui_lora`, which reads the adapter, refuses what a plain file cannot carry, and
+writes; the file goes out, through `engine.export_out.export_file`: added beside the files already in --out (a
 ComfyUI `models/loras` folder holds the user's other LoRAs), a file of the same name replaced only with
 --overwrite, the matrices in --dtype, the adapter's metadata in the safetensors header.
 """
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export_out import export_file
@@ -65,3 +66,20 @@ def write_comfyui_lora(
     with export_file(options.out, name, options.overwrite) as path:
         save_file(cast, str(path), metadata=header)
     return Path(options.out) / name
+
+
+Converter = Callable[[dict[str, torch.Tensor], dict[str, Any]], dict[str, torch.Tensor]]
+"""A family's key map: (peft's adapter tensors, its adapter_config.json) -> the ComfyUI file's tensors."""
+
+
+def export_comfyui_lora(
+    export_dir: Path, metadata: Mapping[str, Any], options: Any, name: str, convert: Converter
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """Every family's `--format comfyui`: the adapter in `export_dir` (its metadata read by the family,
+    which checks it first) refused where no plain LoRA file can carry it, mapped by the family's
+    `convert`, written as `--out/name` (`write_comfyui_lora`). Returns the file's path and what it holds."""
+    export_dir = Path(export_dir)
+    adapter_config = json.loads((export_dir / "adapter_config.json").read_text())
+    refuse_unsupported_adapter(adapter_config)
+    tensors = convert(load_file(str(export_dir / "adapter_model.safetensors")), adapter_config)
+    return write_comfyui_lora(options, name, tensors, metadata), tensors

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from framer_ds.tasks.video_lora.shared.comfyui_lora import lora_scale, refusal, refuse_unsupported_adapter
+from framer_ds.tasks.video_lora.shared.comfyui_lora import lora_scale, refusal
 
 PEFT_PREFIX = "base_model.model."
 _DOWN = re.compile(r"^down_blocks\.(\d+)\.attentions\.(\d+)\.(.+)$")
@@ -75,7 +75,6 @@ def comfyui_lora_state_dict(
 
     `.alpha` is written so that ComfyUI's `alpha / rank` equals peft's scaling exactly (alpha / r, or
     alpha / sqrt(r) with rsLoRA), whatever alpha and rank were."""
-    refuse_unsupported_adapter(adapter_config)
     layers_per_block = uniform_layers_per_block(unet_config)
     converted: dict[str, torch.Tensor] = {}
     for key in sorted(adapter):

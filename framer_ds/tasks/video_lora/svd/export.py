@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from framer_ds.config.errors import ConfigError, ConfigProblem
 from framer_ds.engine.export_out import check_export_directory, export_directory
-from framer_ds.tasks.video_lora.shared.comfyui_lora import write_comfyui_lora
+from framer_ds.tasks.video_lora.shared.comfyui_lora import export_comfyui_lora
 from framer_ds.tasks.video_lora.shared.exports import (
     EXPORT_METADATA,
     ExportFormat,
@@ -266,12 +265,15 @@ def export_comfyui(adapter_dir: Path, options: VideoExportCommandOptions) -> str
             "channels. Use --format merged (a diffusers UNet) or --format framer.",
         )
         raise ConfigError([problem], "export")
-    adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
     base = Path(options.base or metadata["base_model"])
     unet_config = json.loads((base / "unet" / "config.json").read_text())
-    tensors = load_file(adapter_dir / "adapter_model.safetensors")
-    converted = comfyui_lora_state_dict(tensors, adapter_config, unet_config)
-    path = write_comfyui_lora(options, COMFYUI_FILE, converted, metadata)
+    path, converted = export_comfyui_lora(
+        adapter_dir,
+        metadata,
+        options,
+        COMFYUI_FILE,
+        lambda tensors, config: comfyui_lora_state_dict(tensors, config, unet_config),
+    )
     modules = sum(k.endswith(".alpha") for k in converted)
     return (
         f"wrote {path}: {modules} LoRA modules in ComfyUI's format (put it in, "

@@ -110,10 +110,7 @@ class WanExports:
 
     def export_command(self, export_dir: Path, options: Any) -> str:
         """`--format comfyui` (ComfyUI's Wan LoRA keys) or `peft`; the others are the SVD family's."""
-        from framer_ds.tasks.video_lora.shared.comfyui_lora import (
-            refuse_unsupported_adapter,
-            write_comfyui_lora,
-        )
+        from framer_ds.tasks.video_lora.shared.comfyui_lora import export_comfyui_lora
         from framer_ds.tasks.video_lora.shared.exports import export_peft
 
         metadata = read_adapter_metadata(export_dir)
@@ -126,10 +123,7 @@ class WanExports:
             raise ConfigError([ConfigProblem("--format", problem)], "export")
         from framer_ds.tasks.video_lora.wan.lora_layout import to_comfyui_state_dict
 
-        config = json.loads((Path(export_dir) / "adapter_config.json").read_text())
-        refuse_unsupported_adapter(config)
-        tensors = load_file(str(Path(export_dir) / "adapter_model.safetensors"))
-        path = write_comfyui_lora(options, COMFYUI_WAN_FILE, to_comfyui_state_dict(tensors, config), metadata)
+        path, _ = export_comfyui_lora(export_dir, metadata, options, COMFYUI_WAN_FILE, to_comfyui_state_dict)
         return f"wrote {path} (ComfyUI Wan LoRA keys, diffusion_model.blocks.N...)"
 
 
