@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 # only contend); each test file goes to one worker (its module fixtures are built once) and
 # tests/scheduling.py starts the heaviest files first. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= $(shell python3 -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(4, n) if n > 1 else 0)")
-XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# --instafail prints each failure's report when it happens (a killed or timed-out run still names it).
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --instafail
 
 .PHONY: setup quickstart test test-fast test-readme test-smoke test-gpu-suite lint format bench bench-memory clean
 

@@ -41,3 +41,18 @@ def test_a_missing_capability_is_named_in_one_line(capability, reason):
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(reason), proc.stdout
     assert not [name for name in os.listdir("/run/netns") if name.startswith("fds-probe")]
+
+
+def test_where_the_cluster_is_required_a_missing_one_fails_instead_of_skipping(monkeypatch):
+    """`.ci/run` sets FRAMER_DS_REQUIRE_CLUSTER=1: a CI machine that cannot build the cluster then fails
+    the cluster tests, naming why, so a green CI run means they ran; elsewhere they skip."""
+    from real_cluster import REQUIRED_ENV, _skip
+
+    monkeypatch.delenv(REQUIRED_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no bridge"):
+        _skip("no bridge")
+    monkeypatch.setenv(REQUIRED_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=f"no bridge .{REQUIRED_ENV}=1"):
+        _skip("no bridge")
+    ci_run = (SCRIPT.parents[2] / ".ci" / "run").read_text()
+    assert f'export {REQUIRED_ENV}="${{{REQUIRED_ENV}:-1}}"' in ci_run
