@@ -194,33 +194,48 @@ def prepare_probe(
     for depth in depths:
         passes += [step(depth, k) for k in micro_batches] + ([evaluation(depth)] if with_eval else [])
 
-    def finish(peaks: list[int]) -> ActivationProbe:
-        width = len(passes) // len(depths)
+    figures = _ProbeFigures(tuple(micro_batches), with_eval, stack, depths, task, device)
+    return PreparedProbe(passes, figures.fold)
+
+
+@dataclass(frozen=True)
+class _ProbeFigures:
+    """How a probe's pass peaks (in `prepare_probe`'s order: per depth, each micro-batch then the
+    evaluation) become its figures: the line through the micro-batches, extended to the full depth."""
+
+    micro_batches: tuple[int, ...]
+    with_eval: bool
+    stack: torch.nn.ModuleList | None
+    depths: tuple[int | None, ...]
+    task: Task
+    device: str
+
+    def fold(self, peaks: list[int]) -> ActivationProbe:
+        width = len(peaks) // len(self.depths)
         runs = []  # (peak at each micro-batch, eval peak) at each probed depth
         for chunk in (peaks[i : i + width] for i in range(0, len(peaks), width)):
-            runs.append((chunk[: len(micro_batches)], chunk[len(micro_batches)] if with_eval else 0))
-        if stack is None:
+            runs.append(
+                (chunk[: len(self.micro_batches)], chunk[len(self.micro_batches)] if self.with_eval else 0)
+            )
+        if self.stack is None:
             (measured, eval_peak), depth = runs[0], ()
         else:
-            measured = [
-                _extend(at, PROBE_DEPTHS, len(stack)) for at in zip(*(m for m, _ in runs), strict=True)
-            ]
-            eval_peak = _extend([e for _, e in runs], PROBE_DEPTHS, len(stack))
-            depth = (*PROBE_DEPTHS, len(stack))
-        (k1, k2), (m1, m2) = micro_batches[:2], measured[:2]
+            full = len(self.stack)
+            measured = [_extend(at, PROBE_DEPTHS, full) for at in zip(*(m for m, _ in runs), strict=True)]
+            eval_peak = _extend([e for _, e in runs], PROBE_DEPTHS, full)
+            depth = (*PROBE_DEPTHS, full)
+        (k1, k2), (m1, m2) = self.micro_batches[:2], measured[:2]
         per_sample = max(0, round((m2 - m1) / (k2 - k1)))
         return ActivationProbe(
-            micro_batches=tuple(micro_batches),
+            micro_batches=self.micro_batches,
             measured_bytes=tuple(measured),
             fixed=m1 - per_sample * k1,
             per_sample=per_sample,
-            gradient_checkpointing=bool(task.config.train.gradient_checkpointing),
-            device=device,
+            gradient_checkpointing=bool(self.task.config.train.gradient_checkpointing),
+            device=self.device,
             eval_transient=eval_peak,
             depth=depth,
         )
-
-    return PreparedProbe(passes, finish)
 
 
 def _step_peak(task: Task, model: torch.nn.Module, k: int, mode: Any, device: str, dtype: torch.dtype) -> int:
