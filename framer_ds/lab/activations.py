@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,27 +105,6 @@ def _extend(at: Sequence[int], depths: Sequence[int], full: int) -> int:
     return m2 + (m2 - m1) * (full - n2) // (n2 - n1)
 
 
-@dataclass
-class PreparedProbe:
-    """A probe made ready (fake parameters and helpers): its independent passes, and how their peaks
-    become the probe's figures. Apart from running them so that several probes' passes run side by side
-    in one batch (`run_probes`): the plan of a config without gradient checkpointing probes it with
-    checkpointing too, and its passes then fill the cores the first probe's leave idle."""
-
-    passes: list[Callable[[], int]]
-    finish: Callable[[list[int]], ActivationProbe]
-
-
-def run_probes(prepared: Sequence[PreparedProbe]) -> list[ActivationProbe]:
-    """Each prepared probe's figures, every pass of every probe dealt over the cores at once."""
-    peaks = run_passes([run for probe in prepared for run in probe.passes])
-    found, start = [], 0
-    for probe in prepared:
-        found.append(probe.finish(peaks[start : start + len(probe.passes)]))
-        start += len(probe.passes)
-    return found
-
-
 def probe_activations(
     task: Task,
     micro_batches: Sequence[int] = PROBE_MICRO_BATCHES,
@@ -136,29 +114,15 @@ def probe_activations(
     helpers: list[torch.nn.Module] | None = None,
     scale_depth: bool = True,
 ) -> ActivationProbe:
-    """One forward + backward per micro-batch size of `task`'s model on fake tensors (module docstring);
-    the arguments are `prepare_probe`'s."""
-    prepared = prepare_probe(task, micro_batches, fake, model, with_eval, helpers, scale_depth)
-    return run_probes([prepared])[0]
-
-
-def prepare_probe(
-    task: Task,
-    micro_batches: Sequence[int] = PROBE_MICRO_BATCHES,
-    fake: bool = True,
-    model: torch.nn.Module | None = None,
-    with_eval: bool = True,
-    helpers: list[torch.nn.Module] | None = None,
-    scale_depth: bool = True,
-) -> PreparedProbe:
-    """The passes of `task`'s probe, made ready. `fake=False` runs the same step on real tensors with
-    real (random) weights: the check that the fake run follows the same graph, for models small enough
-    to run. `model`: the task's `meta_model` when the caller built it already; the probe gives it fake
-    (or empty) parameters, so count it first. `with_eval`: also measure the evaluation transient (the
-    planning hook `eval_transient`, with the helpers on the device in `helper_dtypes`,
-    tasks/planning.py); `helpers`: `HelperModules.in_evaluation` on the meta device, when the caller
-    built them for the census (the probe makes them fake). `scale_depth=False` runs a stack of
-    identical blocks at its full depth too (the check that the extended figures are exact)."""
+    """One forward + backward per micro-batch size of `task`'s model on fake tensors (module docstring).
+    `fake=False` runs the same step on real tensors with real (random) weights: the check that the fake
+    run follows the same graph, for models small enough to run. `model`: the task's `meta_model` when
+    the caller built it already; the probe gives it fake (or empty) parameters, so count it first.
+    `with_eval`: also measure the evaluation transient (the planning hook `eval_transient`, with the
+    helpers on the device in `helper_dtypes`, tasks/planning.py); `helpers`:
+    `HelperModules.in_evaluation` on the meta device, when the caller built them for the census (the
+    probe makes them fake). `scale_depth=False` runs a stack of identical blocks at its full depth too
+    (the check that the extended figures are exact)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if len(set(micro_batches)) < 2:
@@ -193,49 +157,28 @@ def prepare_probe(
     passes: list[Callable[[], int]] = []  # independent: side by side on the usable cores (probe_passes.py)
     for depth in depths:
         passes += [step(depth, k) for k in micro_batches] + ([evaluation(depth)] if with_eval else [])
-
-    figures = _ProbeFigures(tuple(micro_batches), with_eval, stack, depths, task, device)
-    return PreparedProbe(passes, figures.fold)
-
-
-@dataclass(frozen=True)
-class _ProbeFigures:
-    """How a probe's pass peaks (in `prepare_probe`'s order: per depth, each micro-batch then the
-    evaluation) become its figures: the line through the micro-batches, extended to the full depth."""
-
-    micro_batches: tuple[int, ...]
-    with_eval: bool
-    stack: torch.nn.ModuleList | None
-    depths: tuple[int | None, ...]
-    task: Task
-    device: str
-
-    def fold(self, peaks: list[int]) -> ActivationProbe:
-        width = len(peaks) // len(self.depths)
-        runs = []  # (peak at each micro-batch, eval peak) at each probed depth
-        for chunk in (peaks[i : i + width] for i in range(0, len(peaks), width)):
-            runs.append(
-                (chunk[: len(self.micro_batches)], chunk[len(self.micro_batches)] if self.with_eval else 0)
-            )
-        if self.stack is None:
-            (measured, eval_peak), depth = runs[0], ()
-        else:
-            full = len(self.stack)
-            measured = [_extend(at, PROBE_DEPTHS, full) for at in zip(*(m for m, _ in runs), strict=True)]
-            eval_peak = _extend([e for _, e in runs], PROBE_DEPTHS, full)
-            depth = (*PROBE_DEPTHS, full)
-        (k1, k2), (m1, m2) = self.micro_batches[:2], measured[:2]
-        per_sample = max(0, round((m2 - m1) / (k2 - k1)))
-        return ActivationProbe(
-            micro_batches=self.micro_batches,
-            measured_bytes=tuple(measured),
-            fixed=m1 - per_sample * k1,
-            per_sample=per_sample,
-            gradient_checkpointing=bool(self.task.config.train.gradient_checkpointing),
-            device=self.device,
-            eval_transient=eval_peak,
-            depth=depth,
-        )
+    peaks, width = run_passes(passes), len(passes) // len(depths)
+    runs = []  # (peak at each micro-batch, eval peak) at each probed depth
+    for chunk in (peaks[i : i + width] for i in range(0, len(peaks), width)):
+        runs.append((chunk[: len(micro_batches)], chunk[len(micro_batches)] if with_eval else 0))
+    if stack is None:
+        (measured, eval_peak), depth = runs[0], ()
+    else:
+        measured = [_extend(at, PROBE_DEPTHS, len(stack)) for at in zip(*(m for m, _ in runs), strict=True)]
+        eval_peak = _extend([e for _, e in runs], PROBE_DEPTHS, len(stack))
+        depth = (*PROBE_DEPTHS, len(stack))
+    (k1, k2), (m1, m2) = micro_batches[:2], measured[:2]
+    per_sample = max(0, round((m2 - m1) / (k2 - k1)))
+    return ActivationProbe(
+        micro_batches=tuple(micro_batches),
+        measured_bytes=tuple(measured),
+        fixed=m1 - per_sample * k1,
+        per_sample=per_sample,
+        gradient_checkpointing=bool(task.config.train.gradient_checkpointing),
+        device=device,
+        eval_transient=eval_peak,
+        depth=depth,
+    )
 
 
 def _step_peak(task: Task, model: torch.nn.Module, k: int, mode: Any, device: str, dtype: torch.dtype) -> int:

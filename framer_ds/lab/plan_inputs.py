@@ -74,20 +74,17 @@ def measure_inputs(task: Task, checkpointing_task: Callable[[], Task] | None) ->
     switched on, probed too (its evaluation transient is the configured one's) when given."""
     from dataclasses import replace
 
-    from framer_ds.lab.activations import prepare_probe, run_probes
+    from framer_ds.lab.activations import probe_activations
     from framer_ds.lab.census import helper_modules, meta_model, task_census
     from framer_ds.tasks.planning import planning_hooks
 
     model = meta_model(task)  # one build for both: the census counts it before the probe fakes it
     helpers = helper_modules(task)
     census = task_census(task, model, helpers)
-    prepared = [prepare_probe(task, model=model, helpers=helpers.in_evaluation)]
-    if checkpointing_task is not None:  # its passes side by side with the configured probe's
-        prepared.append(prepare_probe(checkpointing_task(), with_eval=False))
-    configured, *switched = run_probes(prepared)
-    probes = {"configured": configured}
-    if switched:
-        probes["checkpointing"] = replace(switched[0], eval_transient=configured.eval_transient)
+    probes = {"configured": probe_activations(task, model=model, helpers=helpers.in_evaluation)}
+    if checkpointing_task is not None:
+        probe = probe_activations(checkpointing_task(), with_eval=False)
+        probes["checkpointing"] = replace(probe, eval_transient=probes["configured"].eval_transient)
     return PlanInputs(census, probes, planning_hooks(task).plan_assumptions())
 
 

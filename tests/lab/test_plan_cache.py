@@ -33,7 +33,6 @@ def forbid_probe(monkeypatch) -> None:
         raise AssertionError("the probe ran although the plan's inputs were cached")
 
     monkeypatch.setattr(activations, "probe_activations", probe)
-    monkeypatch.setattr(activations, "prepare_probe", probe)
 
 
 def test_a_second_plan_reads_the_cache_and_prints_the_same_figures(monkeypatch, tmp_path, capsys):

@@ -129,31 +129,3 @@ def test_fake_parameters_made_directly_are_what_to_empty_makes_in_fake_mode():
     assert described(fast)[0][2:5] == ("FakeTensor", (4, 3), (1, 4))
     storages = {t.untyped_storage()._cdata for t in [*fast.parameters(), *fast.buffers(), fast[0].bias.grad]}
     assert len(storages) == 6
-
-
-def test_a_plan_without_checkpointing_runs_both_probes_passes_in_one_batch(monkeypatch, data_cache):
-    """A config trained without gradient checkpointing is probed with it too: its passes join the
-    configured probe's in one batch (one fork, the cores kept busy), not a second batch after it; the
-    figures are those of the two probes run alone."""
-    from framer_ds.lab import activations
-    from framer_ds.lab.plan_inputs import measure_inputs
-
-    def task(checkpointing: bool):
-        overrides = [*TINY_VIT_OVERRIDES, f"train.gradient_checkpointing={checkpointing}"]
-        config = load_run_config(REPO / "configs/quickstart.yaml", overrides)
-        return get_task_class(config.task)(config)
-
-    batches: list[int] = []
-
-    def counted(passes, workers=None):
-        batches.append(len(passes))
-        return run_passes(passes, workers)
-
-    monkeypatch.setattr(activations, "run_passes", counted)
-    inputs = measure_inputs(task(False), lambda: task(True))
-    assert batches == [6 + 4]  # 2 depths x (2 micro-batches + evaluation), then 2 depths x 2 micro-batches
-    configured = probe_activations(task(False))
-    assert inputs.probes["configured"] == configured
-    checkpointing = probe_activations(task(True), with_eval=False)
-    assert inputs.probes["checkpointing"].measured_bytes == checkpointing.measured_bytes
-    assert inputs.probes["checkpointing"].eval_transient == configured.eval_transient
