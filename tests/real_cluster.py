@@ -81,9 +81,13 @@ class Cluster:
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
     def start(self, cmd: list[str], **env: str) -> subprocess.Popen:
-        """A launch left running, in its own session (a terminal's process group), output merged."""
+        """A launch left running, in its own session (a terminal's process group), output merged, with
+        SIGINT and SIGQUIT at their defaults as a terminal's shell starts a command: a suite started in the
+        background (`make test &`, a CI runner's job) hands its children SIGINT ignored, and bash cannot
+        trap a signal that was ignored when it started, so launch.sh never saw the test's Ctrl-C and
+        its run trained to the end (`env --default-signal`, GNU coreutils 8.31+)."""
         proc = subprocess.Popen(
-            cmd,
+            ["env", "--default-signal=INT,QUIT", *cmd],
             cwd=self.checkout,
             env={**self.env, **env},
             text=True,

@@ -28,26 +28,26 @@ WEIGHT_PLAIN, WEIGHT_SLOW, WEIGHT_DISTRIBUTED, WEIGHT_CLUSTER = 0.2, 40.0, 40.0,
 # Seconds on one worker of a 2-worker `make test` on 2 cores (`pytest --durations`: the file's tests and
 # fixtures summed): only the ranking matters, so figures from a loaded machine (2-3x a quiet one's) rank
 # as well. Keep it current when a file's cost changes by more than a third (README, Development, has how).
-# Measured on the 2026-11-29 fresh-clone run (f282b01, 39 min, two helpers' tests beside it; the summary
-# "seconds per test file" that every run prints at its end).
+# Measured on the 2026-11-29 fresh-clone run of f020900 (30 min, a quiet machine; the summary "seconds per
+# test file" that every run prints at its end).
 MEASURED_S: dict[str, float] = {
-    "tests/lab/test_planner.py": 581,
-    "tests/launch/test_cluster.py": 469,  # mostly waits on Slurm (README)
-    "tests/lab/test_smoke.py": 353,
-    "tests/engine/test_strategy_equivalence.py": 340,
-    "tests/tasks/tts_lm/test_tts_lm.py": 232,
-    "tests/engine/test_resume_world_size.py": 171,
-    "tests/tasks/video_lora/shared/test_interp_eval.py": 169,
-    "tests/faults/test_fault_matrix.py": 155,
-    "tests/engine/test_fsdp2.py": 134,
-    "tests/tasks/test_task_contract.py": 119,
-    "tests/train/test_compile.py": 112,
-    "tests/train/test_optimizer_8bit.py": 111,
-    "tests/train/test_faults.py": 106,
-    "tests/tasks/video_lora/test_video_resume.py": 101,
-    "tests/tasks/video_lora/wan/test_wan_family.py": 101,
-    "tests/engine/test_lora_zero3.py": 86,
-    "tests/launch/test_launchers.py": 76,
+    "tests/lab/test_planner.py": 224,
+    "tests/launch/test_cluster.py": 484,  # mostly waits on Slurm (README)
+    "tests/lab/test_smoke.py": 258,
+    "tests/engine/test_strategy_equivalence.py": 201,
+    "tests/tasks/tts_lm/test_tts_lm.py": 199,
+    "tests/engine/test_resume_world_size.py": 131,
+    "tests/tasks/video_lora/shared/test_interp_eval.py": 135,
+    "tests/faults/test_fault_matrix.py": 136,
+    "tests/engine/test_fsdp2.py": 108,
+    "tests/tasks/test_task_contract.py": 110,
+    "tests/train/test_compile.py": 85,
+    "tests/train/test_optimizer_8bit.py": 117,
+    "tests/train/test_faults.py": 133,
+    "tests/tasks/video_lora/test_video_resume.py": 90,
+    "tests/tasks/video_lora/wan/test_wan_family.py": 96,
+    "tests/engine/test_lora_zero3.py": 72,
+    "tests/launch/test_launchers.py": 84,
     "tests/lab/test_gpu_suite.py": 60,  # launches stubbed: 101 s alone at load 4-6, 42 s the tiny TTS set
 }
 

@@ -278,7 +278,9 @@ def test_hostfile_runners_and_ctrl_c_over_ssh(cluster, reference):
         not in cluster.run(["ps", "-eo", "args"]).stdout
         + cluster.run(["ssh", "fds-node2", "ps -eo args"]).stdout
     )
-    signals = _signal_state(launcher.pid)  # for the failure message: whether launch.sh could trap it
+    # A terminal's Ctrl-C reaches a launch.sh that traps it (a suite run in the background handed it SIGINT
+    # ignored, which bash cannot trap: 3 of 4 such runs failed below, the run training to its end)
+    assert _catches(launcher.pid, signal.SIGINT), Path(f"/proc/{launcher.pid}/status").read_text()
     os.killpg(launcher.pid, signal.SIGINT)
     # The hold stays until the launch has ended: the signal reaches the ranks through launch.sh and ssh,
     # and a run let go at full speed as it was sent finished all 16 steps first (a fresh-clone run did)
@@ -286,9 +288,7 @@ def test_hostfile_runners_and_ctrl_c_over_ssh(cluster, reference):
     hold.unlink()
     assert launcher.returncode == 0, out[-4000:]
     node2_stopped = r"\[fds-node2\] stopped by .* after step \d+; checkpoint written"
-    own = [line for line in out.splitlines() if line.startswith(("[framer_ds]", "error", "+ "))]
-    # the nodes' output reached the console
-    assert re.search(node2_stopped, out), "\n".join([signals, *own, out[-3000:]])
+    assert re.search(node2_stopped, out), out[-4000:]  # the nodes' output reached the console
     assert "[framer_ds] stopped at a checkpoint" in out
     assert not list(cluster.checkout.glob(".framer_ds_env.*"))  # the token's file went with the launch
 
@@ -299,10 +299,12 @@ def test_hostfile_runners_and_ctrl_c_over_ssh(cluster, reference):
     assert losses(run_dir) == reference
 
 
-def _signal_state(pid: int) -> str:
-    """The signal masks of process `pid` (/proc/PID/status: blocked, ignored, caught; SIGINT is bit 1)."""
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return "launch.sh " + " ".join(line for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc/PID/status: bit sig - 1)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    raise AssertionError(f"no SigCgt line in /proc/{pid}/status")
 
 
 def test_an_unreachable_host_fails_fast_with_its_name(cluster):
