@@ -9,11 +9,8 @@ PYTEST_ARGS ?=
 # only contend); each test file goes to one worker (its module fixtures are built once) and
 # tests/scheduling.py starts the heaviest files first. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= $(shell python3 -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(4, n) if n > 1 else 0)")
-# One more worker than that is the wait lane (--wait-lane): the files that mostly wait (the real cluster,
-# waiting on Slurm) run there beside the others instead of holding a core's worker (tests/scheduling.py).
-XDIST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),0,$(shell expr $(TEST_WORKERS) + 1))
 # --instafail prints each failure's report when it happens (a killed or timed-out run still names it).
-XDIST = -n $(XDIST_WORKERS) --dist loadfile --no-loadscope-reorder --wait-lane --instafail
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --instafail
 
 .PHONY: setup quickstart test test-fast test-readme test-smoke test-gpu-suite lint format bench bench-memory clean
 

@@ -18,27 +18,12 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from scheduling import FileSeconds, WaitLaneScheduling, order_heaviest_first, use_wait_lane
+from scheduling import FileSeconds, order_heaviest_first
 
 if TYPE_CHECKING:
     from framer_ds.train.loop import TrainResult
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["pytester"]  # tests/test_scheduling.py runs a small suite under xdist
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--wait-lane",
-        action="store_true",
-        help="under -n N --dist loadfile, keep the last worker for the files that mostly wait "
-        "(tests/scheduling.py; `make test` passes it with one worker more than the cores)",
-    )
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
-    """tests/scheduling.py's wait lane, when asked for; else xdist's own scheduler."""
-    return WaitLaneScheduling(config, log) if use_wait_lane(config) else None
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -13,20 +13,11 @@ started last would leave the other worker idle while it ran. A file's weight is 
 markers cannot see: the offline plan of every config was marked like one slow test and started 23rd), else
 a static estimate from its tests' markers (`distributed`, `slow`). Within a file the order is pytest's own.
 With one worker (or plain `pytest`) only the file order changes.
-
-The wait lane (`--wait-lane`, which `make test` passes with one xdist worker more than the cores): the
-files in `WAIT_LANE_FILES` spend most of their time waiting (the real two-node cluster waits on Slurm's
-scheduling, requeues and ssh; alone on a quiet machine its 7 tests took 326 s of wall time at a load
-average under 1), so they run on a worker of their own, the last one, beside the one-per-core workers
-that share every other file. On 2 cores that file was a third of one worker's time, ~500 s in which the
-worker's core sat mostly idle. The lane's worker takes nothing else and stops when its files are done;
-the other workers never take its files. Without `--wait-lane` (or with one worker) every file is shared.
 """
 
 from __future__ import annotations
 
 import pytest
-from xdist.scheduler import LoadFileScheduling
 
 # Seconds a test of each kind takes on 2 cores, roughly: only the ranking matters. A test on the real
 # two-node cluster (`cluster`: several launches, Slurm's requeues) takes 1-5 minutes: without its own
@@ -112,49 +103,3 @@ class FileSeconds:
             terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
         total = sum(self.seconds.values())
         terminalreporter.write_line(f"{total:8.1f}s  all {len(self.seconds)} files, summed over workers")
-
-
-WAIT_LANE_FILES = ("tests/launch/test_cluster.py",)
-"""Files that mostly wait rather than compute (module docstring): the wait lane's only work."""
-
-
-class WaitLaneScheduling(LoadFileScheduling):
-    """`--dist loadfile` with the last worker kept for `WAIT_LANE_FILES` (module docstring).
-
-    The workqueue is the files in the order the workers collected them (`order_heaviest_first`); a worker
-    asking for work gets the first file of its lane, and a worker whose lane is empty stops. Should the
-    lane's worker die (xdist then starts a replacement under a new id), any worker takes its files."""
-
-    def _lane_id(self) -> str:
-        return f"gw{self.numnodes - 1}"  # xdist names the workers gw0..gw<n-1>
-
-    def _next_for(self, node) -> str | None:  # type: ignore[no-untyped-def]
-        lane = self._lane_id()
-        if node.gateway.id != lane and all(n.gateway.id != lane for n in self.nodes):
-            return next(iter(self.workqueue), None)  # the lane is gone: share what is left
-        waits = node.gateway.id == lane
-        return next((scope for scope in self.workqueue if (scope in WAIT_LANE_FILES) == waits), None)
-
-    def _assign_work_unit(self, node) -> None:  # type: ignore[no-untyped-def]
-        scope = self._next_for(node)
-        if scope is None:  # nothing left in this worker's lane
-            if not self._pending_of(self.assigned_work.get(node, {})):
-                node.shutdown()
-            return
-        work_unit = self.workqueue.pop(scope)
-        self.assigned_work.setdefault(node, {})[scope] = work_unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
-
-    def _reschedule(self, node) -> None:  # type: ignore[no-untyped-def]
-        if node.shutting_down:
-            return
-        if self._pending_of(self.assigned_work[node]) > 2:  # xdist's low-water mark
-            return
-        self._assign_work_unit(node)
-
-
-def use_wait_lane(config: pytest.Config) -> bool:
-    """`--wait-lane` under `--dist loadfile` with at least 2 workers."""
-    workers = getattr(config.option, "numprocesses", None) or 0
-    return bool(config.getoption("wait_lane")) and config.getvalue("dist") == "loadfile" and workers >= 2
