@@ -78,7 +78,11 @@ finish_job() {
     if [ -f "$output_dir/preempted.json" ]; then
         echo "[framer_ds] stopped at a checkpoint: $(tr -d '\n' < "$output_dir/preempted.json")"
         if [ -n "${SLURM_JOB_ID:-}" ] && [ "${FRAMER_DS_STOP_SIGNAL:-}" = USR1 ]; then
-            scontrol requeue "$SLURM_JOB_ID" && echo "[framer_ds] requeued job $SLURM_JOB_ID" && exit 0
+            # Said before it is done: a requeue kills this script at once, and under load the kill beat
+            # an echo placed after `scontrol requeue` (the line was lost from the job's log).
+            echo "[framer_ds] requeueing job $SLURM_JOB_ID: it resumes from this checkpoint"
+            scontrol requeue "$SLURM_JOB_ID" && exit 0
+            echo "[framer_ds] scontrol requeue $SLURM_JOB_ID failed: submit the same command again to resume"
         elif [ -n "${SLURM_JOB_ID:-}" ]; then
             echo "[framer_ds] ${FRAMER_DS_STOP_SIGNAL:-a stop signal} (scancel, scontrol requeue or preemption):" \
                  "not requeued by this script; submit the same command again to resume from the checkpoint"
