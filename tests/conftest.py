@@ -37,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     venv_bin = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != venv_bin:
         os.environ["PATH"] = os.pathsep.join(filter(None, [venv_bin, os.environ.get("PATH")]))
-    # DeepSpeed's JIT ops (cpu_adam for offload, the shm collectives) build into torch's extension cache,
+    # DeepSpeed's JIT ops (cpu_adam for offload) build into torch's extension cache,
     # by default one per user (~/.cache/torch_extensions). The build command names the venv's include
     # paths, so two venvs (a fresh clone beside a checkout, git worktrees) sharing it rebuild each other's
     # ops in turn (~1-5 min each on 2 cores, a lock held meanwhile): a 2-process offload run waited 600 s

@@ -34,8 +34,8 @@ from accelerate.utils import ProjectConfiguration
 
 from framer_ds.compat import require
 from framer_ds.config.schema import RunConfigBase
-from framer_ds.engine.deepspeed_muon import skip_muon_kernels
 from framer_ds.engine.deepspeed_ops import announce_op_builds
+from framer_ds.engine.deepspeed_unused import skip_unused_deepspeed_parts
 from framer_ds.engine.fsdp2 import describe_fsdp2, fsdp_plugin_from_env, select_fsdp2_on_cpu, uses_fsdp2
 
 
@@ -63,7 +63,7 @@ def build_accelerator(config: RunConfigBase, collective_timeout_s: int = 1800) -
     use_deepspeed = deepspeed_requested()
     if use_deepspeed:
         announce_op_builds()
-        skip_muon_kernels()
+        skip_unused_deepspeed_parts()
     fsdp_plugin = fsdp_plugin_from_env()
     handlers: list = [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

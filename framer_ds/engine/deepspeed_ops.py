@@ -1,8 +1,9 @@
 """Say so before DeepSpeed compiles a C++ op, and only when it really compiles one.
 
-DeepSpeed JIT-builds its ops (on a CPU machine the shared-memory collectives, `deepspeed_shm_comm`;
-with optimizer offload `cpu_adam`) the first time a process needs them: about a minute of silence
-on 2 cores, once per machine, after which torch's extension cache holds the library. A newcomer's
+DeepSpeed JIT-builds its ops (with optimizer offload `cpu_adam`; the CPU shared-memory all-reduce
+`deepspeed_shm_comm`, which framer_ds never uses, is not built: engine/deepspeed_unused.py) the first
+time a process needs them: about a minute of silence on 2 cores, once per machine, after which torch's
+extension cache holds the library. A newcomer's
 first run otherwise looks hung right there. The announcement wraps DeepSpeed's `OpBuilder.jit_load`
 and prints only when the op's library is not in the cache yet.
 """

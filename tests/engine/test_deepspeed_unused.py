@@ -1,7 +1,8 @@
-"""A ZeRO rank no longer imports and compiles DeepSpeed's Muon kernels, which framer_ds never uses
-(framer_ds/engine/deepspeed_muon.py): DeepSpeed's ZeRO-2 and ZeRO-3 optimizers start and step with an
-AdamW, and DeepSpeed's Muon code (`original_muon`, ~600 modules of torch.compile machinery on top of
-what any torch optimizer imports) is not imported on the way."""
+"""A ZeRO rank no longer imports DeepSpeed's Muon code nor builds and loads its CPU shared-memory
+all-reduce op, neither of which framer_ds uses (framer_ds/engine/deepspeed_unused.py): DeepSpeed's ZeRO-2
+and ZeRO-3 optimizers start and step with an AdamW without `original_muon` (~600 modules of
+torch.compile machinery on top of what any torch optimizer imports) and without `deepspeed_shm_comm`
+(a ~1 min JIT build on a fresh machine, used only by tensor-parallel inference)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 from conftest import free_port, launch_env
 
 # One process, world size 1 over gloo, DeepSpeed's CPU accelerator: the ZeRO optimizer as a rank builds
-# it, for each stage. Prints whether DeepSpeed's Muon code was imported, and each stage's two losses.
+# it, for each stage. Prints whether DeepSpeed's Muon code was imported and its shm op loaded, and each
+# stage's two losses.
 RANK = """
 import json, os, sys
 {skip}
@@ -34,10 +36,11 @@ for stage in {stages}:
         engine.backward(loss)
         engine.step()
         losses[stage].append(loss.item())
-muon = sys.modules.get("deepspeed.runtime.zero.muon.original_muon")
-print(json.dumps({{"muon": hasattr(muon, "__file__"), "losses": losses}}))  # a stand-in has no file
+muon = sys.modules.get("deepspeed.runtime.zero.muon.original_muon")  # a stand-in has no file
+shm = deepspeed.comm.comm.cdb.shm_comm_op is not None
+print(json.dumps({{"muon": hasattr(muon, "__file__"), "shm": shm, "losses": losses}}))
 """
-SKIP = "from framer_ds.engine.deepspeed_muon import skip_muon_kernels; skip_muon_kernels()"
+SKIP = "from framer_ds.engine.deepspeed_unused import skip_unused_deepspeed_parts as skip; skip()"
 
 
 def _start(stages: list[int], skip: bool) -> dict:
@@ -49,25 +52,26 @@ def _start(stages: list[int], skip: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_zero2_and_zero3_ranks_start_and_step_without_compiling_muon() -> None:
+def test_zero2_and_zero3_ranks_start_and_step_without_muon_or_the_shm_op() -> None:
     started = _start([2, 3], skip=True)
-    assert not started["muon"], started
+    assert not started["muon"] and not started["shm"], started
     assert all(second < first for first, second in started["losses"].values()), started  # they stepped
 
 
-def test_without_the_stand_in_deepspeed_imports_the_compiler() -> None:
-    """The cost the stand-in removes is real on this DeepSpeed (if a release stops importing Muon at
-    ZeRO's start, this fails and deepspeed_muon.py can go)."""
-    assert _start([2], skip=False)["muon"]
+def test_without_the_skips_deepspeed_imports_muon_and_loads_the_shm_op() -> None:
+    """The costs the skips remove are real on this DeepSpeed (if a release stops importing Muon or
+    loading the op at ZeRO's start, this fails and that skip can go)."""
+    started = _start([2], skip=False)
+    assert started["muon"] and started["shm"], started
 
 
 def test_the_stand_ins_are_never_usable_and_a_real_import_is_kept(monkeypatch) -> None:
-    from framer_ds.engine import deepspeed_muon
+    from framer_ds.engine import deepspeed_unused
 
-    optimizer, update = deepspeed_muon.STAND_INS
+    optimizer, update = deepspeed_unused.STAND_INS
     for name in (optimizer, update):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    deepspeed_muon.skip_muon_kernels()
+    deepspeed_unused.skip_muon_kernels()
     with pytest.raises(RuntimeError, match="not available in a framer_ds run"):
         sys.modules[optimizer].MuonWithAuxAdam([])
     with pytest.raises(RuntimeError, match="not available in a framer_ds run"):
@@ -75,5 +79,5 @@ def test_the_stand_ins_are_never_usable_and_a_real_import_is_kept(monkeypatch) -
     elsewhere = object()  # the real module, imported by something else first
     monkeypatch.setitem(sys.modules, optimizer, elsewhere)
     monkeypatch.delitem(sys.modules, update)
-    deepspeed_muon.skip_muon_kernels()
+    deepspeed_unused.skip_muon_kernels()
     assert sys.modules[optimizer] is elsewhere and update not in sys.modules
