@@ -3,9 +3,9 @@
 DeepSpeed JIT-builds its ops (with optimizer offload `cpu_adam`; the CPU shared-memory all-reduce
 `deepspeed_shm_comm`, which framer_ds never uses, is not built: engine/deepspeed_unused.py) the first
 time a process needs them: about a minute of silence on 2 cores, once per machine, after which torch's
-extension cache holds the library. A newcomer's
-first run otherwise looks hung right there. The announcement wraps DeepSpeed's `OpBuilder.jit_load`
-and prints only when the op's library is not in the cache yet.
+extension cache holds the library. A newcomer's first run otherwise looks hung right there. The
+announcement wraps DeepSpeed's `OpBuilder.jit_load` and prints only when the op's library is not in the
+cache yet.
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@
 `is_zero_supported_optimizer`), only to ask `isinstance(optimizer, MuonWithAuxAdam)`, and stage 1/2
 imports `original_muon.muon_update` at every gradient partition, to call it only for a Muon optimizer's
 parameters. `original_muon`'s functions are wrapped by `deepspeed.runtime.compiler.compile()` when it is
-imported: ~600 modules of torch.compile machinery beyond what any torch optimizer imports, 0.8-1.7 s of
-CPU in each rank of each ZeRO launch (measured on 2 cores; torch, DeepSpeed and accelerate together
-import in ~1.5 s), for answers framer_ds knows. framer_ds builds the optimizer itself (AdamW, 8-bit
-Adam, or the DeepSpeedCPUAdam accelerate swaps in under offload; a DeepSpeed JSON with an `optimizer`
-block is refused, config/deepspeed_json_rules.py), so no optimizer of a framer_ds run is DeepSpeed's
-Muon and the answer is always no.
+imported: ~600 modules of torch.compile machinery beyond what any torch optimizer imports, 1.0-1.4 s of
+CPU in each rank of each ZeRO launch (measured on a quiet 2-core machine, 1.6-1.8 s under load; torch,
+DeepSpeed and accelerate together import in ~1.5 s), for answers framer_ds knows. framer_ds builds the
+optimizer itself (AdamW, 8-bit Adam, or the DeepSpeedCPUAdam accelerate swaps in under offload; a
+DeepSpeed JSON with an `optimizer` block is refused, config/deepspeed_json_rules.py), so no optimizer of
+a framer_ds run is DeepSpeed's Muon and the answer is always no.
 
 How: before DeepSpeed first imports them, the two modules' names are bound to stand-ins: a
 `MuonWithAuxAdam` no object is an instance of, and a `muon_update` that DeepSpeed calls only for a Muon
