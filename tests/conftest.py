@@ -45,6 +45,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if sys.prefix != sys.base_prefix:  # in a venv
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The plan probe's passes one after another in the test's process: the suite already runs one
+    # xdist worker per core, so forked passes only contend, and each fork's FakeTensor cache dies with
+    # it (the offline plan of every shipped config: 229 CPU s in one process, 316 s forked).
+    os.environ.setdefault("FRAMER_DS_PROBE_WORKERS", "1")
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # make's own variables are not the user's shell: DeepSpeed's pdsh runner exports every variable to
