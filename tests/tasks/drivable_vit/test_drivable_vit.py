@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from faults.harness import cli
 from PIL import Image
 from pydantic import ValidationError
 
@@ -46,13 +46,6 @@ def load_task(config_path: Path, *overrides: str):
 
     config = load_run_config(config_path, list(overrides))
     return get_task_class(config.task)(config)
-
-
-def framer_ds(*argv, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "framer_ds", *map(str, argv)], cwd=REPO, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
 
 
 # --- model ----------------------------------------------------------------------------------------
@@ -307,8 +300,8 @@ def test_tiny_config_learns_writes_overlays_and_exports(road_set, tmp_path):
     from framer_ds.tasks.drivable_vit.inference import load_drivable_vit
 
     run_dir = tmp_path / "run"
-    proc = framer_ds("train", TINY, f"output_dir={run_dir}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    trained = cli("train", str(TINY), f"output_dir={run_dir}")  # in this process: no start-up to pay
+    assert trained.rc == 0, trained.err[-4000:]
     train_lines, eval_lines = read_metrics(run_dir)
     assert train_lines[-1]["loss"] < train_lines[0]["loss"] / 2
     ious = [line["eval/iou"] for line in eval_lines]
@@ -333,10 +326,11 @@ def test_tiny_config_learns_writes_overlays_and_exports(road_set, tmp_path):
     ego_file = tmp_path / "ego.json"
     ego_file.write_text(json.dumps(row["ego_motion"]))
     out = tmp_path / "masks"
-    sampled = framer_ds(
-        "sample", run_dir / "final", "--images", *images, "--ego-motion", ego_file, "--out", out
-    )
-    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    sampled = cli(
+        "sample", str(run_dir / "final"), "--images", *map(str, images), "--ego-motion", str(ego_file),
+        "--out", str(out),
+    )  # fmt: skip
+    assert sampled.rc == 0, sampled.err[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["center.png", "left.png", "overlay.png", "right.png"]
     with Image.open(out / "center.png") as mask:
         predicted = np.asarray(mask) > 0

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from faults.harness import cli
 
 from conftest import REPO, read_metrics
 
@@ -69,8 +70,8 @@ def tiny_rows(tiny_tts: Path, count: int = 12) -> list[dict]:
 @pytest.mark.timeout(900)
 def test_tiny_config_trains_samples_and_exports_a_loadable_model(tmp_path, tiny_tts):
     run_dir = tmp_path / "run"
-    proc = framer_ds("train", TINY, f"output_dir={run_dir}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    trained = cli("train", str(TINY), f"output_dir={run_dir}")
+    assert trained.rc == 0, trained.err[-4000:]
     train_lines, eval_lines = read_metrics(run_dir)
     first, last = train_lines[0], train_lines[-1]
     assert last["loss"] < first["loss"] - 3.0, (first["loss"], last["loss"])  # visibly falls
@@ -99,11 +100,10 @@ def test_tiny_config_trains_samples_and_exports_a_loadable_model(tmp_path, tiny_
 
     out = tmp_path / "speech.wav"
     assert json.loads((final / "tts_lm.json").read_text())["speakers"] == ["ana", "ben"]
-    spoken = framer_ds(
-        "sample", final, "--text", "hello world", "--speaker", "ana", "--out", out, "--device", "cpu"
-    )
-    assert spoken.returncode == 0, spoken.stderr[-3000:]
-    assert "frames" in spoken.stdout and soundfile.read(out)[1] == 24000
+    speak = ["sample", str(final), "--text", "hello world", "--speaker", "ana", "--out", str(out)]
+    spoken = cli(*speak, "--device", "cpu")
+    assert spoken.rc == 0, spoken.err[-3000:]
+    assert "frames" in spoken.out and soundfile.read(out)[1] == 24000
 
 
 # --- data: three ways in, one sequence builder -------------------------------------------------------
@@ -189,9 +189,9 @@ def test_every_sample_too_long_fails_at_start_with_the_statistics(tmp_path, tiny
     config = write_config(
         tmp_path / "c.yaml", tmp_path / "run", source={"builtin": "tiny_speech"}, max_seq_length=32
     )
-    proc = framer_ds("train", config)
-    assert proc.returncode != 0
-    assert "every sample is longer than max_seq_length=32" in proc.stderr and "median" in proc.stderr
+    proc = cli("train", str(config))
+    assert proc.rc != 0
+    assert "every sample is longer than max_seq_length=32" in proc.err and "median" in proc.err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -200,10 +200,10 @@ def test_a_preset_that_does_not_match_the_tokenizer_is_refused_by_validate(tmp_p
     config = write_config(
         tmp_path / "c.yaml", tmp_path / "run", model=model, source={"builtin": "tiny_speech"}
     )
-    proc = framer_ds("validate", config)
-    assert proc.returncode != 0
-    assert "preset 'llama3' puts the new tokens after 128256 base ids" in proc.stderr
-    assert "base vocabulary has 320" in proc.stderr and "start_of_text 128000" in proc.stderr
+    proc = cli("validate", str(config))
+    assert proc.rc != 0
+    assert "preset 'llama3' puts the new tokens after 128256 base ids" in proc.err
+    assert "base vocabulary has 320" in proc.err and "start_of_text 128000" in proc.err
 
 
 def test_tokenizer_extension_is_one_checked_block_and_idempotent(tmp_path, tiny_tts):
@@ -254,15 +254,13 @@ def test_encode_audio_writes_a_resumable_cache_and_names_unreadable_files(tmp_pa
         bad_samples="skip",
         encoded_dir=str(tmp_path / "codes"),
     )
-    proc = framer_ds("data", "encode-audio", config)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (
-        "3 encoded (3 this run), 1 failed" in proc.stdout and "broken.wav: cannot read audio" in proc.stdout
-    )
+    proc = cli("data", "encode-audio", str(config))
+    assert proc.rc == 0, proc.err[-3000:]
+    assert "3 encoded (3 this run), 1 failed" in proc.out and "broken.wav: cannot read audio" in proc.out
     shards = sorted((tmp_path / "codes").glob("*/shard_*.jsonl"))
     stamps = [s.stat().st_mtime_ns for s in shards]
-    again = framer_ds("data", "encode-audio", config)
-    assert again.returncode == 0 and [s.stat().st_mtime_ns for s in shards] == stamps  # reused
+    again = cli("data", "encode-audio", str(config))
+    assert again.rc == 0 and [s.stat().st_mtime_ns for s in shards] == stamps  # reused
 
     task = load_task(config)
     built = task.data.build_sequences()
@@ -387,8 +385,8 @@ def test_lora_merged_export_loads_plainly_and_scores_as_trained(tmp_path, tiny_t
         "train.length.steps=3",
         "model.samples.every=0",
     ]
-    proc = framer_ds("train", TINY, *overrides, "train.optimizer.learning_rate=1e-2")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = cli("train", str(TINY), *overrides, "train.optimizer.learning_rate=1e-2")
+    assert proc.rc == 0, proc.err[-4000:]
     final = run_dir / "final"
     assert not (final / "adapter_config.json").exists()
     model = AutoModelForCausalLM.from_pretrained(final).eval()

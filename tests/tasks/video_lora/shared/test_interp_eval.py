@@ -3,13 +3,23 @@ loop, the same on 1 and 2 processes (each clip has its own seed; totals are summ
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, read_metrics, strategy_launch_args
+from conftest import (
+    REPO,
+    accelerate_launch_cmd,
+    launch_env,
+    read_metrics,
+    strategy_launch_args,
+    train_in_process,
+)
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
 from framer_ds.tasks.video_lora.task import VideoLoraTask
@@ -39,15 +49,26 @@ def final_eval(run_dir) -> dict:
     return eval_lines[-1]
 
 
-def test_interp_eval_reports_every_metric_at_the_evaluation(tmp_path, capsys):
-    config = load_run_config(TINY, [f"output_dir={tmp_path / 'run'}", *INTERP_ARGS])
-    run_training(config)
-    line = final_eval(tmp_path / "run")
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The tiny SVD with INTERP_ARGS and 3 held-out clips trained in this process, and what it printed:
+    the run every metric is checked on, and the 1-process side of the 1-vs-2-process comparison (one
+    training serves both: that comparison needs the odd count, and every metric is defined on any)."""
+    run = tmp_path_factory.mktemp("interp_one_process") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        train_in_process(TINY, [f"output_dir={run}", *INTERP_ARGS, "data.val_fraction=0.375"])
+    return run, printed.getvalue()
+
+
+def test_interp_eval_reports_every_metric_at_the_evaluation(one_process_run):
+    run, printed = one_process_run
+    line = final_eval(run)
     for name in METRICS:
         assert math.isfinite(line[f"eval/{name}"]), (name, line)
     assert 0 < line["eval/psnr"] < 100 and -1 <= line["eval/ssim"] <= 1
     assert "eval/loss" in line and not any("flicker_energy" in k for k in line)
-    assert "eval/lpips skipped" in capsys.readouterr().out
+    assert "eval/lpips skipped" in printed
 
 
 def test_interp_eval_problems_are_named(tmp_path):
@@ -99,36 +120,29 @@ def test_eval_command_reproduces_the_runs_final_evaluation(tmp_path, capsys, mon
 
 
 @pytest.mark.distributed
-def test_interp_eval_is_the_same_on_one_and_two_processes(tmp_path):
+def test_interp_eval_is_the_same_on_one_and_two_processes(one_process_run, tmp_path):
     """ZeRO-3 on 2 CPU processes vs 1 (every sampling forward a collective, every tensor partitioned):
     the held-out clips split between ranks (an odd count, so one rank repeats a clip that
     gather_for_metrics drops) and every metric mean is the same; then `framer-ds eval` on 2 DDP
-    processes gives the same numbers again."""
-    results = {}
-    for strategy in ("single", "zero3"):
-        run = tmp_path / strategy
-        cmd = accelerate_launch_cmd(
-            *strategy_launch_args(strategy, tmp_path),
-            "-m",
-            "framer_ds",
-            "train",
-            str(TINY),
-            f"output_dir={run}",
-            *INTERP_ARGS,
-            "data.val_fraction=0.375",  # 3 of the 8 clips
-        )
-        proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=280)
-        assert proc.returncode == 0, proc.stderr[-5000:]
-        results[strategy] = final_eval(run)
+    processes gives the same numbers again. The 1-process run is the module's (trained in this process:
+    the same `run_training` a 1-process launch runs, without a launcher's start-up)."""
+    single, _ = one_process_run
+    results = {"single": final_eval(single)}
+    train = ("-m", "framer_ds", "train", str(TINY), f"output_dir={tmp_path / 'zero3'}", *INTERP_ARGS)
+    held_out = "data.val_fraction=0.375"  # 3 of the 8 clips, as in one_process_run
+    cmd = accelerate_launch_cmd(*strategy_launch_args("zero3", tmp_path), *train, held_out)
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    results["zero3"] = final_eval(tmp_path / "zero3")
     for name in (*METRICS, "loss"):  # eval/loss too: its noise is drawn per clip, whatever the batching
         assert results["zero3"][f"eval/{name}"] == pytest.approx(results["single"][f"eval/{name}"], rel=1e-4)
     # `framer-ds eval` of the single-process run's export on 2 processes: the same numbers again
     cmd = accelerate_launch_cmd(
-        *strategy_launch_args("ddp", tmp_path), "-m", "framer_ds", "eval", str(tmp_path / "single")
+        *strategy_launch_args("ddp", tmp_path), "-m", "framer_ds", "eval", str(single)
     )
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    report = json.loads((tmp_path / "single" / "eval.json").read_text())
+    report = json.loads((single / "eval.json").read_text())
     assert report["processes"] == 2 and report["eval_examples"] == 3
     for name in METRICS:
         assert report["metrics"][f"eval/{name}"] == pytest.approx(results["single"][f"eval/{name}"], rel=1e-4)
@@ -394,17 +408,16 @@ def test_framer_interp_eval_from_the_cache_under_zero3_matches_one_process(tmp_p
         *[a for a in INTERP_ARGS if not a.startswith(("data.num_frames", "data.hflip"))],
         "data.val_fraction=0.375",
     ]
-    for strategy, extra in (
-        ("single", []),
-        ("zero3", ["data.cache.enabled=true", f"data.cache.dir={tmp_path}/c"]),
-    ):
-        run = tmp_path / strategy
-        cmd = accelerate_launch_cmd(
-            *strategy_launch_args(strategy, tmp_path),
-            *("-m", "framer_ds", "train", str(FRAMER_TINY), f"output_dir={run}", *common, *extra),
-        )
-        proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=280)
-        assert proc.returncode == 0, proc.stderr[-5000:]
-        results[strategy] = final_eval(run)
+    # one process: trained in this process (the `run_training` a 1-process launch runs)
+    train_in_process(FRAMER_TINY, [f"output_dir={tmp_path / 'single'}", *common])
+    results["single"] = final_eval(tmp_path / "single")
+    cache = ["data.cache.enabled=true", f"data.cache.dir={tmp_path}/c"]
+    cmd = accelerate_launch_cmd(
+        *strategy_launch_args("zero3", tmp_path),
+        *("-m", "framer_ds", "train", str(FRAMER_TINY), f"output_dir={tmp_path / 'zero3'}", *common, *cache),
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    results["zero3"] = final_eval(tmp_path / "zero3")
     for name in METRICS:
         assert results["zero3"][f"eval/{name}"] == pytest.approx(results["single"][f"eval/{name}"], rel=1e-4)

@@ -17,7 +17,6 @@ from PIL import Image
 from conftest import REPO, read_metrics, train_in_process, umask, wrong_modes
 from framer_ds.config.errors import ConfigError
 from framer_ds.tasks.run_config import load_run_config
-from framer_ds.train.loop import run_training
 
 CONFIG = REPO / "configs" / "tasks" / "video_lora" / "wan_tiny.yaml"
 PROMPT = "a red ball rolls"
@@ -108,24 +107,31 @@ def test_framer_ds_sample_equals_the_diffusers_pipeline_with_load_lora_weights(
     assert out.stat().st_size > 0
 
 
-@pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
-def test_a_complete_cache_never_loads_an_encoder(wan_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two more steps on the filled cache with every encoder load made to fail: UMT5 stays on disk."""
+TWO_STEPS = ["train.length.steps=2", "train.eval.every=null", "train.checkpoint.every=null"]
+TWO_STEPS += ["train.num_workers=0", "train.log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def cached_steps(wan_run: Path) -> Path:
+    """Two more steps on wan_run's filled cache with every encoder load made to fail (UMT5 included): the
+    run that shows a complete cache never loads an encoder, and the cached side of the with/without
+    cache comparison (one training serves both)."""
     from framer_ds.tasks.video_lora.wan.encoders import FrozenWanEncoders
 
     def refuse(self):
         raise AssertionError("an encoder was loaded although the latent cache is complete")
 
-    monkeypatch.setattr(FrozenWanEncoders, "load", refuse)
-    overrides = [
-        f"output_dir={wan_run / 'again'}",
-        f"data.cache.dir={wan_run / 'cache'}",
-        "train.length.steps=2",
-        "train.eval.every=null",
-        "train.checkpoint.every=null",
-        "train.num_workers=0",
-    ]
-    run_training(load_run_config(CONFIG, overrides))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FrozenWanEncoders, "load", refuse)
+        train_in_process(
+            CONFIG, [f"output_dir={wan_run / 'again'}", f"data.cache.dir={wan_run / 'cache'}", *TWO_STEPS]
+        )
+    return wan_run / "again"
+
+
+@pytest.mark.slow  # the module's one training run: ~30 s on 2 cores
+def test_a_complete_cache_never_loads_an_encoder(wan_run: Path, cached_steps: Path) -> None:
+    """Two more steps on the filled cache with every encoder load made to fail: UMT5 stays on disk."""
     assert len(read_metrics(wan_run / "again")[0]) >= 1
     first_line = (wan_run / "again" / "metrics.jsonl").read_text().splitlines()[0]
     placement = json.loads(first_line)["run_summary"]["frozen helpers"]
@@ -230,18 +236,14 @@ def test_export_comfyui_writes_comfyuis_wan_keys_beside_the_loras_already_there(
 
 @pytest.mark.slow  # two short trainings on top of the module's run
 def test_without_the_cache_training_encodes_each_batch_and_gets_the_cached_losses(
-    wan_run: Path, tmp_path: Path
+    cached_steps: Path, tmp_path: Path
 ) -> None:
     """data.cache.enabled false: the VAE, CLIP and UMT5 stay loaded and encode every batch; the encoding
     is deterministic (the VAE's mode), so the first steps' losses equal those trained from the cache up
-    to batched-vs-single VAE rounding (float32: ~1e-7 relative on the latents; 1e-4 leaves room)."""
-    common = ["train.length.steps=2", "train.eval.every=null", "train.checkpoint.every=null"]
-    common += ["train.num_workers=0", "train.log_every=1"]
-    cached = [f"output_dir={tmp_path / 'cached'}", f"data.cache.dir={wan_run / 'cache'}", *common]
-    fresh = [f"output_dir={tmp_path / 'fresh'}", "data.cache.enabled=false", *common]
-    for overrides in (cached, fresh):
-        train_in_process(CONFIG, overrides)
-    losses = [[x["loss"] for x in read_metrics(tmp_path / name)[0]] for name in ("cached", "fresh")]
+    to batched-vs-single VAE rounding (float32: ~1e-7 relative on the latents; 1e-4 leaves room). The
+    cached run is `cached_steps` (the same 2 steps on wan_run's cache)."""
+    train_in_process(CONFIG, [f"output_dir={tmp_path / 'fresh'}", "data.cache.enabled=false", *TWO_STEPS])
+    losses = [[x["loss"] for x in read_metrics(run)[0]] for run in (cached_steps, tmp_path / "fresh")]
     assert len(losses[0]) == 2 and losses[1] == pytest.approx(losses[0], rel=1e-4)
 
 
