@@ -78,7 +78,7 @@ class Runs:
 
     def get(self, name: str, launch_args: list[str] | None, accumulation: int) -> Path:
         """`launch_args` None: one plain process, trained in this one (`framer-ds train` as `accelerate
-        launch --num_processes 1` runs it, without the launch's ~9 CPU seconds of start-up)."""
+        launch --num_processes 1` runs it: measured 2.0 CPU s here against 7.5 s for the launch)."""
         if name not in self.done:
             run_dir = self.root / name
             config = mlp_config(
