@@ -18,6 +18,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
+from framer_ds.engine.deepspeed_unused import skip_unused_deepspeed_parts
 from framer_ds.engine.finite import agreed_finiteness, optimizer_tensors, trainable_tensors
 from framer_ds.engine.zero_buffers import ParameterSizes, size_zero_buffers
 
@@ -47,6 +48,10 @@ def poison_zero3_padding(model: torch.nn.Module, zero_optimizer: object, rank: i
 
 
 def main() -> None:
+    # As every framer_ds rank does before its Accelerator (engine/accelerator.py): without it, DeepSpeed
+    # imports its Muon code and JIT-builds and loads its CPU shared-memory op, ~1 min of CPU in a fresh
+    # venv, for nothing this check uses.
+    skip_unused_deepspeed_parts()
     accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -34,7 +34,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, accelerate_launch_cmd, launch_env, mlp_config, read_metrics, strategy_launch_args
+from conftest import (
+    REPO,
+    accelerate_launch_cmd,
+    launch_env,
+    mlp_config,
+    read_metrics,
+    strategy_launch_args,
+    train_in_process,
+)
 from framer_ds.cli.main import main as cli_main
 from framer_ds.engine.checkpoint import TrainerState
 from framer_ds.engine.resume.universal import UNIVERSAL_DIR, is_universal
@@ -68,7 +76,9 @@ class Runs:
         self.root = root
         self.done: dict[str, Path] = {}
 
-    def get(self, name: str, launch_args: list[str], accumulation: int) -> Path:
+    def get(self, name: str, launch_args: list[str] | None, accumulation: int) -> Path:
+        """`launch_args` None: one plain process, trained in this one (`framer-ds train` as `accelerate
+        launch --num_processes 1` runs it: measured 2.0 CPU s here against 7.5 s for the launch)."""
         if name not in self.done:
             run_dir = self.root / name
             config = mlp_config(
@@ -76,7 +86,10 @@ class Runs:
                 run_dir,
                 train={**TRAIN, "gradient_accumulation_steps": accumulation},
             )
-            launch(launch_args, config)
+            if launch_args is None:
+                train_in_process(config)
+            else:
+                launch(launch_args, config)
             self.done[name] = run_dir
         return self.done[name]
 
@@ -162,7 +175,7 @@ def test_ddp_one_process_to_two_needs_no_conversion(runs, tmp_path):
     """model.safetensors + optimizer.bin are unsharded: they load at any world size as they are; the data
     position and the accumulation counter are still rescaled. Compared with the 2-process ZeRO-2 run,
     which test_strategy_equivalence shows equals DDP to 1e-5."""
-    source = runs.get("single_1proc", strategy_launch_args("single", runs.root), accumulation=4)
+    source = runs.get("single_1proc", None, accumulation=4)
     assert (source / "checkpoints" / "step_4" / "model.safetensors").is_file()
     resumed, proc = resume_copy(source, tmp_path, strategy_launch_args("ddp", tmp_path), accumulation=2)
     assert "converted" not in proc.stdout
