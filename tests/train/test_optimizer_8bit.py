@@ -60,7 +60,7 @@ def test_deepspeed_refuses_8bit_states_with_the_reason(json_name):
 
 
 @pytest.mark.distributed
-@pytest.mark.slow  # three 2-process launches of the MLP task, ~20 s each on 2 cores
+@pytest.mark.slow  # two 2-process launches of the MLP task (straight, resumed), ~20 s each on 2 cores
 @pytest.mark.timeout(900)
 def test_under_fsdp2_a_resume_repeats_the_straight_losses(tmp_path):
     """The FSDP2 path of adamw_8bit (allowed at validate; not DeepSpeed's): 2 steps, then a fresh run
