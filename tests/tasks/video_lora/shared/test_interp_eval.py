@@ -49,6 +49,10 @@ def final_eval(run_dir) -> dict:
     return eval_lines[-1]
 
 
+ODD_HELD_OUT = "data.val_fraction=0.375"
+"""3 of the 8 clips held out: an odd count, so on 2 ranks one repeats a clip that gather_for_metrics drops."""
+
+
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The tiny SVD with INTERP_ARGS and 3 held-out clips trained in this process, and what it printed:
@@ -57,7 +61,7 @@ def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str
     run = tmp_path_factory.mktemp("interp_one_process") / "run"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        train_in_process(TINY, [f"output_dir={run}", *INTERP_ARGS, "data.val_fraction=0.375"])
+        train_in_process(TINY, [f"output_dir={run}", *INTERP_ARGS, ODD_HELD_OUT])
     return run, printed.getvalue()
 
 
@@ -129,8 +133,7 @@ def test_interp_eval_is_the_same_on_one_and_two_processes(one_process_run, tmp_p
     single, _ = one_process_run
     results = {"single": final_eval(single)}
     train = ("-m", "framer_ds", "train", str(TINY), f"output_dir={tmp_path / 'zero3'}", *INTERP_ARGS)
-    held_out = "data.val_fraction=0.375"  # 3 of the 8 clips, as in one_process_run
-    cmd = accelerate_launch_cmd(*strategy_launch_args("zero3", tmp_path), *train, held_out)
+    cmd = accelerate_launch_cmd(*strategy_launch_args("zero3", tmp_path), *train, ODD_HELD_OUT)
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-5000:]
     results["zero3"] = final_eval(tmp_path / "zero3")
@@ -406,7 +409,7 @@ def test_framer_interp_eval_from_the_cache_under_zero3_matches_one_process(tmp_p
         "data.tracks.tracker=analytic",
         f"data.tracks.dir={tmp_path / 'tracks'}",
         *[a for a in INTERP_ARGS if not a.startswith(("data.num_frames", "data.hflip"))],
-        "data.val_fraction=0.375",
+        ODD_HELD_OUT,
     ]
     # one process: trained in this process (the `run_training` a 1-process launch runs)
     train_in_process(FRAMER_TINY, [f"output_dir={tmp_path / 'single'}", *common])
