@@ -341,7 +341,7 @@ def sample_and_command_frames(video: Path, adapter: Path, tmp_path: Path) -> tup
 
 
 def _launch_tiny_wan(strategy: str, tmp_path: Path, *overrides: str) -> Path:
-    """wan_tiny.yaml for 2 steps on 2 CPU processes under `strategy` (conftest.strategy_launch_args),
+    """wan_tiny.yaml for 2 steps on 2 CPU processes under `strategy` (launching.strategy_launch_args),
     samples at step 2 (one clip per rank, 2 inference steps), then the export."""
     import subprocess
 
